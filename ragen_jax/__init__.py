@@ -1,0 +1,1 @@
+"""ragen-jax: RAGEN / StarPO multi-turn agent RL in JAX."""
