@@ -1,0 +1,81 @@
+"""The shared shape of every ragen-jax environment: gymnax 1.0 API plus text and episode rules.
+
+Multi-turn LLM episodes need an episode that ENDS and stays ended (the rollout keeps stepping a
+whole batch with masks), so `step_env` here never auto-resets; gymnax's own `step` still does, for
+users of the plain gymnax API. Subclasses implement `transition` (the rules) and the text hooks;
+time-keeping, truncation and the freeze of ended episodes live here, once.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from gymnax.environments import environment
+
+
+class AgentEnv(environment.Environment):
+    """Base class. Every state is a struct.dataclass with `time` (executed actions) and `done`."""
+
+    # ---- to implement in subclasses -------------------------------------------------------------
+    def transition(self, key: jax.Array, state: Any, action: jax.Array, params: Any):
+        """One executed action on a live episode -> (new_state, reward, terminated, info).
+
+        `info` holds at least `action_is_effective` (bool). `time`/`done` are handled by the base.
+        """
+        raise NotImplementedError
+
+    def is_success(self, state: Any, params: Any) -> jax.Array:
+        raise NotImplementedError
+
+    def action_names(self, params: Any) -> tuple[str, ...]:
+        """Action names in action-index order, as the agent must write them (matched ignoring case)."""
+        raise NotImplementedError
+
+    def instructions(self, params: Any) -> str:
+        """The environment-specific part of the first user message (description, symbol legend)."""
+        raise NotImplementedError
+
+    def symbols(self, params: Any) -> tuple[str, ...]:
+        """The strings that `render_grid` indices refer to."""
+        raise NotImplementedError
+
+    def render_grid(self, state: Any, params: Any) -> jax.Array:
+        """int32[H, W] indices into `symbols(params)`; jittable. The text is rows joined by newline."""
+        raise NotImplementedError
+
+    # ---- shared ----------------------------------------------------------------------------------
+    def render_text(self, state: Any, params: Any) -> str:
+        """The reference's text of the state (host side)."""
+        grid = np.asarray(jax.device_get(self.render_grid(state, params)))
+        syms = self.symbols(params)
+        return "\n".join("".join(syms[int(c)] for c in row) for row in grid)
+
+    def step_env(self, key, state, action, params):
+        new_state, reward, terminated, info = self.transition(key, state, action, params)
+        time = state.time + 1
+        truncated = time >= params.max_steps_in_episode
+        new_state = new_state.replace(time=time, done=jnp.logical_or(terminated, truncated))
+        # An episode that already ended ignores the action entirely: state, reward and flags frozen.
+        ended = jnp.asarray(state.done)
+        out_state = jax.tree.map(lambda old, new: jnp.where(ended, old, new), state, new_state)
+        reward = jnp.where(ended, 0.0, jnp.asarray(reward, jnp.float32))
+        info = {k: jnp.where(ended, jnp.zeros_like(v), v) for k, v in info.items()}
+        info["success"] = self.is_success(out_state, params)
+        terminated = jnp.where(ended, False, terminated)
+        return self.get_obs(out_state, params), out_state, reward, terminated, info
+
+    def get_obs(self, state, params=None, key=None):
+        return self.render_grid(state, params)
+
+    def is_terminated(self, state, params) -> jax.Array:
+        return jnp.asarray(state.done)
+
+    def is_truncated(self, state, params) -> jax.Array:
+        return state.time >= params.max_steps_in_episode
+
+    @property
+    def num_actions(self) -> int:
+        raise NotImplementedError
