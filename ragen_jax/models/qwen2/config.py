@@ -1,0 +1,205 @@
+"""Qwen2 / Qwen2.5 configuration: a frozen, self-validating dataclass plus named presets.
+
+`from_hf_config` / `to_hf_config` translate to and from a Hugging Face `config.json` dict
+(`Qwen2ForCausalLM`), accepting both the transformers-5 `rope_parameters` form and the older
+top-level `rope_theta`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+_DTYPES = ("float32", "bfloat16")
+HF_ARCHITECTURE = "Qwen2ForCausalLM"
+
+
+@dataclasses.dataclass(frozen=True)
+class Qwen2Config:
+    vocab_size: int
+    hidden_size: int
+    intermediate_size: int
+    num_hidden_layers: int
+    num_attention_heads: int
+    num_key_value_heads: int
+    rope_theta: float = 1_000_000.0
+    rms_norm_eps: float = 1e-6
+    tie_word_embeddings: bool = True
+    max_position_embeddings: int = 32768
+    dtype: str = "float32"  # compute dtype of matmuls and activations
+    param_dtype: str = "float32"  # storage dtype of the parameters
+    # Rematerialise each decoder layer in the backward pass (trades compute for activation memory).
+    remat: bool = False
+
+    def __post_init__(self):
+        for name in (
+            "vocab_size",
+            "hidden_size",
+            "intermediate_size",
+            "num_hidden_layers",
+            "num_attention_heads",
+            "num_key_value_heads",
+            "max_position_embeddings",
+        ):
+            value = getattr(self, name)
+            if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
+                raise ValueError(f"Qwen2Config.{name} must be a positive integer, got {value!r}")
+        if self.hidden_size % self.num_attention_heads:
+            raise ValueError(
+                f"hidden_size ({self.hidden_size}) must be divisible by num_attention_heads "
+                f"({self.num_attention_heads})"
+            )
+        if self.num_attention_heads % self.num_key_value_heads:
+            raise ValueError(
+                f"num_attention_heads ({self.num_attention_heads}) must be divisible by "
+                f"num_key_value_heads ({self.num_key_value_heads})"
+            )
+        if self.head_dim % 2:
+            raise ValueError(f"head_dim ({self.head_dim}) must be even for rotary embeddings")
+        if not self.rope_theta > 0:
+            raise ValueError(f"rope_theta must be positive, got {self.rope_theta!r}")
+        if not self.rms_norm_eps > 0:
+            raise ValueError(f"rms_norm_eps must be positive, got {self.rms_norm_eps!r}")
+        for name in ("dtype", "param_dtype"):
+            if getattr(self, name) not in _DTYPES:
+                raise ValueError(
+                    f"Qwen2Config.{name} must be one of {', '.join(_DTYPES)}, got {getattr(self, name)!r}"
+                )
+
+    @property
+    def head_dim(self) -> int:
+        return self.hidden_size // self.num_attention_heads
+
+    @property
+    def num_groups(self) -> int:
+        """Query heads per key/value head (grouped-query attention)."""
+        return self.num_attention_heads // self.num_key_value_heads
+
+    def replace(self, **changes) -> "Qwen2Config":
+        return dataclasses.replace(self, **changes)
+
+    # ------------------------------------------------------------------ presets
+    @classmethod
+    def from_preset(cls, name: str, **overrides) -> "Qwen2Config":
+        if name not in PRESETS:
+            raise ValueError(f"unknown preset {name!r}; valid: {', '.join(PRESETS)}")
+        return cls(**{**PRESETS[name], **overrides})
+
+    # ------------------------------------------------------------------ HF config.json
+    @classmethod
+    def from_hf_config(cls, hf: dict[str, Any], source: str = "config.json", **overrides) -> "Qwen2Config":
+        archs = hf.get("architectures") or []
+        model_type = hf.get("model_type")
+        if archs and HF_ARCHITECTURE not in archs:
+            raise ValueError(f"{source}: unknown architecture {archs}; only {HF_ARCHITECTURE} is supported")
+        if not archs and model_type not in (None, "qwen2"):
+            raise ValueError(f"{source}: unknown model_type {model_type!r}; only qwen2 is supported")
+        rope = hf.get("rope_parameters") or {}
+        rope_type = rope.get("rope_type", (hf.get("rope_scaling") or {}).get("rope_type", "default"))
+        if rope_type not in (None, "default"):
+            raise ValueError(f"{source}: rope_type {rope_type!r} is not supported (only 'default')")
+        theta = rope.get("rope_theta", hf.get("rope_theta", 10000.0))
+        try:
+            kwargs = dict(
+                vocab_size=int(hf["vocab_size"]),
+                hidden_size=int(hf["hidden_size"]),
+                intermediate_size=int(hf["intermediate_size"]),
+                num_hidden_layers=int(hf["num_hidden_layers"]),
+                num_attention_heads=int(hf["num_attention_heads"]),
+                num_key_value_heads=int(hf.get("num_key_value_heads", hf["num_attention_heads"])),
+                rope_theta=float(theta),
+                rms_norm_eps=float(hf.get("rms_norm_eps", 1e-6)),
+                tie_word_embeddings=bool(hf.get("tie_word_embeddings", False)),
+                max_position_embeddings=int(hf.get("max_position_embeddings", 32768)),
+            )
+        except KeyError as e:
+            raise ValueError(f"{source}: missing required key {e.args[0]!r}") from None
+        head_dim = hf.get("head_dim")
+        if head_dim is not None and int(head_dim) != kwargs["hidden_size"] // kwargs["num_attention_heads"]:
+            raise ValueError(f"{source}: head_dim {head_dim} != hidden_size / num_attention_heads is not supported")
+        kwargs.update(overrides)
+        try:
+            return cls(**kwargs)
+        except ValueError as e:
+            raise ValueError(f"{source}: {e}") from None
+
+    def to_hf_config(self) -> dict[str, Any]:
+        """A transformers-5 style `config.json` dict for `Qwen2ForCausalLM`."""
+        return {
+            "architectures": [HF_ARCHITECTURE],
+            "model_type": "qwen2",
+            "vocab_size": self.vocab_size,
+            "hidden_size": self.hidden_size,
+            "intermediate_size": self.intermediate_size,
+            "num_hidden_layers": self.num_hidden_layers,
+            "num_attention_heads": self.num_attention_heads,
+            "num_key_value_heads": self.num_key_value_heads,
+            "head_dim": self.head_dim,
+            "hidden_act": "silu",
+            "max_position_embeddings": self.max_position_embeddings,
+            "rms_norm_eps": self.rms_norm_eps,
+            "rope_parameters": {"rope_theta": self.rope_theta, "rope_type": "default"},
+            "tie_word_embeddings": self.tie_word_embeddings,
+            "attention_dropout": 0.0,
+            "initializer_range": 0.02,
+            "use_cache": True,
+            "use_sliding_window": False,
+            "sliding_window": None,
+            "max_window_layers": self.num_hidden_layers,
+            "bos_token_id": 151643,
+            "eos_token_id": 151645,
+            "dtype": self.param_dtype,
+        }
+
+
+_QWEN25 = dict(vocab_size=151936, rope_theta=1_000_000.0, rms_norm_eps=1e-6, max_position_embeddings=32768)
+
+# Shapes from the published Qwen2.5 config.json files.
+PRESETS: dict[str, dict[str, Any]] = {
+    "tiny": dict(
+        _QWEN25,
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        tie_word_embeddings=True,
+    ),
+    "qwen2.5-0.5b": dict(
+        _QWEN25,
+        hidden_size=896,
+        intermediate_size=4864,
+        num_hidden_layers=24,
+        num_attention_heads=14,
+        num_key_value_heads=2,
+        tie_word_embeddings=True,
+    ),
+    "qwen2.5-1.5b": dict(
+        _QWEN25,
+        hidden_size=1536,
+        intermediate_size=8960,
+        num_hidden_layers=28,
+        num_attention_heads=12,
+        num_key_value_heads=2,
+        tie_word_embeddings=True,
+    ),
+    "qwen2.5-3b": dict(
+        _QWEN25,
+        hidden_size=2048,
+        intermediate_size=11008,
+        num_hidden_layers=36,
+        num_attention_heads=16,
+        num_key_value_heads=2,
+        tie_word_embeddings=True,
+    ),
+    "qwen2.5-7b": dict(
+        _QWEN25,
+        vocab_size=152064,
+        hidden_size=3584,
+        intermediate_size=18944,
+        num_hidden_layers=28,
+        num_attention_heads=28,
+        num_key_value_heads=4,
+        tie_word_embeddings=False,
+    ),
+}

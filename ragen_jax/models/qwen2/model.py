@@ -1,0 +1,326 @@
+"""Qwen2 / Qwen2.5 decoder in Flax NNX, with a compact KV cache.
+
+Parameter tree (per-layer weights are stacked on a leading `L` axis so the layer loop is one
+`lax.scan`: compile time does not grow with depth, and the KV cache is carried through the loop and
+updated in place):
+
+    model/embed_tokens/embedding                  [V, H]
+    model/layers/input_layernorm/scale            [L, H]
+    model/layers/self_attn/{q,k,v}_proj/kernel    [L, H, heads*head_dim]   (+ bias [L, heads*head_dim])
+    model/layers/self_attn/o_proj/kernel          [L, heads*head_dim, H]   (no bias)
+    model/layers/post_attention_layernorm/scale   [L, H]
+    model/layers/mlp/{gate,up}_proj/kernel        [L, H, I]
+    model/layers/mlp/down_proj/kernel             [L, I, H]
+    model/norm/scale                              [H]
+    lm_head/kernel                                [H, V]   (only when embeddings are untied)
+
+Kernels are stored `[in, out]` (HF stores `[out, in]`; weights.py holds the mapping table).
+
+Cache rule (docs/design.md): a call writes its VALID tokens compactly at slots
+`end[b] + cumsum(valid[b]) - 1`, advances `end[b]` by the number of valid tokens, and a query attends
+to every slot `<=` its own slot; slot == RoPE position. Without a cache, positions are
+`cumsum(valid) - 1` and query q attends to keys k <= q with valid[k].
+
+Jitting pure functions over the parameters (what the sampler and trainer do):
+
+    graphdef, params = nnx.split(model)
+
+    @jax.jit
+    def step(params, tokens, valid, cache):
+        model = nnx.merge(graphdef, params)
+        hidden, cache = model(tokens, valid, cache)
+        return model.logits(hidden[:, -1]), cache
+
+`forward(graphdef, params, tokens, valid, cache)` below is exactly that (without the jit).
+"""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+from flax import nnx, struct
+
+from ragen_jax.models.qwen2.config import Qwen2Config
+
+f32 = jnp.float32
+# Finite rather than -inf: a query with no visible key (left padding) then gets a uniform garbage
+# distribution instead of NaN, which would otherwise leak into gradients through `where`.
+_MASK_VALUE = -1e30
+
+
+# ----------------------------------------------------------------------------- KV cache
+@struct.dataclass
+class KVCache:
+    k: jax.Array  # [L, B, S, n_kv_heads, head_dim], compute dtype
+    v: jax.Array  # [L, B, S, n_kv_heads, head_dim]
+    end: jax.Array  # [B] int32: number of slots filled (== next RoPE position)
+
+    @classmethod
+    def init(cls, cfg: Qwen2Config, batch: int, max_len: int, dtype=None) -> "KVCache":
+        dtype = jnp.dtype(dtype or cfg.dtype)
+        shape = (cfg.num_hidden_layers, batch, max_len, cfg.num_key_value_heads, cfg.head_dim)
+        return cls(k=jnp.zeros(shape, dtype), v=jnp.zeros(shape, dtype), end=jnp.zeros((batch,), jnp.int32))
+
+    @property
+    def max_len(self) -> int:
+        return self.k.shape[2]
+
+    @property
+    def batch(self) -> int:
+        return self.k.shape[1]
+
+
+# ----------------------------------------------------------------------------- pure pieces
+def rms_norm(x: jax.Array, scale: jax.Array, eps: float) -> jax.Array:
+    """HF Qwen2RMSNorm: normalise in float32, cast back, then scale."""
+    dtype = x.dtype
+    x32 = x.astype(f32)
+    x32 = x32 * jax.lax.rsqrt(jnp.mean(x32 * x32, axis=-1, keepdims=True) + eps)
+    return scale.astype(dtype) * x32.astype(dtype)
+
+
+def rope_cos_sin(pos: jax.Array, head_dim: int, theta: float) -> tuple[jax.Array, jax.Array]:
+    """cos/sin [..., head_dim] in float32 for integer positions (HF default rope, duplicated halves)."""
+    inv_freq = 1.0 / (theta ** (jnp.arange(0, head_dim, 2, dtype=f32) / head_dim))
+    freqs = pos.astype(f32)[..., None] * inv_freq
+    emb = jnp.concatenate([freqs, freqs], axis=-1)
+    return jnp.cos(emb), jnp.sin(emb)
+
+
+def apply_rope(x: jax.Array, cos: jax.Array, sin: jax.Array) -> jax.Array:
+    """x [B, T, heads, head_dim]; cos/sin [B, T, head_dim]. HF `rotate_half` convention."""
+    cos = cos[:, :, None, :].astype(x.dtype)
+    sin = sin[:, :, None, :].astype(x.dtype)
+    half = x.shape[-1] // 2
+    rotated = jnp.concatenate([-x[..., half:], x[..., :half]], axis=-1)
+    return x * cos + rotated * sin
+
+
+def attend(q: jax.Array, k: jax.Array, v: jax.Array, mask: jax.Array) -> jax.Array:
+    """Grouped-query attention without repeating k/v.
+
+    q [B, T, nH, D], k/v [B, S, nKV, D], mask [B, T, S] bool -> [B, T, nH * D].
+    Scores and softmax in float32; the value matmul in the compute dtype.
+    """
+    b, t, nh, d = q.shape
+    nkv = k.shape[2]
+    q = q.reshape(b, t, nkv, nh // nkv, d)
+    scores = jnp.einsum("btkgd,bskd->bkgts", q, k.astype(q.dtype), preferred_element_type=f32)
+    scores = scores * (d**-0.5)
+    scores = jnp.where(mask[:, None, None], scores, _MASK_VALUE)
+    probs = jax.nn.softmax(scores, axis=-1).astype(q.dtype)
+    out = jnp.einsum("bkgts,bskd->btkgd", probs, v.astype(q.dtype))
+    return out.reshape(b, t, nh * d)
+
+
+def _dense(x, p):
+    y = x @ p["kernel"].astype(x.dtype)
+    if "bias" in p:
+        y = y + p["bias"].astype(x.dtype)
+    return y
+
+
+def _attn_in(cfg: Qwen2Config, p, x, cos, sin):
+    """Pre-norm + q/k/v projections + RoPE for one layer."""
+    b, t, _ = x.shape
+    h = rms_norm(x, p["input_layernorm"]["scale"], cfg.rms_norm_eps)
+    a = p["self_attn"]
+    q = _dense(h, a["q_proj"]).reshape(b, t, cfg.num_attention_heads, cfg.head_dim)
+    k = _dense(h, a["k_proj"]).reshape(b, t, cfg.num_key_value_heads, cfg.head_dim)
+    v = _dense(h, a["v_proj"]).reshape(b, t, cfg.num_key_value_heads, cfg.head_dim)
+    return apply_rope(q, cos, sin), apply_rope(k, cos, sin), v
+
+
+def _attn_out_mlp(cfg: Qwen2Config, p, x, attn):
+    x = x + _dense(attn, p["self_attn"]["o_proj"])
+    h = rms_norm(x, p["post_attention_layernorm"]["scale"], cfg.rms_norm_eps)
+    m = p["mlp"]
+    return x + _dense(jax.nn.silu(_dense(h, m["gate_proj"])) * _dense(h, m["up_proj"]), m["down_proj"])
+
+
+def decoder_stack(cfg: Qwen2Config, layers, x, valid, cache: KVCache | None):
+    """Run all layers. `layers` is the pure dict of stacked [L, ...] arrays. Returns (x, cache)."""
+    b, t, _ = x.shape
+    if cache is None:
+        pos = jnp.cumsum(valid, axis=1, dtype=jnp.int32) - 1
+        idx = jnp.arange(t)
+        mask = (idx[None, :, None] >= idx[None, None, :]) & valid[:, None, :]  # [B, Tq, Tk]
+        cos, sin = rope_cos_sin(pos, cfg.head_dim, cfg.rope_theta)
+
+        def layer(x, p):
+            q, k, v = _attn_in(cfg, p, x, cos, sin)
+            return _attn_out_mlp(cfg, p, x, attend(q, k, v, mask)), None
+
+        if cfg.remat:
+            layer = jax.checkpoint(layer)
+        x, _ = jax.lax.scan(layer, x, layers)
+        return x, None
+
+    s = cache.max_len
+    n_new = jnp.sum(valid, axis=1, dtype=jnp.int32)
+    pos = cache.end[:, None] + jnp.cumsum(valid, axis=1, dtype=jnp.int32) - 1  # slot == RoPE position
+    # Invalid tokens (and overflow past S) target slot S, which mode="drop" discards.
+    write = jnp.where(valid & (pos >= 0) & (pos < s), pos, s)
+    rows = jnp.arange(b)[:, None]
+    mask = jnp.arange(s)[None, None, :] <= pos[:, :, None]  # [B, T, S]
+    cos, sin = rope_cos_sin(pos, cfg.head_dim, cfg.rope_theta)
+
+    def layer(carry, xs):
+        x, ck, cv = carry
+        p, li = xs
+        q, k, v = _attn_in(cfg, p, x, cos, sin)
+        # Scatter only the new rows into the loop-carried stacked cache (updated in place by XLA);
+        # then read back this layer's [B, S, ...] slice: decode costs O(S) per token, no O(S^2).
+        ck = ck.at[li, rows, write].set(k.astype(ck.dtype), mode="drop")
+        cv = cv.at[li, rows, write].set(v.astype(cv.dtype), mode="drop")
+        keys = jax.lax.dynamic_index_in_dim(ck, li, axis=0, keepdims=False)
+        vals = jax.lax.dynamic_index_in_dim(cv, li, axis=0, keepdims=False)
+        return (_attn_out_mlp(cfg, p, x, attend(q, keys, vals, mask)), ck, cv), None
+
+    if cfg.remat:
+        layer = jax.checkpoint(layer)
+    li = jnp.arange(cfg.num_hidden_layers, dtype=jnp.int32)
+    (x, ck, cv), _ = jax.lax.scan(layer, (x, cache.k, cache.v), (layers, li))
+    return x, KVCache(k=ck, v=cv, end=cache.end + n_new)
+
+
+def _check_inputs(cfg: Qwen2Config, tokens, valid, cache):
+    if tokens.ndim != 2:
+        raise ValueError(f"tokens must be [batch, time], got shape {tuple(tokens.shape)}")
+    if tuple(valid.shape) != tuple(tokens.shape):
+        raise ValueError(f"valid shape {tuple(valid.shape)} must equal tokens shape {tuple(tokens.shape)}")
+    if cache is not None:
+        want = (cfg.num_hidden_layers, tokens.shape[0], cache.max_len, cfg.num_key_value_heads, cfg.head_dim)
+        if tuple(cache.k.shape) != want:
+            raise ValueError(f"KV cache shape {tuple(cache.k.shape)} does not match model/batch {want}")
+
+
+# ----------------------------------------------------------------------------- modules
+def _normal(rngs: nnx.Rngs, shape, dtype, std=0.02):
+    return nnx.Param(std * jax.random.normal(rngs.params(), shape, f32).astype(dtype))
+
+
+class Dense(nnx.Module):
+    """Linear layer with an optional leading stack axis; kernel stored [*stack, in, out]."""
+
+    def __init__(self, din, dout, *, stack=(), bias: bool, param_dtype, rngs: nnx.Rngs):
+        self.kernel = _normal(rngs, (*stack, din, dout), param_dtype)
+        if bias:
+            self.bias = nnx.Param(jnp.zeros((*stack, dout), param_dtype))
+
+
+class Norm(nnx.Module):
+    def __init__(self, shape, param_dtype):
+        self.scale = nnx.Param(jnp.ones(shape, param_dtype))
+
+
+class Attention(nnx.Module):
+    def __init__(self, cfg: Qwen2Config, stack, rngs: nnx.Rngs):
+        h, hd, pd = cfg.hidden_size, cfg.head_dim, cfg.param_dtype
+        self.q_proj = Dense(h, cfg.num_attention_heads * hd, stack=stack, bias=True, param_dtype=pd, rngs=rngs)
+        self.k_proj = Dense(h, cfg.num_key_value_heads * hd, stack=stack, bias=True, param_dtype=pd, rngs=rngs)
+        self.v_proj = Dense(h, cfg.num_key_value_heads * hd, stack=stack, bias=True, param_dtype=pd, rngs=rngs)
+        self.o_proj = Dense(cfg.num_attention_heads * hd, h, stack=stack, bias=False, param_dtype=pd, rngs=rngs)
+
+
+class MLP(nnx.Module):
+    def __init__(self, cfg: Qwen2Config, stack, rngs: nnx.Rngs):
+        h, i, pd = cfg.hidden_size, cfg.intermediate_size, cfg.param_dtype
+        self.gate_proj = Dense(h, i, stack=stack, bias=False, param_dtype=pd, rngs=rngs)
+        self.up_proj = Dense(h, i, stack=stack, bias=False, param_dtype=pd, rngs=rngs)
+        self.down_proj = Dense(i, h, stack=stack, bias=False, param_dtype=pd, rngs=rngs)
+
+
+class DecoderLayers(nnx.Module):
+    """All decoder layers, parameters stacked on a leading [L] axis."""
+
+    def __init__(self, cfg: Qwen2Config, rngs: nnx.Rngs):
+        stack = (cfg.num_hidden_layers,)
+        self.input_layernorm = Norm((*stack, cfg.hidden_size), cfg.param_dtype)
+        self.self_attn = Attention(cfg, stack, rngs)
+        self.post_attention_layernorm = Norm((*stack, cfg.hidden_size), cfg.param_dtype)
+        self.mlp = MLP(cfg, stack, rngs)
+
+
+class Embed(nnx.Module):
+    def __init__(self, cfg: Qwen2Config, rngs: nnx.Rngs):
+        self.embedding = _normal(rngs, (cfg.vocab_size, cfg.hidden_size), cfg.param_dtype)
+
+
+class Qwen2Trunk(nnx.Module):
+    """Embeddings + decoder layers + final norm (HF `Qwen2Model`)."""
+
+    def __init__(self, cfg: Qwen2Config, rngs: nnx.Rngs):
+        self.cfg = cfg
+        self.embed_tokens = Embed(cfg, rngs)
+        self.layers = DecoderLayers(cfg, rngs)
+        self.norm = Norm((cfg.hidden_size,), cfg.param_dtype)
+
+    def __call__(self, tokens, valid, cache: KVCache | None = None):
+        cfg = self.cfg
+        tokens = jnp.asarray(tokens)
+        valid = jnp.asarray(valid).astype(bool)
+        _check_inputs(cfg, tokens, valid, cache)
+        dtype = jnp.dtype(cfg.dtype)
+        x = jnp.take(self.embed_tokens.embedding[...], tokens.astype(jnp.int32), axis=0).astype(dtype)
+        layers = nnx.state(self.layers, nnx.Param).to_pure_dict()
+        x, cache = decoder_stack(cfg, layers, x, valid, cache)
+        return rms_norm(x, self.norm.scale[...], cfg.rms_norm_eps), cache
+
+
+class Qwen2(nnx.Module):
+    """Qwen2ForCausalLM. `model(tokens, valid, cache) -> (hidden [B,T,H], cache)`; `model.logits(hidden)`."""
+
+    def __init__(self, cfg: Qwen2Config, rngs: nnx.Rngs):
+        self.cfg = cfg
+        self.model = Qwen2Trunk(cfg, rngs)
+        if not cfg.tie_word_embeddings:
+            self.lm_head = Dense(cfg.hidden_size, cfg.vocab_size, bias=False, param_dtype=cfg.param_dtype, rngs=rngs)
+
+    def __call__(self, tokens, valid, cache: KVCache | None = None):
+        return self.model(tokens, valid, cache)
+
+    def logits(self, hidden: jax.Array) -> jax.Array:
+        """[..., H] -> float32 [..., V]; float32 accumulation whatever the compute dtype."""
+        if self.cfg.tie_word_embeddings:
+            w = self.model.embed_tokens.embedding[...]
+            return jnp.einsum("...h,vh->...v", hidden, w.astype(hidden.dtype), preferred_element_type=f32)
+        w = self.lm_head.kernel[...]
+        return jnp.einsum("...h,hv->...v", hidden, w.astype(hidden.dtype), preferred_element_type=f32)
+
+
+class Qwen2Critic(nnx.Module):
+    """Value model: Qwen2 trunk + float32 Linear(hidden -> 1). `critic(tokens, valid) -> values [B, T]`."""
+
+    def __init__(self, cfg: Qwen2Config, rngs: nnx.Rngs):
+        self.cfg = cfg
+        self.model = Qwen2Trunk(cfg, rngs)
+        # Like HF *ForTokenClassification(num_labels=1) as used by verl critics: N(0, 0.02) kernel, zero bias.
+        self.value_head = Dense(cfg.hidden_size, 1, bias=True, param_dtype="float32", rngs=rngs)
+
+    def __call__(self, tokens, valid) -> jax.Array:
+        hidden, _ = self.model(tokens, valid, None)
+        return _dense(hidden.astype(f32), nnx.state(self.value_head, nnx.Param).to_pure_dict())[..., 0]
+
+
+def critic_from_policy(policy: Qwen2, rngs: nnx.Rngs | None = None, share_trunk: bool = False) -> Qwen2Critic:
+    """A critic whose trunk starts from the policy's weights.
+
+    Default: a separate copy (the reference trains policy and critic as two models). With
+    `share_trunk=True` the critic references the very same trunk module (shared parameters).
+    """
+    rngs = rngs if rngs is not None else nnx.Rngs(0)
+    critic = nnx.eval_shape(lambda: Qwen2Critic(policy.cfg, nnx.Rngs(0)))
+    critic.model = policy.model if share_trunk else nnx.clone(policy.model)
+    critic.value_head = Dense(policy.cfg.hidden_size, 1, bias=True, param_dtype="float32", rngs=rngs)
+    return critic
+
+
+# ----------------------------------------------------------------------------- functional helpers
+def forward(graphdef, params, tokens, valid, cache: KVCache | None = None):
+    """Pure forward over split params: `graphdef, params = nnx.split(model)`."""
+    return nnx.merge(graphdef, params)(tokens, valid, cache)
+
+
+def logits_fn(graphdef, params, hidden):
+    return nnx.merge(graphdef, params).logits(hidden)
