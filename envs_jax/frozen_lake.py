@@ -1,0 +1,285 @@
+"""FrozenLake with random maps generated in-graph (RAGEN's `FrozenLake`).
+
+Rules (gymnasium FrozenLake-v1 as RAGEN uses it, with RAGEN's random start and goal):
+- size x size cells, each frozen with probability `frozen_prob`, else a hole; start and goal are
+  two distinct uniformly random cells (never holes); the whole map is re-drawn until the goal is
+  reachable from the start through non-hole cells (4-neighbourhood).
+- Slippery moves: the intended direction with probability 1 - slip, each perpendicular direction
+  with slip / 2. A move off the grid leaves the player in place.
+- Reward 1 on reaching the goal, else 0. Falling into a hole or reaching the goal terminates.
+- `action_is_effective` = the player's cell changed (as in the reference).
+Cells are addressed by a flat index `row * size + col` everywhere.
+"""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from flax import struct
+from gymnax.environments import spaces
+
+from envs_jax.base import AgentEnv
+
+ACTION_NAMES = ("Left", "Down", "Right", "Up")
+LEFT, DOWN, RIGHT, UP = 0, 1, 2, 3
+# Row/column offsets in action-index order (gymnasium's LEFT=0, DOWN=1, RIGHT=2, UP=3).
+_DROW = (0, 1, 0, -1)
+_DCOL = (-1, 0, 1, 0)
+
+# Symbol indices, in the reference's grid_lookup order.
+PLAYER, FROZEN, HOLE, GOAL, PLAYER_IN_HOLE, PLAYER_ON_GOAL = range(6)
+SYMBOLS = ("P", "_", "O", "G", "X", "√")
+GRID_VOCAB = (
+    ("P", "player"),
+    ("_", "empty"),
+    ("O", "hole"),
+    ("G", "goal"),
+    ("X", "player in hole"),
+    ("√", "player on goal"),
+)
+
+# The reference's env_instruction (config/envs.yaml), verbatim, including its typo ("whole"),
+# followed by its symbol legend exactly as its context manager appends it.
+ENV_INSTRUCTION = (
+    "You are solving the FrozenLake puzzle. Forbid the whole and go to the target. You may move to "
+    "the unintended direction due to the slippery ice. Example answer format: <think>To forbid the "
+    "hole and go to the target, I should go left then go up.</think><answer>Left || Up</answer>"
+)
+INSTRUCTIONS = (
+    ENV_INSTRUCTION
+    + "\nThe meaning of each symbol in the state is:\n"
+    + ", ".join(f"{k}: {v}" for k, v in GRID_VOCAB)
+)
+
+
+@struct.dataclass
+class FrozenLakeState:
+    hole: jax.Array  # bool[size, size]
+    start: jax.Array  # int32 flat cell
+    goal: jax.Array  # int32 flat cell
+    pos: jax.Array  # int32 flat cell of the player
+    time: jax.Array  # int32
+    done: jax.Array  # bool
+
+
+@struct.dataclass
+class FrozenLakeParams:
+    # Shapes depend on these, so they are static (part of the compiled program, not traced).
+    size: int = struct.field(pytree_node=False, default=4)
+    max_steps_in_episode: int = struct.field(pytree_node=False, default=10)
+    max_tries: int = struct.field(pytree_node=False, default=64)
+    frozen_prob: float = 0.8
+    # Total slip probability: 2/3 is gymnasium's is_slippery (1/3 intended, 1/3 each side).
+    slip: float = 2.0 / 3.0
+
+
+# ---- pure rule functions ------------------------------------------------------------------------
+def move(pos: jax.Array, direction: jax.Array, size: int) -> jax.Array:
+    """The cell reached from `pos` by one move in `direction`; off-grid moves stay in place."""
+    row, col = pos // size, pos % size
+    row = jnp.clip(row + jnp.asarray(_DROW)[direction], 0, size - 1)
+    col = jnp.clip(col + jnp.asarray(_DCOL)[direction], 0, size - 1)
+    return (row * size + col).astype(jnp.int32)
+
+
+def slip_direction(key: jax.Array, action: jax.Array, slip: jax.Array) -> jax.Array:
+    """The direction actually taken for an intended `action` (the slippery-ice draw).
+
+    A separate pure function so a reference implementation can be fed the same realised direction.
+    """
+    u = jax.random.uniform(key)
+    offset = jnp.where(u < 1.0 - slip, 0, jnp.where(u < 1.0 - slip / 2.0, -1, 1))
+    return ((jnp.asarray(action, jnp.int32) + offset) % 4).astype(jnp.int32)
+
+
+def direction_probs(slip: jax.Array) -> jax.Array:
+    """[action, direction] probability of each realised direction (matches `slip_direction`)."""
+    eye = jnp.eye(4, dtype=jnp.float32)
+    side = jnp.roll(eye, 1, axis=1) + jnp.roll(eye, -1, axis=1)
+    return (1.0 - slip) * eye + (slip / 2.0) * side
+
+
+def reachable(hole: jax.Array, start: jax.Array) -> jax.Array:
+    """bool[size, size]: cells reachable from `start` through non-hole cells (4-neighbourhood)."""
+    size = hole.shape[-1]
+    free = ~hole
+    seed = (jnp.arange(size * size) == start).reshape(size, size) & free
+
+    def grow(_, r):
+        pad = jnp.pad(r, 1)
+        nbr = pad[:-2, 1:-1] | pad[2:, 1:-1] | pad[1:-1, :-2] | pad[1:-1, 2:]
+        return (r | nbr) & free
+
+    # A shortest path visits each cell at most once, so size*size - 1 growth steps always suffice.
+    return jax.lax.fori_loop(0, size * size - 1, grow, seed)
+
+
+def _draw_map(key, params):
+    n = params.size
+    k_hole, k_start, k_goal = jax.random.split(key, 3)
+    hole = jax.random.uniform(k_hole, (n * n,)) >= params.frozen_prob
+    start = jax.random.randint(k_start, (), 0, n * n, dtype=jnp.int32)
+    goal = jax.random.randint(k_goal, (), 0, n * n, dtype=jnp.int32)
+    # As in the reference, start and goal overwrite whatever cell was drawn there.
+    hole = hole.at[start].set(False).at[goal].set(False).reshape(n, n)
+    ok = (start != goal) & reachable(hole, start).reshape(-1)[goal]
+    return hole, start, goal, ok
+
+
+def _force_path(hole, start, goal, size):
+    """Fallback map (probability < 1e-30 at default settings): clear an L-shaped start->goal path."""
+    goal = jnp.where(goal == start, (start + 1) % (size * size), goal)
+    sr, sc, gr, gc = start // size, start % size, goal // size, goal % size
+    rows, cols = jnp.arange(size)[:, None], jnp.arange(size)[None, :]
+    vertical = (cols == sc) & (rows >= jnp.minimum(sr, gr)) & (rows <= jnp.maximum(sr, gr))
+    horizontal = (rows == gr) & (cols >= jnp.minimum(sc, gc)) & (cols <= jnp.maximum(sc, gc))
+    return hole & ~(vertical | horizontal), start, goal
+
+
+def generate_map(key: jax.Array, params: FrozenLakeParams):
+    """(hole bool[n, n], start, goal): a deterministic function of `key`, always with a path.
+
+    Rejection sampling of (holes, start, goal) jointly, like the reference, in a bounded
+    while_loop so it stays inside the compiled program (and under vmap).
+    """
+
+    def cond(carry):
+        _, tries, _, _, _, ok = carry
+        return (~ok) & (tries < params.max_tries)
+
+    def body(carry):
+        key, tries, *_ = carry
+        key, sub = jax.random.split(key)
+        return (key, tries + 1, *_draw_map(sub, params))
+
+    n = params.size
+    init = (key, jnp.int32(0), jnp.zeros((n, n), bool), jnp.int32(0), jnp.int32(0), jnp.bool_(False))
+    _, _, hole, start, goal, ok = jax.lax.while_loop(cond, body, init)
+    f_hole, f_start, f_goal = _force_path(hole, start, goal, n)
+    return jnp.where(ok, hole, f_hole), jnp.where(ok, start, f_start), jnp.where(ok, goal, f_goal)
+
+
+# ---- host helpers (tests, fixed maps) -----------------------------------------------------------
+def state_from_rows(rows) -> FrozenLakeState:
+    """A fresh state from reference-style rows of 'S', 'F', 'H', 'G' (player on 'S')."""
+    grid = np.array([list(r) for r in rows])
+    n = grid.shape[0]
+    if grid.shape != (n, n) or (grid == "S").sum() != 1 or (grid == "G").sum() != 1:
+        raise ValueError(f"rows must form a square map with one 'S' and one 'G', got {rows!r}")
+    start = int(np.flatnonzero(grid.reshape(-1) == "S")[0])
+    goal = int(np.flatnonzero(grid.reshape(-1) == "G")[0])
+    return FrozenLakeState(
+        hole=jnp.asarray(grid == "H"),
+        start=jnp.int32(start),
+        goal=jnp.int32(goal),
+        pos=jnp.int32(start),
+        time=jnp.int32(0),
+        done=jnp.bool_(False),
+    )
+
+
+def rows_from_state(state: FrozenLakeState) -> list[str]:
+    """Reference-style rows ('S', 'F', 'H', 'G') of a single (unbatched) state's map."""
+    hole = np.asarray(state.hole)
+    cells = np.where(hole, "H", "F").reshape(-1)
+    cells[int(state.start)] = "S"
+    cells[int(state.goal)] = "G"
+    n = hole.shape[0]
+    return ["".join(cells[r * n : (r + 1) * n]) for r in range(n)]
+
+
+# ---- the environment ----------------------------------------------------------------------------
+class FrozenLake(AgentEnv):
+    """Slippery FrozenLake on a random map; `success` = the player is on the goal."""
+
+    @property
+    def default_params(self) -> FrozenLakeParams:
+        return FrozenLakeParams()
+
+    @property
+    def num_actions(self) -> int:
+        return 4
+
+    def action_space(self, params=None):
+        return spaces.Discrete(4)
+
+    def observation_space(self, params=None):
+        n = (params or self.default_params).size
+        return spaces.Box(0, len(SYMBOLS) - 1, (n, n), jnp.int32)
+
+    def validate_params(self, params: FrozenLakeParams) -> None:
+        """Raise ValueError for parameters the env cannot honour."""
+        if not isinstance(params.size, int) or params.size < 2:
+            raise ValueError(f"size must be an int >= 2 (start and goal differ), got {params.size!r}")
+        if not 0.0 < float(params.frozen_prob) <= 1.0:
+            raise ValueError(f"frozen_prob must be in (0, 1], got {params.frozen_prob}")
+        if not 0.0 <= float(params.slip) <= 1.0:
+            raise ValueError(f"slip must be in [0, 1], got {params.slip}")
+        if not isinstance(params.max_steps_in_episode, int) or params.max_steps_in_episode < 1:
+            raise ValueError(f"max_steps_in_episode must be an int >= 1, got {params.max_steps_in_episode!r}")
+        if not isinstance(params.max_tries, int) or params.max_tries < 1:
+            raise ValueError(f"max_tries must be an int >= 1, got {params.max_tries!r}")
+
+    def reset_env(self, key, params):
+        hole, start, goal = generate_map(key, params)
+        state = FrozenLakeState(
+            hole=hole, start=start, goal=goal, pos=start, time=jnp.int32(0), done=jnp.bool_(False)
+        )
+        return self.get_obs(state, params), state
+
+    def apply_direction(self, state, direction, params):
+        """The rules for one realised move direction -> (new_state, reward, terminated, info)."""
+        pos = move(state.pos, direction, params.size)
+        on_goal = pos == state.goal
+        in_hole = state.hole.reshape(-1)[pos]
+        info = {"action_is_effective": pos != state.pos}
+        return state.replace(pos=pos), on_goal.astype(jnp.float32), on_goal | in_hole, info
+
+    def transition(self, key, state, action, params):
+        return self.apply_direction(state, slip_direction(key, action, params.slip), params)
+
+    def is_success(self, state, params):
+        return state.pos == state.goal
+
+    def action_names(self, params) -> tuple[str, ...]:
+        return ACTION_NAMES
+
+    def instructions(self, params) -> str:
+        return INSTRUCTIONS
+
+    def symbols(self, params) -> tuple[str, ...]:
+        return SYMBOLS
+
+    def render_grid(self, state, params):
+        n = state.hole.shape[-1]
+        cells = jnp.arange(n * n).reshape(n, n)
+        grid = jnp.where(state.hole, HOLE, FROZEN)  # the start cell renders as frozen
+        grid = jnp.where(cells == state.goal, GOAL, grid)
+        player = jnp.where(state.hole.reshape(-1)[state.pos], PLAYER_IN_HOLE, PLAYER)
+        player = jnp.where(state.pos == state.goal, PLAYER_ON_GOAL, player)
+        return jnp.where(cells == state.pos, player, grid).astype(jnp.int32)
+
+    def solve(self, state, params):
+        """Optimal policy for the slippery dynamics by finite-horizon value iteration (jittable).
+
+        The planning state is (cell, actions left), because the episode is cut after
+        `max_steps_in_episode` actions. Returns `policy` int32[max_steps + 1, size * size]
+        (policy[k, cell] = best action with k actions left; row 0 is unused and 0) and the
+        probability (float32) of reaching the goal from the start with the full budget.
+        """
+        n2 = params.size * params.size
+        cells = jnp.arange(n2)
+        nxt = move(cells[:, None], jnp.arange(4)[None, :], params.size)  # [cell, direction]
+        probs = direction_probs(params.slip)  # [action, direction]
+        at_goal = (cells == state.goal).astype(jnp.float32)
+        terminal = state.hole.reshape(-1) | (cells == state.goal)
+
+        def backup(value, _):
+            q = jnp.einsum("ad,cd->ca", probs, value[nxt])
+            value = jnp.where(terminal, at_goal, jnp.max(q, axis=1))
+            return value, jnp.argmax(q, axis=1).astype(jnp.int32)
+
+        value, policy = jax.lax.scan(backup, at_goal, None, length=params.max_steps_in_episode)
+        policy = jnp.concatenate([jnp.zeros((1, n2), jnp.int32), policy], axis=0)
+        return policy, value[state.start]
