@@ -134,7 +134,6 @@ class Qwen2Config:
             "num_hidden_layers": self.num_hidden_layers,
             "num_attention_heads": self.num_attention_heads,
             "num_key_value_heads": self.num_key_value_heads,
-            "head_dim": self.head_dim,
             "hidden_act": "silu",
             "max_position_embeddings": self.max_position_embeddings,
             "rms_norm_eps": self.rms_norm_eps,
