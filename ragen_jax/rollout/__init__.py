@@ -1,0 +1,8 @@
+"""The compiled multi-turn rollout (P groups x N episodes in one XLA program)."""
+
+from ragen_jax.rollout.debug import format_trajectory, rollout_metrics
+from ragen_jax.rollout.rollout import Rollout, group_seeds_for_iteration, init_cache
+from ragen_jax.rollout.types import RolloutConfig, Trajectories
+
+__all__ = ["Rollout", "RolloutConfig", "Trajectories", "format_trajectory", "group_seeds_for_iteration",
+           "init_cache", "rollout_metrics"]

@@ -1,0 +1,77 @@
+"""Rollout settings and the record a rollout returns."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import jax
+from flax import struct
+
+
+@dataclasses.dataclass(frozen=True)
+class RolloutConfig:
+    """Static settings of one compiled rollout (changing any of them recompiles)."""
+
+    # P: initial states per rollout batch (the "groups" that reward normalisation and the StarPO-S
+    # filter work on). Reference: 8.
+    num_groups: int = 8
+    # N: rollouts per initial state; all N of a group start from the same seed. Reference: 16.
+    group_size: int = 16
+    # T_max: whole-conversation token budget (prompt + all turns). Reference: 3,600. A turn that
+    # would not fit is not started: the episode ends there, flagged `truncated`.
+    max_context: int = 3600
+    # Sampling. Training: temperature 1, top-p 1 (reference); validation: temperature 0.5.
+    temperature: float = 1.0
+    top_p: float = 1.0
+    top_k: int = 0
+    greedy: bool = False
+    # Added to a turn's reward when its answer had an invalid piece or no valid action (reference -0.1).
+    format_penalty: float = -0.1
+    # Also stop a turn's generation at a completed "</answer>" (the reference's vLLM stop string),
+    # besides <|im_end|> / <|endoftext|> and the per-turn token budget.
+    stop_at_answer: bool = True
+    # KV-cache dtype; None = the model's compute dtype (bf16 on accelerators halves cache traffic).
+    cache_dtype: str | None = None
+
+    def __post_init__(self):
+        for name in ("num_groups", "group_size", "max_context"):
+            v = getattr(self, name)
+            if not isinstance(v, int) or isinstance(v, bool) or v < 1:
+                raise ValueError(f"RolloutConfig.{name} must be a positive integer, got {v!r}")
+        if not self.greedy and not self.temperature > 0:
+            raise ValueError(f"RolloutConfig.temperature must be > 0 when sampling, got {self.temperature}")
+        if not 0.0 < self.top_p <= 1.0:
+            raise ValueError(f"RolloutConfig.top_p must be in (0, 1], got {self.top_p}")
+        if self.top_k < 0:
+            raise ValueError(f"RolloutConfig.top_k must be >= 0 (0 = off), got {self.top_k}")
+
+    @property
+    def batch_size(self) -> int:
+        return self.num_groups * self.group_size
+
+
+@struct.dataclass
+class Trajectories:
+    """B = P x N finished episodes as fixed-size buffers (row b belongs to group b // N)."""
+
+    tokens: jax.Array  # [B, T] int32: the whole conversation, pad after `length`
+    length: jax.Array  # [B] int32
+    loss_mask: jax.Array  # [B, T] bool: exactly the tokens the policy sampled
+    logprobs: jax.Array  # [B, T] f32: sampling log-prob at sampled positions, 0 elsewhere
+    turn_end: jax.Array  # [B, max_turns] int32: position of each turn's last sampled token, -1 if none
+    turn_reward: jax.Array  # [B, max_turns] f32: env rewards + format penalty of each turn
+    reward: jax.Array  # [B] f32: trajectory reward = sum of turn rewards (placed on the last sampled token)
+    group: jax.Array  # [B] int32: group index 0..P-1
+    seed: jax.Array  # [B] int32: the env seed of the group
+    success: jax.Array  # [B] bool
+    action_is_valid: jax.Array  # [B] bool: every turn parsed and named only valid actions
+    num_actions: jax.Array  # [B] int32: executed actions
+    num_effective: jax.Array  # [B] int32: executed actions that changed the state (player moved, ...)
+    num_turns: jax.Array  # [B] int32: assistant turns taken
+    num_format_errors: jax.Array  # [B] int32: turns that got the format penalty
+    response_length: jax.Array  # [B] int32: sampled tokens over all turns
+    truncated: jax.Array  # [B] bool: ended because the next turn would overflow max_context
+
+    @property
+    def batch_size(self) -> int:
+        return self.tokens.shape[0]
