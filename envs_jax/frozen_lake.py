@@ -68,7 +68,7 @@ class FrozenLakeParams:
     # Shapes depend on these, so they are static (part of the compiled program, not traced).
     size: int = struct.field(pytree_node=False, default=4)
     max_steps_in_episode: int = struct.field(pytree_node=False, default=10)
-    max_tries: int = struct.field(pytree_node=False, default=64)
+    max_tries: int = 64  # map re-draws before the forced-path fallback (traced: no recompile)
     frozen_prob: float = 0.8
     # Total slip probability: 2/3 is gymnasium's is_slippery (1/3 intended, 1/3 each side).
     slip: float = 2.0 / 3.0
@@ -218,7 +218,7 @@ class FrozenLake(AgentEnv):
             raise ValueError(f"slip must be in [0, 1], got {params.slip}")
         if not isinstance(params.max_steps_in_episode, int) or params.max_steps_in_episode < 1:
             raise ValueError(f"max_steps_in_episode must be an int >= 1, got {params.max_steps_in_episode!r}")
-        if not isinstance(params.max_tries, int) or params.max_tries < 1:
+        if int(params.max_tries) < 1:
             raise ValueError(f"max_tries must be an int >= 1, got {params.max_tries!r}")
 
     def reset_env(self, key, params):
