@@ -1,0 +1,11 @@
+"""StarPO-S on FrozenLake with Qwen2.5-0.5B-Instruct (reference defaults)."""
+
+from ragen_jax.config import Config
+
+
+def get_config() -> Config:
+    cfg = Config()
+    cfg.env.name = "FrozenLake"
+    cfg.model.dtype = "bfloat16"
+    cfg.model.cache_dtype = "bfloat16"
+    return cfg

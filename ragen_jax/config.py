@@ -1,0 +1,362 @@
+"""Experiment configuration: nested dataclasses that validate themselves, loaded from `configs/*.py`.
+
+A config file defines `get_config() -> Config`. `load_config("sokoban.py")` looks the bare name up
+in the repository's `configs/` folder (or takes a path), then applies command-line overrides of the
+form `--config.algo.eps_high=0.28`. Every problem is reported as one sentence that names the key:
+an unknown key lists the valid ones, a value of the wrong type says which type was expected.
+"""
+
+from __future__ import annotations
+
+import ast
+import dataclasses
+import importlib.util
+import os
+import typing
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Optional
+
+CONFIG_DIR = Path(__file__).resolve().parent.parent / "configs"
+
+
+class ConfigError(ValueError):
+    """A configuration problem, reported as one readable sentence."""
+
+
+def _choice(name: str, value, options):
+    if value not in options:
+        raise ConfigError(f"{name}={value!r} is not valid; choose one of {', '.join(map(repr, options))}")
+
+
+def _positive(name: str, value, allow_zero=False):
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or value < 0 or (value == 0 and not allow_zero):
+        raise ConfigError(f"{name} must be {'>= 0' if allow_zero else '> 0'}, got {value!r}")
+
+
+@dataclass
+class ModelConfig:
+    # Local Hugging Face directory (config.json + safetensors). None: random init from `preset`
+    # (tests, benchmarks, the CPU demo); nothing is ever downloaded.
+    path: Optional[str] = None
+    # Random initialisation with this preset's shapes, used only when `random_init` is set (tests,
+    # benchmarks, the CPU demo); a real run must name `path`.
+    preset: str = "qwen2.5-0.5b"
+    random_init: bool = False
+    # Compute dtype; bf16 on accelerators. Params stay float32 for the optimizer (master weights).
+    dtype: str = "float32"
+    param_dtype: str = "float32"
+    # Rematerialise each decoder layer in the backward pass: trades ~30% compute for activation memory.
+    remat: bool = False
+    # KV-cache dtype during rollouts; None = compute dtype.
+    cache_dtype: Optional[str] = None
+    # Critic: "separate" (a copy of the base model + value head, the reference default), "shared"
+    # (value head on the policy trunk) or "none" (GRPO-family estimators need no critic).
+    critic: str = "separate"
+    # Start the policy from this orbax checkpoint or HF directory (e.g. the SFT warm start).
+    init_from: Optional[str] = None
+
+    def validate(self):
+        if self.path is None and not self.random_init:
+            raise ConfigError("model.path is required: a local Hugging Face directory such as Qwen2.5-0.5B-Instruct "
+                              "(or set model.random_init=true for a randomly initialised model.preset)")
+        if self.path is not None and not Path(self.path).expanduser().is_dir():
+            raise ConfigError(f"model.path {self.path!r} is not a directory")
+        _choice("model.dtype", self.dtype, ("float32", "bfloat16"))
+        _choice("model.param_dtype", self.param_dtype, ("float32", "bfloat16"))
+        _choice("model.critic", self.critic, ("separate", "shared", "none"))
+        if self.cache_dtype is not None:
+            _choice("model.cache_dtype", self.cache_dtype, ("float32", "bfloat16"))
+
+
+@dataclass
+class EnvConfig:
+    name: str = "Sokoban"
+    # Parameter overrides passed to `envs_jax.make(name, **overrides)`.
+    overrides: dict = field(default_factory=dict)
+    # Extra environments evaluated at validation time (generalisation), e.g. ("LargerSokoban",).
+    val_envs: tuple = ()
+
+
+@dataclass
+class PromptSettings:
+    think: bool = True  # forced <think> and the think+answer format (StarPO); False = no-think ablation
+    max_turns: int = 5
+    max_actions_per_turn: int = 5
+    max_response_words: int = 100  # the "Max response length: N words" hint
+    max_response_tokens: int = 400  # per-turn generation budget (reference: 400)
+
+
+@dataclass
+class RolloutSettings:
+    num_groups: int = 8  # P initial states per iteration
+    group_size: int = 16  # N rollouts per initial state
+    max_context: int = 3600  # whole-conversation token budget
+    temperature: float = 1.0
+    top_p: float = 1.0
+    top_k: int = 0
+
+    def validate(self):
+        _positive("rollout.num_groups", self.num_groups)
+        _positive("rollout.group_size", self.group_size)
+        _positive("rollout.max_context", self.max_context)
+        _positive("rollout.temperature", self.temperature)
+        if not 0 < self.top_p <= 1:
+            raise ConfigError(f"rollout.top_p must be in (0, 1], got {self.top_p!r}")
+
+
+@dataclass
+class AlgoConfig:
+    # Advantage estimator: "gae" (PPO with critic), "grpo", "drgrpo", "rloo".
+    adv_estimator: str = "gae"
+    # Reward normalisation grouped by initial state: identity (PPO default) / mean_std / mean / asym_clip.
+    reward_norm: str = "identity"
+    gamma: float = 1.0
+    lam: float = 1.0
+    bi_level_gae: bool = False
+    # "trajectory": the episode reward on its last sampled token; "turn": each turn's on its last token.
+    reward_placement: str = "trajectory"
+    # PPO clip, decoupled (StarPO-S "clip-higher": 0.2 / 0.28; vanilla StarPO 0.2 / 0.2).
+    eps_low: float = 0.2
+    eps_high: float = 0.28
+    dual_clip: float = 3.0  # dual-clip constant c for negative advantages
+    loss_agg: str = "token-mean"
+    entropy_coef: float = 0.001
+    # KL to the frozen initial policy; 0 = off (StarPO-S), and then the reference is never computed.
+    kl_coef: float = 0.0
+    kl_type: str = "k3"
+    kl_in_reward: bool = False
+    value_clip: float = 0.5
+    critic_warmup: int = 0  # iterations that train only the critic
+    # StarPO-S filter: keep this fraction of groups with the largest in-group reward std (1 = off).
+    filter_ratio: float = 0.25
+    filter_mode: str = "largest"
+    filter_type: str = "top_k"  # or "variance_cover"
+    filter_cover: float = 0.9  # variance_cover: fraction of total variance to cover
+    ppo_epochs: int = 1
+    mini_batch_size: int = 32  # trajectories per optimizer step
+
+    def validate(self):
+        _choice("algo.adv_estimator", self.adv_estimator, ("gae", "grpo", "drgrpo", "rloo"))
+        _choice("algo.reward_norm", self.reward_norm, ("identity", "mean_std", "mean", "asym_clip"))
+        _choice("algo.reward_placement", self.reward_placement, ("trajectory", "turn"))
+        _choice("algo.loss_agg", self.loss_agg, ("token-mean", "seq-mean-token-sum", "seq-mean-token-mean"))
+        _choice("algo.kl_type", self.kl_type, ("k1", "k2", "k3"))
+        _choice("algo.filter_mode", self.filter_mode, ("largest", "smallest"))
+        _choice("algo.filter_type", self.filter_type, ("top_k", "variance_cover"))
+        if not 0 < self.filter_ratio <= 1:
+            raise ConfigError(f"algo.filter_ratio must be in (0, 1], got {self.filter_ratio!r}")
+        for name in ("eps_low", "eps_high"):
+            _positive(f"algo.{name}", getattr(self, name))
+        if self.dual_clip <= 1:
+            raise ConfigError(f"algo.dual_clip must be > 1, got {self.dual_clip!r}")
+        _positive("algo.ppo_epochs", self.ppo_epochs)
+        _positive("algo.mini_batch_size", self.mini_batch_size)
+        _positive("algo.kl_coef", self.kl_coef, allow_zero=True)
+
+
+@dataclass
+class OptimConfig:
+    actor_lr: float = 1e-6
+    critic_lr: float = 1e-5
+    weight_decay: float = 0.01
+    b1: float = 0.9
+    b2: float = 0.999
+    grad_clip: float = 1.0
+    warmup_steps: int = 0  # linear warm-up of the learning rate, then constant
+
+    def validate(self):
+        _positive("optim.actor_lr", self.actor_lr)
+        _positive("optim.critic_lr", self.critic_lr)
+        _positive("optim.grad_clip", self.grad_clip)
+
+
+@dataclass
+class MeshConfig:
+    # Device mesh axes; -1 = all remaining devices. Batch is sharded over data x fsdp, params over
+    # fsdp x tensor by the model's sharding table.
+    data: int = -1
+    fsdp: int = 1
+    tensor: int = 1
+
+
+@dataclass
+class TrainConfig:
+    iterations: int = 200
+    seed: int = 0
+    seed_base: int = 10000  # group g of iteration i starts from seed_base + P*i + g (reference)
+    val_every: int = 10  # validate before training and every k iterations (0 = never)
+    val_size: int = 256  # fixed validation states, seeds val_seed .. val_seed + val_size - 1
+    val_seed: int = 123
+    val_temperature: float = 0.5
+    save_every: int = 10
+    keep_checkpoints: int = 3
+    log_samples: int = 2  # conversations written to TensorBoard as text per log step
+
+    def validate(self):
+        _positive("train.iterations", self.iterations)
+        _positive("train.val_every", self.val_every, allow_zero=True)
+        _positive("train.val_size", self.val_size)
+        _positive("train.save_every", self.save_every)
+        _positive("train.keep_checkpoints", self.keep_checkpoints)
+
+
+@dataclass
+class Config:
+    model: ModelConfig = field(default_factory=ModelConfig)
+    env: EnvConfig = field(default_factory=EnvConfig)
+    prompt: PromptSettings = field(default_factory=PromptSettings)
+    rollout: RolloutSettings = field(default_factory=RolloutSettings)
+    algo: AlgoConfig = field(default_factory=AlgoConfig)
+    optim: OptimConfig = field(default_factory=OptimConfig)
+    mesh: MeshConfig = field(default_factory=MeshConfig)
+    train: TrainConfig = field(default_factory=TrainConfig)
+
+    def validate(self) -> "Config":
+        for f in dataclasses.fields(self):
+            sub = getattr(self, f.name)
+            if hasattr(sub, "validate"):
+                sub.validate()
+        a, r = self.algo, self.rollout
+        kept = _kept_groups(r.num_groups, a.filter_ratio) * r.group_size
+        if kept < a.mini_batch_size:
+            raise ConfigError(
+                f"the filter keeps {kept} trajectories per iteration (rollout.num_groups={r.num_groups} x "
+                f"algo.filter_ratio={a.filter_ratio} x rollout.group_size={r.group_size}), fewer than "
+                f"algo.mini_batch_size={a.mini_batch_size}")
+        if kept % a.mini_batch_size:
+            raise ConfigError(f"kept trajectories per iteration ({kept}) must be a multiple of "
+                              f"algo.mini_batch_size={a.mini_batch_size}")
+        if a.adv_estimator == "gae" and self.model.critic == "none":
+            raise ConfigError("algo.adv_estimator='gae' needs a critic; set model.critic to 'separate' or 'shared'")
+        return self
+
+    def to_dict(self) -> dict:
+        return dataclasses.asdict(self)
+
+
+def _kept_groups(num_groups: int, ratio: float) -> int:
+    import math
+
+    return max(1, min(num_groups, int(math.ceil(ratio * num_groups - 1e-9))))
+
+
+# ----------------------------------------------------------------------------------- loading
+def resolve_config_path(name: str) -> Path:
+    p = Path(name)
+    if p.suffix != ".py":
+        p = p.with_suffix(".py")
+    candidates = [p] if p.is_absolute() else [Path.cwd() / p, CONFIG_DIR / p.name]
+    for c in candidates:
+        if c.is_file():
+            return c
+    available = sorted(x.name for x in CONFIG_DIR.glob("*.py") if not x.name.startswith("_"))
+    raise ConfigError(f"config {name!r} not found (looked in {', '.join(str(c.parent) for c in candidates)}); "
+                      f"available in configs/: {', '.join(available)}")
+
+
+def load_config(name: str, overrides: list[str] | tuple[str, ...] = ()) -> Config:
+    """Load `configs/<name>` (or a path), apply `a.b=value` overrides, validate."""
+    path = resolve_config_path(name)
+    spec = importlib.util.spec_from_file_location(f"ragen_jax_config_{path.stem}", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    if not hasattr(module, "get_config"):
+        raise ConfigError(f"{path} defines no get_config() function")
+    cfg = module.get_config()
+    if not isinstance(cfg, Config):
+        raise ConfigError(f"{path}: get_config() must return ragen_jax.config.Config, got {type(cfg).__name__}")
+    for ov in overrides:
+        apply_override(cfg, ov)
+    return cfg.validate()
+
+
+def apply_override(cfg: Config, text: str) -> None:
+    """Apply one `section.key=value` (a leading `config.` or `--config.` is accepted)."""
+    body = text[2:] if text.startswith("--") else text
+    if body.startswith("config."):
+        body = body[len("config."):]
+    if "=" not in body:
+        raise ConfigError(f"override {text!r} must look like --config.section.key=value")
+    dotted, raw = body.split("=", 1)
+    parts = dotted.split(".")
+    obj = cfg
+    for i, name in enumerate(parts):
+        if not dataclasses.is_dataclass(obj):
+            if isinstance(obj, dict) and i == len(parts) - 1:
+                obj[name] = _parse_literal(raw)
+                return
+            raise ConfigError(f"override {text!r}: {'.'.join(parts[:i])} has no sub-keys")
+        names = [f.name for f in dataclasses.fields(obj)]
+        if name not in names:
+            where = ".".join(parts[:i]) or "config"
+            raise ConfigError(f"unknown config key {'.'.join(parts[: i + 1])!r}; valid keys of {where}: {', '.join(names)}")
+        if i == len(parts) - 1:
+            hint = typing.get_type_hints(type(obj))[name]
+            setattr(obj, name, _coerce(".".join(parts), raw, hint))
+            return
+        obj = getattr(obj, name)
+
+
+def _parse_literal(raw: str):
+    try:
+        return ast.literal_eval(raw)
+    except (ValueError, SyntaxError):
+        return raw
+
+
+def _coerce(key: str, raw: str, hint) -> Any:
+    origin = typing.get_origin(hint)
+    args = typing.get_args(hint)
+    if origin is typing.Union and type(None) in args:
+        if raw in ("None", "none", "null"):
+            return None
+        hint = next(a for a in args if a is not type(None))
+    if hint is bool:
+        low = raw.lower()
+        if low in ("1", "true", "yes", "on"):
+            return True
+        if low in ("0", "false", "no", "off"):
+            return False
+        raise ConfigError(f"{key} expects true/false, got {raw!r}")
+    if hint is int:
+        try:
+            return int(raw)
+        except ValueError:
+            raise ConfigError(f"{key} expects an integer, got {raw!r}") from None
+    if hint is float:
+        try:
+            return float(raw)
+        except ValueError:
+            raise ConfigError(f"{key} expects a number, got {raw!r}") from None
+    if hint is str:
+        return raw
+    value = _parse_literal(raw)
+    want = {tuple: tuple, dict: dict, list: list}.get(hint if origin is None else origin)
+    if want is not None:
+        if isinstance(value, (list, tuple)) and want is tuple:
+            return tuple(value)
+        if isinstance(value, str) and want is tuple:
+            return tuple(v for v in value.split(",") if v)
+        if not isinstance(value, want):
+            raise ConfigError(f"{key} expects a {want.__name__}, got {raw!r}")
+    return value
+
+
+def config_from_dict(d: dict) -> Config:
+    """Inverse of `Config.to_dict` (used to restore the config saved in a run directory)."""
+    kwargs = {}
+    for f in dataclasses.fields(Config):
+        sub_cls = typing.get_type_hints(Config)[f.name]
+        sub = d.get(f.name, {})
+        names = {g.name for g in dataclasses.fields(sub_cls)}
+        unknown = set(sub) - names
+        if unknown:
+            raise ConfigError(f"saved config has unknown keys in {f.name}: {', '.join(sorted(unknown))}")
+        vals = {k: tuple(v) if isinstance(v, list) else v for k, v in sub.items()}
+        kwargs[f.name] = sub_cls(**vals)
+    return Config(**kwargs)
+
+
+def env_flag(name: str) -> bool:
+    return os.environ.get(name, "").lower() in ("1", "true", "yes")
