@@ -1,0 +1,78 @@
+"""Orbax checkpoints of the whole training state, and exact resumption.
+
+A checkpoint holds the policy and critic parameters, both optimizer states, the iteration counter
+and the RNG key. The data position needs no extra field: iteration i's training seeds are
+`seed_base + P*i + g`, a function of the counter. Orbax writes into a temporary directory and
+renames it when the save is complete, so a run killed mid-save resumes from the last COMPLETE
+checkpoint; a half-written one is ignored (and cleaned up).
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import jax
+import orbax.checkpoint as ocp
+
+
+class CheckpointError(RuntimeError):
+    """A checkpoint that cannot be used, named with its path and the reason."""
+
+
+class Checkpointer:
+    def __init__(self, directory: str | Path, keep: int = 3):
+        # Orbax needs absolute paths (it rejects relative ones only when an async save finishes,
+        # long after the mistake): resolve here, once.
+        self.directory = Path(directory).expanduser().resolve()
+        self.directory.mkdir(parents=True, exist_ok=True)
+        self._mngr = ocp.CheckpointManager(
+            self.directory,
+            options=ocp.CheckpointManagerOptions(max_to_keep=keep, create=True, cleanup_tmp_directories=True),
+        )
+
+    def latest_step(self) -> int | None:
+        return self._mngr.latest_step()
+
+    def all_steps(self) -> list[int]:
+        return list(self._mngr.all_steps())
+
+    def save(self, step: int, state: Any, extra: dict | None = None) -> None:
+        """Save `state` (a pytree of arrays) as `step`; `extra` is small JSON metadata."""
+        args = {"state": ocp.args.StandardSave(state)}
+        if extra is not None:
+            args["extra"] = ocp.args.JsonSave(extra)
+        self._mngr.save(step, args=ocp.args.Composite(**args))
+
+    def restore(self, step: int, like: Any) -> tuple[Any, dict]:
+        """Restore into the structure, shapes, dtypes and shardings of `like` (a pytree of arrays)."""
+        abstract = jax.tree.map(ocp.utils.to_shape_dtype_struct, like)
+        try:
+            out = self._mngr.restore(
+                step, args=ocp.args.Composite(state=ocp.args.StandardRestore(abstract), extra=ocp.args.JsonRestore()))
+        except Exception as e:  # orbax raises many types; the user needs the path and the reason
+            raise CheckpointError(
+                f"checkpoint {self.directory / str(step)} cannot be restored ({type(e).__name__}: "
+                f"{str(e).splitlines()[0] if str(e) else 'no detail'}); it may be corrupt or from a "
+                "different model/config. Move it away to resume from an earlier one.") from None
+        state = out["state"]
+        got = jax.tree.structure(state)
+        if got != jax.tree.structure(like):
+            raise CheckpointError(f"checkpoint {self.directory / str(step)} has a different structure than this run")
+        return state, dict(out.get("extra") or {})
+
+    def wait(self) -> None:
+        self._mngr.wait_until_finished()
+
+    def close(self) -> None:
+        self._mngr.wait_until_finished()
+        self._mngr.close()
+
+
+def save_run_config(workdir: Path, config_dict: dict) -> None:
+    """The config of a run, written once; a resumed run checks it has not changed in ways that matter."""
+    path = Path(workdir) / "config.json"
+    tmp = path.with_suffix(".json.tmp")
+    tmp.write_text(json.dumps(config_dict, indent=2, sort_keys=True, default=str))
+    tmp.replace(path)

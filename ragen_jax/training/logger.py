@@ -1,0 +1,116 @@
+"""TensorBoard scalars and texts, JSON-lines metrics, PNG curves, and the Echo-Trap early warning."""
+
+from __future__ import annotations
+
+import json
+import math
+from collections import deque
+from pathlib import Path
+
+import jax
+
+
+class EchoTrapMonitor:
+    """Early warning of the Echo Trap (behaviour spec section 6).
+
+    The paper's collapse is preceded by falling in-group reward std and falling token entropy while
+    the mean reward still looks fine. Each is compared with its best value in a sliding window: the
+    warning fires when both have dropped by at least `drop` (relative) while the reward has not
+    dropped below its windowed best by more than `drop`. `score` (logged every iteration) is the
+    smaller of the two relative drops: 0 = healthy, towards 1 = collapsing diversity.
+    """
+
+    def __init__(self, window: int = 10, drop: float = 0.3):
+        self.window, self.drop = window, drop
+        self.std, self.ent, self.rew = (deque(maxlen=window) for _ in range(3))
+
+    def update(self, in_group_std: float, entropy: float, reward: float) -> tuple[float, bool]:
+        self.std.append(in_group_std)
+        self.ent.append(entropy)
+        self.rew.append(reward)
+        if len(self.std) < 3:
+            return 0.0, False
+
+        def rel_drop(hist):
+            best = max(hist)
+            return 0.0 if best <= 1e-12 else max(0.0, (best - hist[-1]) / best)
+
+        score = min(rel_drop(self.std), rel_drop(self.ent))
+        reward_ok = rel_drop(self.rew) < self.drop if max(self.rew) > 0 else True
+        return score, bool(score >= self.drop and reward_ok)
+
+
+class Logger:
+    """Writes only on process 0 (multi-host runs call it on every host)."""
+
+    def __init__(self, workdir: str | Path, enabled: bool | None = None):
+        self.workdir = Path(workdir)
+        self.enabled = (jax.process_index() == 0) if enabled is None else enabled
+        self._tb = None
+        self._jsonl = None
+        if self.enabled:
+            from tensorboardX import SummaryWriter
+
+            self._tb = SummaryWriter(str(self.workdir / "tb"))
+            self._jsonl = open(self.workdir / "metrics.jsonl", "a", encoding="utf-8")
+
+    def scalars(self, step: int, metrics: dict) -> None:
+        if not self.enabled:
+            return
+        clean = {k: float(v) for k, v in metrics.items() if v is not None and math.isfinite(float(v))}
+        for k, v in clean.items():
+            self._tb.add_scalar(k, v, step)
+        self._jsonl.write(json.dumps({"step": step, **clean}) + "\n")
+        self._jsonl.flush()
+
+    def text(self, step: int, tag: str, text: str) -> None:
+        if self.enabled:
+            # TensorBoard renders markdown: a code block keeps the grid and the chat layout intact.
+            self._tb.add_text(tag, "```\n" + text + "\n```", step)
+
+    def flush(self) -> None:
+        if self.enabled:
+            self._tb.flush()
+
+    def close(self) -> None:
+        if self.enabled:
+            self._tb.close()
+            self._jsonl.close()
+
+
+def read_metrics(workdir: str | Path) -> list[dict]:
+    path = Path(workdir) / "metrics.jsonl"
+    if not path.exists():
+        return []
+    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+
+
+def plot_curves(workdir: str | Path, keys: tuple[str, ...], out: str | Path | None = None) -> Path | None:
+    """PNG of the given metrics against iteration (one panel each), from metrics.jsonl."""
+    rows = read_metrics(workdir)
+    if not rows:
+        return None
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    keys = [k for k in keys if any(k in r for r in rows)]
+    if not keys:
+        return None
+    cols = min(3, len(keys))
+    nrows = math.ceil(len(keys) / cols)
+    fig, axes = plt.subplots(nrows, cols, figsize=(4.2 * cols, 3.0 * nrows), squeeze=False)
+    for ax, k in zip(axes.flat, keys):
+        pts = [(r["step"], r[k]) for r in rows if k in r]
+        ax.plot([p[0] for p in pts], [p[1] for p in pts], marker="o", ms=3)
+        ax.set_title(k, fontsize=10)
+        ax.set_xlabel("iteration")
+        ax.grid(alpha=0.3)
+    for ax in list(axes.flat)[len(keys):]:
+        ax.axis("off")
+    fig.tight_layout()
+    out = Path(out) if out is not None else Path(workdir) / "curves.png"
+    fig.savefig(out, dpi=110)
+    plt.close(fig)
+    return out
