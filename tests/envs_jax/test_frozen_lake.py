@@ -278,3 +278,15 @@ def test_batched_shapes(batch):
     assert obs.shape == (N_BATCH, 4, 4) and obs.dtype == jnp.int32
     np.testing.assert_array_equal(obs, jax.vmap(ENV.render_grid, in_axes=(0, None))(states, PARAMS))
     assert states.hole.shape == (N_BATCH, 4, 4)
+
+
+def test_other_sizes():
+    params = PARAMS.replace(size=5, max_steps_in_episode=12)
+    _, states = _reset_batch(jax.random.split(jax.random.key(4), 256), params)
+    states = jax.device_get(states)
+    rows = _rows_batch(states)
+    assert all(len(r) == 5 and ref.is_valid(r) for r in rows)
+    policy, value = jax.device_get(_solve_batch(_index(states, slice(0, 4)), params))
+    assert policy.shape == (4, 13, 25)
+    for i in range(4):
+        assert abs(float(value[i]) - ref.expectimax(rows[i], 12)) < 1e-6
