@@ -1,0 +1,439 @@
+"""Autoregressive sampling with a KV cache, as pure functions usable inside any jitted program.
+
+`prefill` and `decode` contain no `jax.jit` of their own: the multi-turn rollout calls them inside its
+single compiled program (prefill the observation, decode the answer, prefill the next observation on
+the same cache, ...). `generate` is the jitted convenience wrapper for one prompt batch.
+
+The model is duck-typed: any object with `model(tokens [B,T], valid [B,T], cache) -> (hidden, cache)`
+and `model.logits(hidden) -> [B,T,V] float32`, i.e. a `ragen_jax.models.Qwen2` (possibly obtained with
+`nnx.merge` inside the caller's jit). The cache follows the design.md rule: only VALID tokens are
+written (compactly, at `cache.end[b]` onwards), so feeding `valid=False` leaves a row untouched.
+
+Log-probabilities: `SampleOutput.logprobs[b, t]` is `log_softmax(logits / temperature)[token]`,
+i.e. under the temperature-scaled policy BEFORE top-k / top-p filtering (with `greedy=True` the same
+formula is used with the given temperature, 1.0 by default). At temperature 1 this is exactly the
+policy log-probability the trainer recomputes, and it never is -inf for a token that was sampled.
+"""
+
+from __future__ import annotations
+
+import functools
+import threading
+from typing import Any, Sequence
+
+import flax.struct
+import jax
+import jax.numpy as jnp
+import numpy as np
+from flax import nnx
+
+IM_END = 151645
+ENDOFTEXT = 151643
+
+# `SampleOutput.stopped_by` codes.
+STOP_NONE = 0  # row was inactive (generated nothing) or had budget 0
+STOP_EOS = 1  # sampled one of `stop_ids`
+STOP_STRING = 2  # the decoded bytes completed one of the stop strings
+STOP_BUDGET = 3  # reached its per-row token budget
+
+_NO_BYTE = -1  # filler in the rolling byte window; never equals a real byte (0..255)
+
+
+@flax.struct.dataclass
+class SampleOutput:
+    tokens: jax.Array  # [B, N] int32; pad_id after a row stopped
+    logprobs: jax.Array  # [B, N] float32; 0 after a row stopped (see module docstring)
+    lengths: jax.Array  # [B] int32, generated tokens including the stop token
+    cache: Any  # KVCache holding prompt + all generated tokens of every row
+    stopped_by: jax.Array  # [B] int32, one of STOP_*
+
+
+@flax.struct.dataclass
+class StopTable:
+    """Arrays for in-graph stop-string detection (traced arguments, not constants)."""
+
+    token_bytes: jax.Array  # [V, Lmax] uint8
+    token_len: jax.Array  # [V] int32
+    patterns: jax.Array  # [n, Smax] int32, padded with _NO_BYTE
+    pattern_len: jax.Array  # [n] int32
+
+
+def make_stop_table(stop_strings: Sequence[str], token_bytes) -> StopTable:
+    """Build a `StopTable` from stop strings and `token_bytes_table(tok)` = (bytes [V,Lmax], lengths [V])."""
+    if isinstance(stop_strings, str):
+        raise ValueError("stop_strings must be a sequence of strings, not a single string")
+    if not stop_strings:
+        raise ValueError("make_stop_table needs at least one stop string")
+    if token_bytes is None:
+        raise ValueError("stop strings need token_bytes=(bytes [V,Lmax], lengths [V]) from token_bytes_table(tok)")
+    table, lens = token_bytes
+    encoded = [s.encode("utf-8") for s in stop_strings]
+    if any(len(e) == 0 for e in encoded):
+        raise ValueError("stop strings must not be empty")
+    smax = max(len(e) for e in encoded)
+    pats = np.full((len(encoded), smax), _NO_BYTE, np.int32)
+    for i, e in enumerate(encoded):
+        pats[i, : len(e)] = np.frombuffer(e, np.uint8)
+    return StopTable(
+        token_bytes=jnp.asarray(table, jnp.uint8),
+        token_len=jnp.asarray(lens, jnp.int32),
+        patterns=jnp.asarray(pats),
+        pattern_len=jnp.asarray([len(e) for e in encoded], jnp.int32),
+    )
+
+
+# --------------------------------------------------------------------------------------------------
+# prefill
+
+
+def last_valid_index(valid: jax.Array) -> jax.Array:
+    """Index of each row's last valid position; T-1 for rows with no valid position."""
+    t = valid.shape[1]
+    return (t - 1 - jnp.argmax(valid[:, ::-1], axis=1)).astype(jnp.int32)
+
+
+def prefill(model, cache, tokens: jax.Array, valid: jax.Array):
+    """Append `tokens` (only where `valid`) to `cache`; return (last_logits [B,V] f32, cache).
+
+    `last_logits[b]` are the next-token logits at row b's last valid token. Rows with no valid token
+    write nothing to the cache and their `last_logits` are garbage (logits at position T-1 of a
+    pass that saw none of its inputs); callers mask them via `decode(active=...)`.
+    Only the B last positions go through the vocabulary head (never [B,T,V]).
+    """
+    hidden, cache = model(tokens, valid, cache)
+    idx = last_valid_index(valid)
+    last = jnp.take_along_axis(hidden, idx[:, None, None], axis=1)  # [B,1,H]
+    logits = model.logits(last)[:, 0].astype(jnp.float32)
+    return logits, cache
+
+
+# --------------------------------------------------------------------------------------------------
+# sampling
+
+
+def _sample(logits, key, temperature, top_p, *, greedy: bool, top_k: int, use_top_p: bool):
+    """One token per row from [B,V] logits; returns (token [B] int32, logprob [B] f32)."""
+    scaled = logits / temperature
+    if greedy:
+        tok = jnp.argmax(logits, axis=-1)
+    elif top_k > 0:
+        # lax.top_k is O(V) per row instead of a full-vocabulary sort.
+        vals, idx = jax.lax.top_k(scaled, top_k)  # sorted descending
+        if use_top_p:
+            vals = _nucleus_mask(vals, top_p)
+        choice = jax.random.categorical(key, vals, axis=-1)
+        tok = jnp.take_along_axis(idx, choice[:, None], axis=-1)[:, 0]
+    elif use_top_p:
+        order = jnp.argsort(-scaled, axis=-1)
+        vals = _nucleus_mask(jnp.take_along_axis(scaled, order, axis=-1), top_p)
+        choice = jax.random.categorical(key, vals, axis=-1)
+        tok = jnp.take_along_axis(order, choice[:, None], axis=-1)[:, 0]
+    else:
+        tok = jax.random.categorical(key, scaled, axis=-1)
+    tok = tok.astype(jnp.int32)
+    # log_softmax at one index: x[tok] - logsumexp(x), without materialising [B,V] log-probs.
+    lse = jax.nn.logsumexp(scaled, axis=-1)
+    logp = jnp.take_along_axis(scaled, tok[:, None], axis=-1)[:, 0] - lse
+    return tok, logp.astype(jnp.float32)
+
+
+def _nucleus_mask(sorted_vals, top_p):
+    """Keep the smallest prefix of descending `sorted_vals` whose probability mass reaches top_p."""
+    probs = jax.nn.softmax(sorted_vals, axis=-1)
+    mass_before = jnp.cumsum(probs, axis=-1) - probs
+    # The first token is always kept, so top_p -> 0 is greedy rather than an empty distribution.
+    keep = (mass_before < top_p) | (jnp.arange(sorted_vals.shape[-1]) == 0)
+    return jnp.where(keep, sorted_vals, -jnp.inf)
+
+
+# --------------------------------------------------------------------------------------------------
+# stop strings
+
+
+def _stop_string_step(window, tok, stop: StopTable):
+    """Append token bytes to each row's rolling byte window; report rows that completed a stop string.
+
+    window: [B, Smax-1] int32, the row's most recent bytes right-aligned (filler _NO_BYTE).
+    A stop string ending anywhere inside the new token's bytes counts, so strings split over several
+    tokens and strings followed by more bytes in the same token are both detected.
+    """
+    smax = stop.patterns.shape[1]
+    new = stop.token_bytes[tok].astype(jnp.int32)  # [B, Lmax]
+    n_new = stop.token_len[tok]  # [B]
+    lmax = new.shape[1]
+    pos = jnp.arange(lmax)
+    new = jnp.where(pos[None, :] < n_new[:, None], new, _NO_BYTE)
+    combined = jnp.concatenate([window, new], axis=1)  # [B, Smax-1+Lmax]
+    w = smax - 1
+    # end position p = w + j (j over new bytes), pattern i, offset q: byte at p - len_i + 1 + q.
+    ends = w + pos  # [Lmax]
+    q = jnp.arange(smax)
+    starts = ends[None, :] - stop.pattern_len[:, None] + 1  # [n, Lmax], >= 0 because len_i <= smax
+    gather_idx = starts[:, :, None] + q[None, None, :]  # [n, Lmax, Smax]
+    gather_idx = jnp.clip(gather_idx, 0, combined.shape[1] - 1)
+    got = combined[:, gather_idx]  # [B, n, Lmax, Smax]
+    need = q[None, :] < stop.pattern_len[:, None]  # [n, Smax]
+    eq = (got == stop.patterns[None, :, None, :]) | ~need[None, :, None, :]
+    match = jnp.all(eq, axis=-1)  # [B, n, Lmax]
+    match = match & (pos[None, None, :] < n_new[:, None, None])
+    hit = jnp.any(match, axis=(1, 2))
+    # New window: the last w real bytes = combined[n_new : n_new + w].
+    if w > 0:
+        idx = n_new[:, None] + jnp.arange(w)[None, :]
+        window = jnp.take_along_axis(combined, idx, axis=1)
+    return window, hit
+
+
+# --------------------------------------------------------------------------------------------------
+# decode
+
+
+@flax.struct.dataclass
+class _Carry:
+    step: jax.Array
+    cache: Any
+    logits: jax.Array
+    done: jax.Array
+    lengths: jax.Array
+    tokens: jax.Array
+    logprobs: jax.Array
+    stopped_by: jax.Array
+    window: jax.Array
+
+
+def decode(
+    model,
+    cache,
+    first_logits: jax.Array,
+    key: jax.Array,
+    *,
+    max_new_tokens: int,
+    budget: jax.Array | None = None,
+    active: jax.Array | None = None,
+    temperature: float | jax.Array = 1.0,
+    top_p: float | jax.Array = 1.0,
+    top_k: int = 0,
+    greedy: bool = False,
+    use_top_p: bool | None = None,
+    stop_ids: tuple[int, ...] = (IM_END, ENDOFTEXT),
+    stop_table: StopTable | None = None,
+    pad_id: int = ENDOFTEXT,
+) -> SampleOutput:
+    """Sample up to `max_new_tokens` tokens per row in one `lax.while_loop`, carrying the KV cache.
+
+    first_logits [B,V]: next-token logits after the prompt (from `prefill`).
+    budget [B] int32: per-row token limit (<= max_new_tokens; default max_new_tokens).
+    active [B] bool: rows that generate; inactive rows produce nothing (length 0, pad tokens,
+        STOP_NONE) and their cache rows are not touched.
+    temperature, top_p: may be traced scalars. top_k, greedy, stop_ids, max_new_tokens are static.
+    use_top_p: static switch for nucleus filtering; default `top_p < 1` (needs a concrete top_p).
+        When off (and top_k == 0) the vocabulary is never sorted.
+    stop_table: from `make_stop_table`; None disables stop strings.
+    Every sampled token, including the stop token, is written to the cache, so the next segment can be
+    appended with `prefill` directly. The loop ends as soon as every row has stopped.
+    Step t uses `fold_in(key, t)`: results are a deterministic function of `key`.
+    """
+    b = first_logits.shape[0]
+    n = int(max_new_tokens)
+    top_k = int(top_k)
+    if n < 1:
+        raise ValueError(f"max_new_tokens must be >= 1, got {max_new_tokens}")
+    if top_k < 0:
+        raise ValueError(f"top_k must be >= 0 (0 disables it), got {top_k}")
+    if use_top_p is None:
+        try:
+            use_top_p = float(top_p) < 1.0
+        except jax.errors.ConcretizationTypeError:
+            raise ValueError("top_p is traced: pass use_top_p=True/False explicitly") from None
+    stop_ids = tuple(int(s) for s in stop_ids)
+    if budget is None:
+        budget = jnp.full((b,), n, jnp.int32)
+    budget = jnp.minimum(jnp.asarray(budget, jnp.int32), n)
+    if active is None:
+        active = jnp.ones((b,), bool)
+    temperature = jnp.asarray(temperature, jnp.float32)
+    top_p = jnp.asarray(top_p, jnp.float32)
+    stop_arr = jnp.asarray(stop_ids, jnp.int32) if stop_ids else None
+    w = stop_table.patterns.shape[1] - 1 if stop_table is not None else 0
+
+    sample = functools.partial(_sample, greedy=greedy, top_k=top_k, use_top_p=bool(use_top_p))
+
+    init = _Carry(
+        step=jnp.zeros((), jnp.int32),
+        cache=cache,
+        logits=first_logits.astype(jnp.float32),
+        done=~active | (budget <= 0),
+        lengths=jnp.zeros((b,), jnp.int32),
+        tokens=jnp.full((b, n), pad_id, jnp.int32),
+        logprobs=jnp.zeros((b, n), jnp.float32),
+        stopped_by=jnp.full((b,), STOP_NONE, jnp.int32),
+        window=jnp.full((b, w), _NO_BYTE, jnp.int32),
+    )
+
+    def cond(c: _Carry):
+        return (c.step < n) & ~jnp.all(c.done)
+
+    def body(c: _Carry):
+        live = ~c.done
+        tok, logp = sample(c.logits, jax.random.fold_in(key, c.step), temperature, top_p)
+        out_tok = jnp.where(live, tok, pad_id)
+        tokens = jax.lax.dynamic_update_slice(c.tokens, out_tok[:, None], (0, c.step))
+        logprobs = jax.lax.dynamic_update_slice(c.logprobs, jnp.where(live, logp, 0.0)[:, None], (0, c.step))
+        lengths = c.lengths + live.astype(jnp.int32)
+
+        hit_eos = live & jnp.any(tok[:, None] == stop_arr[None, :], axis=1) if stop_ids else jnp.zeros_like(live)
+        window = c.window
+        if stop_table is not None:
+            window, hit_str = _stop_string_step(c.window, tok, stop_table)
+            hit_str = live & hit_str
+            window = jnp.where(live[:, None], window, c.window)
+        else:
+            hit_str = jnp.zeros_like(live)
+        hit_budget = live & (lengths >= budget)
+        code = jnp.where(hit_eos, STOP_EOS, jnp.where(hit_str, STOP_STRING, STOP_BUDGET))
+        finished = hit_eos | hit_str | hit_budget
+        stopped_by = jnp.where(finished, code, c.stopped_by)
+
+        # Feed the token to every row that produced one (stop token included, so the cache holds the
+        # whole response); rows already done feed an in-range dummy with valid=False.
+        feed = jnp.where(live, tok, 0)[:, None]
+        hidden, cache = model(feed, live[:, None], c.cache)
+        logits = model.logits(hidden)[:, 0].astype(jnp.float32)
+        return _Carry(
+            step=c.step + 1,
+            cache=cache,
+            logits=logits,
+            done=c.done | finished,
+            lengths=lengths,
+            tokens=tokens,
+            logprobs=logprobs,
+            stopped_by=stopped_by,
+            window=window,
+        )
+
+    final = jax.lax.while_loop(cond, body, init)
+    return SampleOutput(
+        tokens=final.tokens,
+        logprobs=final.logprobs,
+        lengths=final.lengths,
+        cache=final.cache,
+        stopped_by=final.stopped_by,
+    )
+
+
+# --------------------------------------------------------------------------------------------------
+# generate: jitted wrapper
+
+_GENERATE_FNS: dict = {}
+_GENERATE_LOCK = threading.Lock()
+_TRACE_COUNT = [0]
+
+
+def generate_trace_count() -> int:
+    """How many times `generate`'s program was traced (== compiled) in this process; for tests."""
+    return _TRACE_COUNT[0]
+
+
+def _make_cache(model, batch: int, max_len: int, dtype):
+    from ragen_jax.models.qwen2.model import KVCache
+
+    cfg = getattr(model, "cfg", None)
+    if cfg is None:
+        raise ValueError("generate() needs a ragen_jax Qwen2 model (an object with a .cfg Qwen2Config)")
+    return KVCache.init(cfg, batch=batch, max_len=max_len, dtype=dtype)
+
+
+def _generate_impl(state, tokens, valid, key, temperature, top_p, stop_table, *, graphdef, statics):
+    _TRACE_COUNT[0] += 1
+    (max_new_tokens, cache_len, top_k, greedy, use_top_p, stop_ids, pad_id, cache_dtype) = statics
+    model = nnx.merge(graphdef, state)
+    cache = _make_cache(model, tokens.shape[0], cache_len, cache_dtype)
+    logits, cache = prefill(model, cache, tokens, valid)
+    return decode(
+        model,
+        cache,
+        logits,
+        key,
+        max_new_tokens=max_new_tokens,
+        active=jnp.any(valid, axis=1),
+        temperature=temperature,
+        top_p=top_p,
+        top_k=top_k,
+        greedy=greedy,
+        use_top_p=use_top_p,
+        stop_ids=stop_ids,
+        stop_table=stop_table,
+        pad_id=pad_id,
+    )
+
+
+def generate(
+    model,
+    tokens,
+    valid,
+    key,
+    *,
+    max_new_tokens: int,
+    cache_len: int | None = None,
+    temperature: float = 1.0,
+    top_p: float = 1.0,
+    top_k: int = 0,
+    greedy: bool = False,
+    stop_ids: Sequence[int] = (IM_END, ENDOFTEXT),
+    stop_strings: Sequence[str] = (),
+    token_bytes=None,
+    pad_id: int = ENDOFTEXT,
+    cache_dtype=None,
+) -> SampleOutput:
+    """Prefill `tokens` [B,T] (where `valid`) into a fresh cache and sample up to `max_new_tokens`.
+
+    Rows with no valid prompt token generate nothing. The compiled program is cached per
+    (model graph, shapes, static settings); params, prompts, key, temperature and top_p are traced,
+    so new prompts / weights of the same shapes never recompile.
+    """
+    tokens = jnp.asarray(tokens, jnp.int32)
+    valid = jnp.asarray(valid, bool)
+    if tokens.ndim != 2 or tokens.shape != valid.shape:
+        raise ValueError(f"tokens and valid must both be [B, T]; got {tokens.shape} and {valid.shape}")
+    max_new_tokens = int(max_new_tokens)
+    if max_new_tokens < 1:
+        raise ValueError(f"max_new_tokens must be >= 1, got {max_new_tokens}")
+    if not greedy and not temperature > 0:
+        raise ValueError(f"temperature must be > 0 when sampling, got {temperature}")
+    if not 0.0 < top_p <= 1.0:
+        raise ValueError(f"top_p must be in (0, 1], got {top_p}")
+    if top_k < 0:
+        raise ValueError(f"top_k must be >= 0 (0 disables it), got {top_k}")
+    need = tokens.shape[1] + max_new_tokens
+    cache_len = need if cache_len is None else int(cache_len)
+    if cache_len < need:
+        raise ValueError(f"cache_len {cache_len} is too small for prompt {tokens.shape[1]} + {max_new_tokens} new tokens")
+    stop_table = make_stop_table(stop_strings, token_bytes) if stop_strings else None
+    if greedy:
+        temperature = 1.0 if temperature is None or temperature <= 0 else temperature
+    statics = (
+        max_new_tokens,
+        cache_len,
+        int(top_k),
+        bool(greedy),
+        bool(top_p < 1.0) and not greedy,
+        tuple(int(s) for s in stop_ids),
+        int(pad_id),
+        None if cache_dtype is None else jnp.dtype(cache_dtype).name,
+    )
+    graphdef, state = nnx.split(model)
+    fn_key = (graphdef, statics)
+    with _GENERATE_LOCK:
+        fn = _GENERATE_FNS.get(fn_key)
+        if fn is None:
+            fn = jax.jit(functools.partial(_generate_impl, graphdef=graphdef, statics=statics))
+            _GENERATE_FNS[fn_key] = fn
+    return fn(
+        state,
+        tokens,
+        valid,
+        jnp.asarray(key),
+        jnp.asarray(temperature, jnp.float32),
+        jnp.asarray(top_p, jnp.float32),
+        stop_table,
+    )
