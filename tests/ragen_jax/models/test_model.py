@@ -1,0 +1,197 @@
+"""Qwen2 forward / KV cache against the PyTorch transformers reference (tests/fixtures/qwen2_*).
+
+The fixtures (made by scripts/make_parity_fixture.py with torch) hold the HF logits for a LEFT-padded
+batch, the logits of each row run alone, and HF greedy `generate` continuations.
+"""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from flax import nnx
+
+from ragen_jax.models import KVCache, Qwen2, Qwen2Config, Qwen2Critic, critic_from_policy, from_pretrained
+
+from ._helpers import VARIANTS, fixture_dir, logits_nocache, logits_step, reference, right_padded
+
+ATOL = 1e-5
+
+
+@pytest.fixture(scope="module", params=VARIANTS)
+def loaded(request):
+    model = from_pretrained(fixture_dir(request.param))
+    graphdef, params = nnx.split(model)
+    return model, graphdef, params, reference(request.param)
+
+
+def test_logits_match_reference_left_padding(loaded):
+    _, g, p, ref = loaded
+    valid = ref["attention_mask"].astype(bool)
+    logits = np.asarray(logits_nocache(g, p, ref["input_ids"], valid))
+    assert logits.dtype == np.float32
+    np.testing.assert_allclose(logits[valid], ref["logits"][valid], rtol=0, atol=ATOL)
+
+
+def test_logits_match_reference_without_padding(loaded):
+    # Each row alone in HF (no padding at all) == our right-padded batch at the valid positions.
+    _, g, p, ref = loaded
+    ids, valid = right_padded(ref)
+    logits = np.asarray(logits_nocache(g, p, ids, valid))
+    np.testing.assert_allclose(logits[valid], ref["logits_single"][valid], rtol=0, atol=ATOL)
+
+
+def test_cache_prefill_equals_reference_and_advances_end(loaded):
+    model, g, p, ref = loaded
+    valid = ref["attention_mask"].astype(bool)
+    cache = KVCache.init(model.cfg, batch=3, max_len=24)
+    logits, cache = logits_step(g, p, ref["input_ids"], valid, cache)
+    np.testing.assert_allclose(np.asarray(logits)[valid], ref["logits"][valid], rtol=0, atol=ATOL)
+    np.testing.assert_array_equal(np.asarray(cache.end), ref["lengths"])
+    # Compact layout: slots >= end were never written.
+    k = np.asarray(cache.k)
+    for b, n in enumerate(ref["lengths"]):
+        assert np.all(k[:, b, n:] == 0) and np.any(k[:, b, :n] != 0)
+
+
+def test_greedy_decode_with_cache_reproduces_hf_generate(loaded):
+    model, g, p, ref = loaded
+    b, n_new = ref["greedy"].shape
+    valid = ref["attention_mask"].astype(bool)
+    cache = KVCache.init(model.cfg, batch=b, max_len=24)
+    logits, cache = logits_step(g, p, ref["input_ids"], valid, cache)
+    tok = jnp.argmax(logits[:, -1], axis=-1).astype(jnp.int32)
+    out = [tok]
+    for _ in range(n_new - 1):
+        logits, cache = logits_step(g, p, tok[:, None], jnp.ones((b, 1), bool), cache)
+        tok = jnp.argmax(logits[:, -1], axis=-1).astype(jnp.int32)
+        out.append(tok)
+    np.testing.assert_array_equal(np.stack(out, 1), ref["greedy"])
+    np.testing.assert_array_equal(np.asarray(cache.end), ref["lengths"] + n_new - 1)
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_ragged_multi_segment_appends_equal_one_shot(loaded, seed):
+    # Each row's tokens are spread over 6 chunks of width 4 at random positions (left, right and
+    # interior padding, empty chunks); outputs at valid positions must equal the HF logits of the
+    # row run alone, i.e. the cache holds every row contiguously from slot 0.
+    model, g, p, ref = loaded
+    ids, valid = right_padded(ref)
+    rng = np.random.default_rng(seed)
+    n_chunks, width = 6, 4
+    toks = np.zeros((3, n_chunks * width), np.int32)
+    mask = np.zeros((3, n_chunks * width), bool)
+    for b, n in enumerate(ref["lengths"]):
+        where = np.sort(rng.choice(n_chunks * width, size=n, replace=False))
+        toks[b, where] = ids[b, :n]
+        mask[b, where] = True
+        toks[b, ~mask[b]] = rng.integers(0, model.cfg.vocab_size, (~mask[b]).sum())  # garbage pads
+    cache = KVCache.init(model.cfg, batch=3, max_len=16)
+    got = []
+    for c in range(n_chunks):
+        sl = slice(c * width, (c + 1) * width)
+        logits, cache = logits_step(g, p, toks[:, sl], mask[:, sl], cache)
+        got.append(np.asarray(logits))
+    got = np.concatenate(got, axis=1)
+    for b, n in enumerate(ref["lengths"]):
+        np.testing.assert_allclose(got[b][mask[b]], ref["logits_single"][b, :n], rtol=0, atol=ATOL)
+    np.testing.assert_array_equal(np.asarray(cache.end), ref["lengths"])
+
+
+def test_bf16_compute_close_to_f32_reference():
+    ref = reference("tied")
+    model = from_pretrained(fixture_dir("tied"), dtype="bfloat16")
+    assert model.model.layers.mlp.up_proj.kernel[...].dtype == jnp.bfloat16
+    g, p = nnx.split(model)
+    valid = ref["attention_mask"].astype(bool)
+    cache = KVCache.init(model.cfg, batch=3, max_len=16)
+    assert cache.k.dtype == jnp.bfloat16
+    logits, cache = logits_step(g, p, ref["input_ids"], valid, cache)
+    err = np.abs(np.asarray(logits)[valid] - ref["logits"][valid])
+    # bf16 has 8 mantissa bits: errors of a few percent of the logit scale, but no more.
+    scale = np.abs(ref["logits"][valid]).max()
+    assert logits.dtype == jnp.float32 and err.max() < 0.1 * scale, (err.max(), scale)
+    assert err.max() > 0  # really computed in bf16
+
+
+def test_decode_step_has_no_quadratic_intermediate():
+    # A T=1 decode step over an S-slot cache must not build anything with two S-sized dims.
+    cfg = Qwen2Config.from_preset("tiny", vocab_size=64, num_hidden_layers=3)
+    g, p = nnx.split(nnx.eval_shape(lambda: Qwen2(cfg, nnx.Rngs(0))))
+    s = 97
+    cache = jax.eval_shape(lambda: KVCache.init(cfg, batch=2, max_len=s))
+
+    def step(p, tok, valid, cache):
+        return logits_step.__wrapped__(g, p, tok, valid, cache)
+
+    jaxpr = jax.make_jaxpr(step)(p, jnp.zeros((2, 1), jnp.int32), jnp.ones((2, 1), bool), cache)
+    shapes = []
+
+    def walk(jx):
+        for eqn in jx.eqns:
+            shapes.extend(tuple(v.aval.shape) for v in eqn.outvars if hasattr(v.aval, "shape"))
+            for sub in jax.core.jaxprs_in_params(eqn.params):
+                walk(sub)
+
+    walk(jaxpr.jaxpr)
+    assert any(s in sh for sh in shapes)  # the cache is really there
+    assert not [sh for sh in shapes if sh.count(s) >= 2]
+
+
+def test_remat_gives_same_gradients_and_left_padding_grads_are_finite():
+    cfg = Qwen2Config.from_preset("tiny", vocab_size=64)
+    tokens = jax.random.randint(jax.random.key(0), (2, 6), 0, 64)
+    valid = jnp.array([[0, 0, 1, 1, 1, 1], [1, 1, 1, 1, 1, 1]], bool)
+
+    def grads(remat):
+        model = Qwen2(cfg.replace(remat=remat), nnx.Rngs(0))
+
+        def loss(m):
+            logits = m.logits(m(tokens, valid)[0])
+            return jnp.sum(jnp.where(valid[..., None], jax.nn.log_softmax(logits), 0.0))
+
+        return nnx.grad(loss)(model)
+
+    a, b = grads(False), grads(True)
+    for x, y in zip(jax.tree.leaves(a), jax.tree.leaves(b)):
+        assert np.all(np.isfinite(x))
+        np.testing.assert_allclose(x, y, rtol=1e-5, atol=1e-6)
+
+
+def test_critic_from_policy_copies_trunk_and_adds_f32_value_head():
+    policy = from_pretrained(fixture_dir("untied"))
+    ref = reference("untied")
+    ids, valid = right_padded(ref)
+    critic = critic_from_policy(policy, rngs=nnx.Rngs(3))
+    assert isinstance(critic, Qwen2Critic)
+    values = np.asarray(critic(ids, valid))
+    hidden = np.asarray(policy(ids, valid)[0])
+    w = np.asarray(critic.value_head.kernel[...])
+    bias = np.asarray(critic.value_head.bias[...])
+    assert values.shape == ids.shape and values.dtype == np.float32 and w.shape == (policy.cfg.hidden_size, 1)
+    np.testing.assert_allclose(values, hidden @ w[:, 0] + bias[0], rtol=1e-5, atol=1e-5)
+    # A separate copy: changing the policy leaves the critic alone; share_trunk shares.
+    shared = critic_from_policy(policy, share_trunk=True)
+    policy.model.norm.scale[...] = policy.model.norm.scale[...] * 2.0
+    np.testing.assert_allclose(np.asarray(critic(ids, valid)), values, rtol=1e-6, atol=1e-6)
+    assert shared.model.norm.scale is policy.model.norm.scale
+
+
+def test_fresh_model_shapes_and_dtypes():
+    cfg = Qwen2Config.from_preset("tiny", vocab_size=128, tie_word_embeddings=False, param_dtype="bfloat16")
+    model = Qwen2(cfg, nnx.Rngs(0))
+    hidden, cache = model(jnp.zeros((2, 3), jnp.int32), jnp.ones((2, 3), bool))
+    assert cache is None and hidden.shape == (2, 3, 64) and hidden.dtype == jnp.float32
+    assert model.logits(hidden).shape == (2, 3, 128)
+    assert model.lm_head.kernel[...].shape == (64, 128) and model.lm_head.kernel[...].dtype == jnp.bfloat16
+    assert model.model.layers.self_attn.k_proj.kernel[...].shape == (2, 64, 32)
+
+
+def test_bad_inputs_raise_clear_errors():
+    cfg = Qwen2Config.from_preset("tiny", vocab_size=64)
+    model = Qwen2(cfg, nnx.Rngs(0))
+    with pytest.raises(ValueError, match="valid shape"):
+        model(jnp.zeros((2, 3), jnp.int32), jnp.ones((2, 4), bool))
+    with pytest.raises(ValueError, match=r"tokens must be \[batch, time\]"):
+        model(jnp.zeros((3,), jnp.int32), jnp.ones((3,), bool))
+    with pytest.raises(ValueError, match="KV cache shape"):
+        model(jnp.zeros((2, 3), jnp.int32), jnp.ones((2, 3), bool), KVCache.init(cfg, batch=5, max_len=8))
