@@ -1,0 +1,268 @@
+"""The training program around the compiled step: setup, validation, checkpoints, logging, resume.
+
+    trainer = Trainer(load_config("sokoban.py", overrides), workdir)
+    trainer.train()
+
+Everything that can be wrong with the input (config, model directory, mesh vs batch, an existing
+run directory with another config, a corrupt checkpoint) is checked in `__init__`, before anything
+is compiled or written.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import time
+from pathlib import Path
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from flax import nnx
+
+import envs_jax
+from ragen_jax.config import Config, ConfigError
+from ragen_jax.rollout import Rollout, RolloutConfig, format_trajectory, group_seeds_for_iteration, rollout_metrics
+from ragen_jax.training.checkpoint import Checkpointer, save_run_config
+from ragen_jax.training.logger import EchoTrapMonitor, Logger
+from ragen_jax.training.trainer import StepPrograms, TrainState, check_batch_fits_mesh, make_optimizer, val_seeds
+
+# Config keys that may change when a run is resumed (everything else must match the saved run).
+RESUMABLE_CHANGES = ("train.iterations", "train.val_every", "train.save_every", "train.log_samples",
+                     "train.keep_checkpoints")
+
+
+def _flatten(d: dict, prefix="") -> dict:
+    out = {}
+    for k, v in d.items():
+        key = f"{prefix}{k}"
+        if isinstance(v, dict) and k != "overrides":
+            out.update(_flatten(v, key + "."))
+        else:
+            out[key] = v
+    return out
+
+
+def build_policy(cfg: Config):
+    """The policy model (and its tokenizer) from the config: a local HF directory or a random preset."""
+    from ragen_jax.models import Qwen2, Qwen2Config
+    from ragen_jax.models.qwen2.weights import from_pretrained
+    from ragen_jax.tokenizer import load_tokenizer
+
+    m = cfg.model
+    if m.path is not None:
+        policy = from_pretrained(m.path, dtype=m.dtype, param_dtype=m.param_dtype)
+        tok_files = ("tokenizer.json", "tokenizer_config.json")
+        tokenizer = load_tokenizer(m.path if any((Path(m.path) / f).exists() for f in tok_files) else None)
+    else:
+        qcfg = Qwen2Config.from_preset(m.preset)
+        qcfg = qcfg.replace(dtype=m.dtype, param_dtype=m.param_dtype, remat=m.remat) if hasattr(qcfg, "replace") \
+            else qcfg
+        policy = Qwen2(qcfg, rngs=nnx.Rngs(cfg.train.seed))
+        tokenizer = load_tokenizer()
+    return policy, tokenizer
+
+
+class Trainer:
+    def __init__(self, cfg: Config, workdir: str | Path, *, quiet: bool = False):
+        from ragen_jax.models import critic_from_policy
+        from ragen_jax.models.qwen2.sharding import make_mesh, param_shardings
+        from ragen_jax.text import PromptConfig, TextEnv
+
+        self.cfg = cfg.validate()
+        self.workdir = Path(workdir).expanduser().resolve()
+        self.quiet = quiet
+        self._check_workdir()
+
+        m = cfg.mesh
+        self.mesh = make_mesh(data=m.data, fsdp=m.fsdp, tensor=m.tensor)
+        n_batch_shards = self.mesh.shape["data"] * self.mesh.shape["fsdp"]
+        check_batch_fits_mesh(cfg, n_batch_shards)
+
+        policy, self.tokenizer = build_policy(cfg)
+        self.policy_graph, actor = nnx.split(policy)
+        critic_graph, critic = None, {}
+        if cfg.model.critic == "separate" and cfg.algo.adv_estimator == "gae":
+            critic_model = critic_from_policy(policy, nnx.Rngs(cfg.train.seed + 1))
+            critic_graph, critic = nnx.split(critic_model)
+        elif cfg.model.critic == "shared":
+            raise ConfigError("model.critic='shared' is not supported yet; use 'separate' (the reference default)")
+
+        def put(tree):
+            return jax.device_put(tree, param_shardings(tree, self.mesh)) if tree else tree
+
+        actor, critic = put(actor), put(critic)
+        self.ref = actor if cfg.algo.kl_coef > 0 else None  # the frozen initial policy (same arrays, never updated)
+        actor_opt = make_optimizer(cfg.optim.actor_lr, cfg.optim)
+        critic_opt = make_optimizer(cfg.optim.critic_lr, cfg.optim)
+        state = TrainState(
+            iteration=jnp.zeros((), jnp.int32),
+            key=jax.random.PRNGKey(cfg.train.seed),
+            actor=actor,
+            actor_opt=put(actor_opt.init(actor)),
+            critic=critic,
+            critic_opt=put(critic_opt.init(critic)) if critic_graph is not None else {},
+            skipped_updates=jnp.zeros((), jnp.int32),
+        )
+        self.programs = StepPrograms(cfg, self.policy_graph, critic_graph, actor_opt, critic_opt)
+        state_shardings = jax.tree.map(lambda x: x.sharding, state)
+        self._prepare = jax.jit(self.programs.prepare)
+        self._update = jax.jit(self.programs.update, out_shardings=(state_shardings, None))
+
+        # Rollouts: training (P x N) and validation (val_size states x 1, lower temperature).
+        p = cfg.prompt
+        self.prompt_cfg = PromptConfig(think=p.think, max_turns=p.max_turns, max_actions_per_turn=p.max_actions_per_turn,
+                                       max_response_words=p.max_response_words,
+                                       max_response_tokens=p.max_response_tokens)
+        env, env_params = envs_jax.make(cfg.env.name, **cfg.env.overrides)
+        self.text_env = TextEnv(env, env_params, self.tokenizer, self.prompt_cfg)
+        r = cfg.rollout
+        self.rollout = Rollout(policy, self.text_env, RolloutConfig(
+            num_groups=r.num_groups, group_size=r.group_size, max_context=r.max_context, temperature=r.temperature,
+            top_p=r.top_p, top_k=r.top_k, cache_dtype=cfg.model.cache_dtype), mesh=self.mesh)
+        self.val_rollouts = {}
+        if cfg.train.val_every > 0:
+            val_cfg = RolloutConfig(num_groups=cfg.train.val_size, group_size=1, max_context=r.max_context,
+                                    temperature=cfg.train.val_temperature, cache_dtype=cfg.model.cache_dtype)
+            if cfg.train.val_size % n_batch_shards:
+                raise ConfigError(f"train.val_size={cfg.train.val_size} is not divisible by the {n_batch_shards} "
+                                  "data-parallel devices of the mesh")
+            for name in (cfg.env.name, *cfg.env.val_envs):
+                e, ep = envs_jax.make(name, **(cfg.env.overrides if name == cfg.env.name else {}))
+                te = self.text_env if name == cfg.env.name else TextEnv(e, ep, self.tokenizer, self.prompt_cfg)
+                self.val_rollouts[name] = Rollout(policy, te, val_cfg, mesh=self.mesh)
+
+        self.ckpt = Checkpointer(self.workdir / "checkpoints", keep=cfg.train.keep_checkpoints)
+        self.state = state
+        latest = self.ckpt.latest_step()
+        if latest is not None:
+            self.state, _ = self.ckpt.restore(latest, state)  # raises CheckpointError naming the path
+        self.echo = EchoTrapMonitor()
+        self.logger = None
+
+    # ------------------------------------------------------------------------------------------
+    def _check_workdir(self):
+        saved = self.workdir / "config.json"
+        if saved.exists():
+            try:
+                old = _flatten(json.loads(saved.read_text()))
+            except json.JSONDecodeError:
+                raise ConfigError(f"{saved} is not valid JSON; this directory holds a broken run") from None
+            new = _flatten(json.loads(json.dumps(self.cfg.to_dict(), default=str)))
+            diff = sorted(k for k in set(old) | set(new) if old.get(k) != new.get(k) and k not in RESUMABLE_CHANGES)
+            if diff:
+                raise ConfigError(f"{self.workdir} holds a run with a different config ({', '.join(diff[:6])}"
+                                  f"{' ...' if len(diff) > 6 else ''}); use another --workdir to start a new run")
+
+    @property
+    def iteration(self) -> int:
+        return int(self.state.iteration)
+
+    def validate(self) -> dict:
+        out = {}
+        seeds = val_seeds(self.cfg)
+        for name, ro in self.val_rollouts.items():
+            t0 = time.perf_counter()
+            traj = ro(self.state.actor, jax.random.PRNGKey(self.cfg.train.seed + 7), seeds)
+            m = rollout_metrics(traj, 1)
+            for k in ("success", "reward_mean", "action_is_valid", "action_is_effective", "num_actions",
+                      "response_length", "format_ok"):
+                out[f"val/{name}/{k}"] = m[k]
+            out[f"timing/val_{name}_s"] = time.perf_counter() - t0
+        return out
+
+    def iteration_step(self) -> dict:
+        """One training iteration; returns its metrics (host floats)."""
+        cfg = self.cfg
+        i = self.iteration
+        seeds = group_seeds_for_iteration(i, cfg.rollout.num_groups, cfg.train.seed_base)
+        roll_key = jax.random.fold_in(self.state.key, 1)
+        t0 = time.perf_counter()
+        traj = self.rollout(self.state.actor, roll_key, seeds)
+        jax.block_until_ready(traj.tokens)
+        t1 = time.perf_counter()
+        batch, pmetrics = self._prepare(self.state.actor, self.state.critic, self.ref, traj)
+        self.state, umetrics = self._update(self.state, batch)
+        jax.block_until_ready(self.state.iteration)
+        t2 = time.perf_counter()
+        rm = rollout_metrics(traj, cfg.rollout.group_size)
+        metrics = {f"train/{k}": v for k, v in rm.items() if k not in ("in_group_std", "in_group_std_max",
+                                                                          "response_length")}
+        metrics["rollout/in_group_std"] = rm["in_group_std"]
+        metrics["rollout/in_group_std_max"] = rm["in_group_std_max"]
+        metrics["response_length/mean"] = rm["response_length"]
+        metrics.update({k: float(v) for k, v in jax.device_get({**pmetrics, **umetrics}).items()})
+        metrics["timing/rollout_s"] = t1 - t0
+        metrics["timing/update_s"] = t2 - t1
+        n_tok = float(np.sum(np.asarray(traj.length)))
+        metrics["timing/rollout_tokens_per_s"] = n_tok / max(t1 - t0, 1e-9)
+        score, warn = self.echo.update(metrics.get("rollout/in_group_std", 0.0), metrics.get("actor/entropy", 0.0),
+                                       metrics["train/reward_mean"])
+        metrics["echo_trap/score"] = score
+        metrics["echo_trap/warning"] = float(warn)
+        if warn:
+            self._print(f"[echo-trap warning] iteration {i + 1}: in-group reward std and policy entropy have both "
+                        f"fallen by >= {self.echo.drop:.0%} of their recent best while reward has not: the policy "
+                        "may be collapsing into a repetitive template (consider a lower filter ratio or clip-higher)")
+        self._last_traj = traj
+        return metrics
+
+    def _print(self, msg):
+        if not self.quiet and jax.process_index() == 0:
+            from tqdm import tqdm
+
+            tqdm.write(msg)
+
+    def train(self) -> list[dict]:
+        from tqdm import tqdm
+
+        cfg = self.cfg
+        self.workdir.mkdir(parents=True, exist_ok=True)
+        if jax.process_index() == 0:
+            save_run_config(self.workdir, json.loads(json.dumps(cfg.to_dict(), default=str)))
+        self.logger = Logger(self.workdir)
+        history = []
+        start = self.iteration
+        if start >= cfg.train.iterations:
+            self._print(f"nothing to do: {self.workdir} already finished {start} iterations")
+            return history
+        if start > 0:
+            self._print(f"resuming {self.workdir} from iteration {start}")
+        if cfg.train.val_every > 0 and start == 0:
+            self._log_validation(0)
+        bar = tqdm(range(start, cfg.train.iterations), initial=start, total=cfg.train.iterations,
+                   desc="train", disable=self.quiet or jax.process_index() != 0, dynamic_ncols=True)
+        try:
+            for _ in bar:
+                t0 = time.perf_counter()
+                metrics = self.iteration_step()
+                step = self.iteration
+                metrics["timing/iteration_s"] = time.perf_counter() - t0
+                self.logger.scalars(step, metrics)
+                if cfg.train.log_samples:
+                    for row in range(min(cfg.train.log_samples, self.cfg.rollout.num_groups * self.cfg.rollout.group_size)):
+                        self.logger.text(step, f"samples/{row}", format_trajectory(self._last_traj, row, self.tokenizer))
+                bar.set_postfix(reward=f"{metrics['train/reward_mean']:.3f}", success=f"{metrics['train/success']:.2f}",
+                                s_it=f"{metrics['timing/iteration_s']:.1f}")
+                history.append({"step": step, **metrics})
+                if cfg.train.val_every > 0 and step % cfg.train.val_every == 0:
+                    self._log_validation(step)
+                if step % cfg.train.save_every == 0 or step == cfg.train.iterations:
+                    self.save()
+        finally:
+            self.ckpt.wait()
+            self.logger.close()
+        return history
+
+    def _log_validation(self, step):
+        m = self.validate()
+        self.logger.scalars(step, m)
+        summary = ", ".join(f"{k.split('/')[1]} {v:.3f}" for k, v in m.items() if k.endswith("/success"))
+        self._print(f"validation @ {step}: success {summary}")
+
+    def save(self):
+        self.ckpt.save(self.iteration, self.state, extra={"iteration": self.iteration})
+
+
+def _unused():  # keep imports used by type checkers quiet
+    return math

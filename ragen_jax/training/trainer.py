@@ -1,0 +1,260 @@
+"""StarPO / StarPO-S training: rollout -> group filter -> logprobs/values -> advantages -> PPO/GRPO update.
+
+One iteration, read top to bottom (`Trainer.iteration`):
+
+    traj  = rollout(actor, key, seeds(i))                  compiled: every turn of P x N episodes
+    batch = prepare(actor, critic, ref, traj)              compiled: StarPO-S filter, old/ref logprobs,
+                                                           values, rewards on tokens, advantages
+    state = update(state, batch)                           compiled: epochs x mini-batches of PPO
+                                                           (clip-higher, dual clip) + critic steps
+
+All three are jitted once with the mesh's shardings (params by the model's sharding table, the batch
+over the data axes) and never recompile. Token-level arrays in `prepare`/`update` are aligned on
+TARGETS: column t holds what is known about token t+1 (its log-prob comes from the logits at t).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import math
+import time
+from pathlib import Path
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+from flax import nnx, struct
+
+from ragen_jax.config import Config, ConfigError
+from ragen_jax.training import advantages as adv_lib
+from ragen_jax.training import filter as filter_lib
+from ragen_jax.training import losses as loss_lib
+
+
+# ----------------------------------------------------------------------------------- state
+@struct.dataclass
+class TrainState:
+    iteration: jax.Array  # int32: completed iterations (also the data position: seeds derive from it)
+    key: jax.Array  # PRNG key for the next iteration
+    actor: Any  # nnx.State of the policy
+    actor_opt: Any
+    critic: Any  # nnx.State of the critic ({} without one)
+    critic_opt: Any
+    skipped_updates: jax.Array  # int32: optimizer steps skipped for a non-finite gradient
+
+
+@struct.dataclass
+class Batch:
+    """The filtered trajectories, ready for the update. K kept rows; token arrays [K, T-1]."""
+
+    tokens: jax.Array  # [K, T]
+    valid: jax.Array  # [K, T]
+    mask: jax.Array  # [K, T-1] bool: target token was sampled by the policy
+    old_logp: jax.Array  # [K, T-1]
+    ref_logp: jax.Array  # [K, T-1] (zeros when KL is off)
+    values: jax.Array  # [K, T-1] (zeros without a critic)
+    advantages: jax.Array  # [K, T-1]
+    returns: jax.Array  # [K, T-1]
+    row_weight: jax.Array  # [K] 1 for rows that train, 0 for padding rows of variance_cover
+
+
+def make_optimizer(lr: float, cfg) -> optax.GradientTransformation:
+    """AdamW with global-norm clipping; a non-finite gradient skips the step (and is counted)."""
+    schedule = lr if cfg.warmup_steps <= 0 else optax.linear_schedule(0.0, lr, cfg.warmup_steps)
+    opt = optax.chain(
+        optax.clip_by_global_norm(cfg.grad_clip),
+        optax.adamw(schedule, b1=cfg.b1, b2=cfg.b2, weight_decay=cfg.weight_decay),
+    )
+    return optax.apply_if_finite(opt, max_consecutive_errors=1_000_000)
+
+
+def _lr_at(step, lr: float, warmup: int):
+    return lr if warmup <= 0 else lr * jnp.minimum(1.0, step / warmup)
+
+
+# ----------------------------------------------------------------------------------- forward helpers
+def sequence_logprobs(graphdef, params, tokens, valid, chunk: int = 128):
+    """Per-target log-probs and entropies [K, T-1], never materialising [K, T, V] logits."""
+    model = nnx.merge(graphdef, params)
+    hidden, _ = model(tokens, valid, None)
+    return loss_lib.token_logprobs_and_entropy(hidden[:, :-1], tokens[:, 1:], model.logits, chunk=chunk)
+
+
+def sequence_values(graphdef, params, tokens, valid):
+    """Critic values aligned on targets: V at position t is the value before sampling token t+1."""
+    return nnx.merge(graphdef, params)(tokens, valid)[:, :-1].astype(jnp.float32)
+
+
+def _in_minibatches(fn, n_rows: int, mb: int, *arrays):
+    """Apply `fn` to row blocks of `mb` (bounds activation memory of the no-grad passes)."""
+    blocks = [a.reshape((n_rows // mb, mb) + a.shape[1:]) for a in arrays]
+    out = jax.lax.map(lambda xs: fn(*xs), tuple(blocks))
+    return jax.tree.map(lambda o: o.reshape((n_rows,) + o.shape[2:]), out)
+
+
+# ----------------------------------------------------------------------------------- the programs
+class StepPrograms:
+    """The compiled `prepare` and `update` programs of one config (built once per run)."""
+
+    def __init__(self, cfg: Config, actor_graph, critic_graph, actor_opt, critic_opt):
+        self.cfg = cfg
+        self.actor_graph, self.critic_graph = actor_graph, critic_graph
+        self.actor_opt, self.critic_opt = actor_opt, critic_opt
+        self.has_critic = critic_graph is not None
+        self.use_ref = cfg.algo.kl_coef > 0
+        r, a = cfg.rollout, cfg.algo
+        self.kept_groups = filter_lib.num_kept_groups(r.num_groups, a.filter_ratio)
+        self.kept_rows = self.kept_groups * r.group_size
+        self.trace_counts = {"prepare": 0, "update": 0}
+
+    # -- prepare: filter + no-grad passes + advantages --------------------------------------
+    def prepare(self, actor, critic, ref, traj) -> tuple[Batch, dict]:
+        self.trace_counts["prepare"] += 1
+        cfg, a, r = self.cfg, self.cfg.algo, self.cfg.rollout
+        rows, row_weight, fmetrics = filter_lib.select(
+            traj.reward, r.num_groups, r.group_size, ratio=a.filter_ratio, mode=a.filter_mode,
+            kind=a.filter_type, cover=a.filter_cover)
+        t = jax.tree.map(lambda x: x[rows], traj)
+        k, t_max = t.tokens.shape
+        valid = jnp.arange(t_max)[None, :] < t.length[:, None]
+        mask = t.loss_mask[:, 1:] & (row_weight[:, None] > 0)
+        mb = min(a.mini_batch_size, k)
+
+        logp_fn = functools.partial(sequence_logprobs, self.actor_graph, actor)
+        old_logp, _ = _in_minibatches(lambda x, v: logp_fn(x, v), k, mb, t.tokens, valid)
+        ref_logp = jnp.zeros_like(old_logp)
+        if self.use_ref:
+            ref_fn = functools.partial(sequence_logprobs, self.actor_graph, ref)
+            ref_logp, _ = _in_minibatches(lambda x, v: ref_fn(x, v), k, mb, t.tokens, valid)
+        values = jnp.zeros_like(old_logp)
+        if self.has_critic:
+            val_fn = functools.partial(sequence_values, self.critic_graph, critic)
+            values = _in_minibatches(lambda x, v: val_fn(x, v), k, mb, t.tokens, valid)
+        values = jnp.where(mask, values, 0.0)
+
+        # Trajectory scores, normalised within each initial-state group (identity for PPO).
+        group_ids = jnp.arange(k) // r.group_size
+        scores = adv_lib.normalize_rewards(t.reward, group_ids, self.kept_groups, a.reward_norm)
+        # Turn ends in target coordinates (token index - 1).
+        turn_end = jnp.where(t.turn_end >= 1, t.turn_end - 1, -1)
+        turn_scores = t.turn_reward + (scores - t.reward)[:, None] * (
+            jnp.arange(t.turn_reward.shape[1])[None, :] == (t.num_turns - 1)[:, None])
+        tok_rewards = adv_lib.token_rewards(mask, turn_end, turn_scores, scores, placement=a.reward_placement)
+        kl_tok = loss_lib.kl_penalty(old_logp, ref_logp, a.kl_type)
+        if self.use_ref and a.kl_in_reward:
+            tok_rewards = tok_rewards - a.kl_coef * jnp.where(mask, kl_tok, 0.0)
+
+        if a.adv_estimator == "gae":
+            if a.bi_level_gae:
+                advantages, returns = adv_lib.bi_level_gae(tok_rewards, values, mask, turn_end, a.gamma, a.lam)
+            else:
+                advantages, returns = adv_lib.gae(tok_rewards, values, mask, a.gamma, a.lam)
+            advantages = adv_lib.whiten(advantages, mask)
+        else:
+            advantages = adv_lib.outcome_advantages(a.adv_estimator, t.reward, group_ids, self.kept_groups, mask)
+            returns = advantages
+        batch = Batch(tokens=t.tokens, valid=valid, mask=mask, old_logp=old_logp, ref_logp=ref_logp,
+                      values=values, advantages=jnp.where(mask, advantages, 0.0),
+                      returns=jnp.where(mask, returns, 0.0), row_weight=row_weight)
+        n_tok = jnp.maximum(jnp.sum(mask), 1)
+        metrics = dict(fmetrics)
+        metrics.update({
+            "critic/values_mean": jnp.sum(values) / n_tok,
+            "critic/returns_mean": jnp.sum(batch.returns) / n_tok,
+            "actor/advantages_mean": jnp.sum(batch.advantages) / n_tok,
+            "actor/ref_kl": jnp.sum(jnp.where(mask, kl_tok, 0.0)) / n_tok if self.use_ref else 0.0,
+        })
+        return batch, metrics
+
+    # -- update: epochs x mini-batches ---------------------------------------------------------
+    def _actor_loss(self, params, mb: Batch):
+        a = self.cfg.algo
+        logp, entropy = sequence_logprobs(self.actor_graph, params, mb.tokens, mb.valid)
+        pg_loss, m = loss_lib.ppo_policy_loss(
+            logp, mb.old_logp, mb.advantages, mb.mask, eps_low=a.eps_low, eps_high=a.eps_high,
+            dual_clip=a.dual_clip, agg=a.loss_agg)
+        ent = loss_lib.aggregate(entropy, mb.mask, a.loss_agg)
+        loss = pg_loss - a.entropy_coef * ent
+        if self.use_ref and not a.kl_in_reward:
+            kl = loss_lib.aggregate(loss_lib.kl_penalty(logp, mb.ref_logp, a.kl_type), mb.mask, a.loss_agg)
+            loss = loss + a.kl_coef * kl
+            m = {**m, "actor/kl_loss": kl}
+        return loss, {**m, "actor/pg_loss": pg_loss, "actor/entropy": ent}
+
+    def _critic_loss(self, params, mb: Batch):
+        v = sequence_values(self.critic_graph, params, mb.tokens, mb.valid)
+        loss, m = loss_lib.value_loss(v, mb.values, mb.returns, mb.mask, clip=self.cfg.algo.value_clip)
+        return loss, {**m, "critic/value_loss": loss}
+
+    def update(self, state: TrainState, batch: Batch) -> tuple[TrainState, dict]:
+        self.trace_counts["update"] += 1
+        a = self.cfg.algo
+        k = batch.tokens.shape[0]
+        mb = a.mini_batch_size
+        n_mb = k // mb
+        train_actor = state.iteration >= a.critic_warmup
+
+        def minibatch_step(carry, idx):
+            actor, actor_opt, critic, critic_opt, skipped = carry
+            mbatch = jax.tree.map(lambda x: x[idx], batch)
+            (_, am), g = jax.value_and_grad(self._actor_loss, has_aux=True)(actor, mbatch)
+            gnorm = optax.global_norm(g)
+            upd, new_opt = self.actor_opt.update(g, actor_opt, actor)
+            new_actor = optax.apply_updates(actor, upd)
+            finite = jnp.isfinite(gnorm)
+            # Critic warm-up: the actor is computed but not moved.
+            actor = jax.tree.map(lambda n, o: jnp.where(train_actor, n, o), new_actor, actor)
+            actor_opt = jax.tree.map(lambda n, o: jnp.where(train_actor, n, o), new_opt, actor_opt)
+            skipped = skipped + (train_actor & ~finite).astype(jnp.int32)
+            am = {**am, "actor/grad_norm": gnorm}
+            if self.has_critic:
+                (_, cm), cg = jax.value_and_grad(self._critic_loss, has_aux=True)(critic, mbatch)
+                cnorm = optax.global_norm(cg)
+                cupd, critic_opt = self.critic_opt.update(cg, critic_opt, critic)
+                critic = optax.apply_updates(critic, cupd)
+                skipped = skipped + (~jnp.isfinite(cnorm)).astype(jnp.int32)
+                am = {**am, **cm, "critic/grad_norm": cnorm}
+            return (actor, actor_opt, critic, critic_opt, skipped), am
+
+        key, perm_key = jax.random.split(state.key)
+        carry = (state.actor, state.actor_opt, state.critic, state.critic_opt, state.skipped_updates)
+        all_metrics = []
+        for epoch in range(a.ppo_epochs):
+            perm = jax.random.permutation(jax.random.fold_in(perm_key, epoch), k)
+            carry, m = jax.lax.scan(minibatch_step, carry, perm.reshape(n_mb, mb))
+            all_metrics.append(m)
+        actor, actor_opt, critic, critic_opt, skipped = carry
+        metrics = jax.tree.map(lambda *xs: jnp.mean(jnp.stack([jnp.mean(x) for x in xs])), *all_metrics)
+        metrics["actor/grad_norm_max"] = jnp.max(jnp.stack([jnp.max(m["actor/grad_norm"]) for m in all_metrics]))
+        metrics["train/skipped_updates"] = skipped.astype(jnp.float32)
+        metrics["actor/lr"] = _lr_at(state.iteration * n_mb * a.ppo_epochs, self.cfg.optim.actor_lr,
+                                     self.cfg.optim.warmup_steps)
+        new_state = state.replace(actor=actor, actor_opt=actor_opt, critic=critic, critic_opt=critic_opt,
+                                  skipped_updates=skipped, key=key, iteration=state.iteration + 1)
+        return new_state, metrics
+
+
+def check_batch_fits_mesh(cfg: Config, n_batch_shards: int) -> None:
+    r, a = cfg.rollout, cfg.algo
+    b = r.num_groups * r.group_size
+    kept = filter_lib.num_kept_groups(r.num_groups, a.filter_ratio) * r.group_size
+    for what, n in (("rollout batch P*N", b), ("kept trajectories", kept), ("algo.mini_batch_size", a.mini_batch_size)):
+        if n % n_batch_shards:
+            raise ConfigError(f"{what} = {n} is not divisible by the {n_batch_shards} devices of the mesh's "
+                              "data x fsdp axes; change the batch settings or mesh.data/mesh.fsdp")
+
+
+def val_seeds(cfg: Config) -> np.ndarray:
+    return cfg.train.val_seed + np.arange(cfg.train.val_size)
+
+
+def _timer():
+    t0 = time.perf_counter()
+    return lambda: time.perf_counter() - t0
+
+
+__all__ = ["Batch", "StepPrograms", "TrainState", "check_batch_fits_mesh", "make_optimizer", "sequence_logprobs",
+           "sequence_values", "val_seeds", "dataclasses", "math", "Path"]

@@ -1,0 +1,92 @@
+"""The slow, obvious rollout: a Python loop over episodes and turns, for equivalence tests.
+
+Everything the compiled rollout does in-graph is done here the plain way: the conversation is
+assembled from host TEXT (`TextEnv.render_text`) encoded by the real tokenizer, every turn is a
+fresh `generate` call over the whole re-encoded conversation (no cache reuse across turns), answers
+are parsed with Python's `re` (`Parser.parse_text` on the decoded text), and the env is stepped one
+action at a time from Python. Sampled ids are kept as sampled (never re-tokenized), as in RAGEN-JAX.
+"""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from ragen_jax import sampler
+
+IM_END = 151645
+ENDOFTEXT = 151643
+
+
+def host_rollout(model, text_env, parser, cfg, key, group_seeds, token_bytes):
+    env, params = text_env.env, text_env.env_params
+    tok = text_env.tokenizer
+    pc = text_env.config
+    n_per, b, t_max = cfg.group_size, cfg.batch_size, cfg.max_context
+    max_new = pc.max_response_tokens
+    forced_text = pc.forced_prefix
+    seeds = np.repeat(np.asarray(group_seeds), n_per)
+    states = [env.reset_env(jax.random.PRNGKey(int(s)), params)[1] for s in seeds]
+    prefix = tok.encode(text_env.prefix_text, add_special_tokens=False)
+    ids = [list(prefix) for _ in range(b)]
+    mask = [[False] * len(prefix) for _ in range(b)]
+    done = [False] * b
+    prev_reward, prev_closed = [0.0] * b, [True] * b
+    turn_rewards = [[] for _ in range(b)]
+    truncated = [False] * b
+    step = jax.jit(env.step_env)
+
+    for turn in range(1, text_env.max_turns + 1):
+        if all(done):
+            break
+        key, k_sample, k_env = jax.random.split(key, 3)
+        active, budgets = [False] * b, [0] * b
+        for r in range(b):
+            if done[r]:
+                continue
+            left = text_env.max_actions_per_episode - int(states[r].time)
+            seg = tok.encode(text_env.render_text(states[r], turn, left, prev_reward[r], prev_closed[r]),
+                             add_special_tokens=False)
+            room = t_max - len(ids[r]) - len(seg)
+            if room < 1:
+                truncated[r], done[r] = True, True
+                continue
+            ids[r] += seg
+            mask[r] += [False] * len(seg)
+            active[r], budgets[r] = True, min(room, max_new)
+        # One batched generate over left-padded full conversations; inactive rows have no valid token.
+        prompt = np.full((b, t_max), ENDOFTEXT, np.int32)
+        valid = np.zeros((b, t_max), bool)
+        for r in range(b):
+            if active[r]:
+                prompt[r, t_max - len(ids[r]):] = ids[r]
+                valid[r, t_max - len(ids[r]):] = True
+        out = sampler.generate(model, prompt, valid, k_sample, max_new_tokens=max_new, cache_len=t_max + max_new,
+                               greedy=cfg.greedy, temperature=cfg.temperature,
+                               stop_strings=("</answer>",) if cfg.stop_at_answer else (), token_bytes=token_bytes)
+        gen_all, n_all = np.asarray(out.tokens), np.asarray(out.lengths)
+        for a_row in range(b):
+            if not active[a_row]:
+                continue
+            # The per-row budget only cuts the same greedy sequence shorter.
+            gen = [int(x) for x in gen_all[a_row, : min(n_all[a_row], budgets[a_row])]]
+            ids[a_row] += gen
+            mask[a_row] += [True] * len(gen)
+            parsed = parser.parse_text(forced_text + tok.decode(gen, skip_special_tokens=False))
+            reward = 0.0
+            st = states[a_row]
+            for a in range(int(parsed.num_actions)):
+                k = jax.random.fold_in(jax.random.fold_in(k_env, a), a_row)
+                _, st, rew, _, _ = step(k, st, jnp.int32(parsed.actions[a]), params)
+                reward += float(rew)
+            states[a_row] = st
+            bad = bool(parsed.has_invalid) or int(parsed.num_actions) == 0
+            reward += cfg.format_penalty if bad else 0.0
+            turn_rewards[a_row].append(np.float32(reward))
+            prev_reward[a_row] = reward
+            prev_closed[a_row] = len(gen) > 0 and gen[-1] == IM_END
+            if bool(st.done) or turn == text_env.max_turns:
+                done[a_row] = True
+    success = [bool(env.is_success(s, params)) for s in states]
+    return dict(ids=ids, mask=mask, turn_rewards=turn_rewards, success=success, truncated=truncated)

@@ -1,0 +1,188 @@
+"""The compiled rollout against independent truths: a scripted policy with known outcomes (BFS
+solutions, garbage answers), the slow host loop of host_reference.py, and 1 vs 8 devices."""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from flax import nnx
+
+import envs_jax
+from ragen_jax.models import Qwen2, Qwen2Config
+from ragen_jax.rollout import Rollout, RolloutConfig, format_trajectory, rollout_metrics
+from ragen_jax.text import PromptConfig, TextEnv
+from ragen_jax.tokenizer import IM_END, load_tokenizer, token_bytes_table
+
+from tests.ragen_jax.rollout.host_reference import host_rollout
+from tests.ragen_jax.rollout.scripted import ScriptedPolicy, make_script
+
+ACTION_NAMES = ("Up", "Down", "Left", "Right")
+
+
+@pytest.fixture(scope="module")
+def tok():
+    return load_tokenizer()
+
+
+def _text_env(tok, name, **prompt):
+    env, params = envs_jax.make(name)
+    return TextEnv(env, params, tok, PromptConfig(**prompt))
+
+
+def _initial_states(text_env, seeds):
+    env, params = text_env.env, text_env.env_params
+    return [env.reset_env(jax.random.PRNGKey(int(s)), params)[1] for s in seeds]
+
+
+def _sampled(traj, row):
+    n = int(traj.length[row])
+    ids = np.asarray(traj.tokens[row, :n])
+    return ids[np.asarray(traj.loss_mask[row, :n])].tolist()
+
+
+# ------------------------------------------------------------------------------------ scripted
+def test_scripted_bfs_solution_solves_sokoban(tok):
+    te = _text_env(tok, "Sokoban", max_turns=3, max_response_tokens=48)
+    cfg = RolloutConfig(num_groups=3, group_size=2, max_context=1024, greedy=True)
+    seeds = np.array([11, 12, 13])
+    texts, expected = [], []
+    for st in _initial_states(te, seeds):
+        acts, n, solvable = te.env.solve(st, te.env_params)
+        acts = [int(a) for a in np.asarray(acts)[: int(n)]]
+        assert bool(solvable) and 1 <= len(acts) <= 10
+        turns = [acts[i : i + 5] for i in range(0, len(acts), 5)]
+        row_texts = [" plan</think><answer>" + " || ".join(ACTION_NAMES[a] for a in t) + "</answer>" for t in turns]
+        expected.append((len(turns), -0.1 * len(acts) + 1.0 + 10.0))
+        texts += [row_texts, row_texts]  # both rollouts of the group follow the same script
+    script = make_script(tok, texts, cfg.group_size)
+    policy = ScriptedPolicy(script)
+    ro = Rollout(policy, te, cfg)
+    traj = ro(nnx.state(policy), jax.random.PRNGKey(0), seeds)
+    for r in range(cfg.batch_size):
+        n_turns, reward = expected[r // 2]
+        assert bool(traj.success[r])
+        assert int(traj.num_turns[r]) == n_turns
+        np.testing.assert_allclose(float(traj.reward[r]), reward, atol=1e-5)
+        assert int(traj.num_format_errors[r]) == 0 and bool(traj.action_is_valid[r])
+        # The loss mask covers exactly the scripted tokens, nothing else.
+        want = sum((tok.encode(t, add_special_tokens=False) + [IM_END] for t in texts[r]), [])
+        assert _sampled(traj, r) == want
+        assert int(traj.response_length[r]) == len(want)
+        # The reward sits at the last sampled token of the last turn.
+        ends = np.asarray(traj.turn_end[r])
+        assert ends[n_turns - 1] == int(traj.length[r]) - 1 and np.all(ends[n_turns:] == -1)
+    view = format_trajectory(traj, 0, tok)
+    assert "<|im_start|>assistant\n<think>\u27e6 plan</think><answer>" in view
+
+
+def test_garbage_answers_get_the_format_penalty_every_turn(tok):
+    te = _text_env(tok, "Sokoban", max_turns=3, max_response_tokens=16)
+    cfg = RolloutConfig(num_groups=2, group_size=2, max_context=1024, greedy=True)
+    texts = [["hello world"] * 3, ["</think><answer>jump || fly</answer>"] * 3,
+             ["<answer>Up</answer>"] * 3, ["x</think><answer>Up || Sideways</answer>"] * 3]
+    policy = ScriptedPolicy(make_script(tok, texts, 2))
+    traj = Rollout(policy, te, cfg)(nnx.state(policy), jax.random.PRNGKey(1), np.array([5, 6]))
+    for r in range(3):  # no valid action: only the penalty, every turn, no env step
+        assert int(traj.num_turns[r]) == 3 and int(traj.num_actions[r]) == 0
+        np.testing.assert_allclose(np.asarray(traj.turn_reward[r]), [-0.1] * 3, atol=1e-6)
+        assert int(traj.num_format_errors[r]) == 3 and not bool(traj.action_is_valid[r])
+    # A valid action next to an invalid piece executes, and the turn still pays the penalty.
+    assert int(traj.num_format_errors[3]) >= 1 and int(traj.num_actions[3]) >= 1
+    m = rollout_metrics(traj, cfg.group_size)
+    assert m["format_ok"] == 0.0 and m["num_turns"] == 3.0
+
+
+def test_context_overflow_truncates_cleanly(tok):
+    te = _text_env(tok, "Sokoban", max_turns=5, max_response_tokens=40)
+    first = len(te.prefix_ids) + te.max_segment_len
+    cfg = RolloutConfig(num_groups=1, group_size=2, max_context=first + 60, greedy=True)
+    texts = [["a b c d e f g h i j k l m n o p q r s t u v w x y z a b c d e f g h"] * 5] * 2
+    policy = ScriptedPolicy(make_script(tok, texts, 2))
+    traj = Rollout(policy, te, cfg)(nnx.state(policy), jax.random.PRNGKey(2), np.array([3]))
+    assert np.all(np.asarray(traj.truncated))
+    assert np.all(np.asarray(traj.length) <= cfg.max_context)
+    assert np.all(np.asarray(traj.num_turns) < 5)
+
+
+# ------------------------------------------------------------------------ tiny model vs host loop
+@pytest.fixture(scope="module")
+def tiny_model():
+    cfg = Qwen2Config.from_preset("tiny")
+    return Qwen2(cfg, rngs=nnx.Rngs(3))
+
+
+@pytest.mark.parametrize("env_name,turns", [("FrozenLake", 3), ("Bandit", 1), ("Sokoban", 2)])
+def test_compiled_rollout_equals_host_loop(tok, tiny_model, env_name, turns):
+    te = _text_env(tok, env_name, max_turns=turns, max_response_tokens=12)
+    cfg = RolloutConfig(num_groups=2, group_size=2, max_context=640, greedy=True)
+    ro = Rollout(tiny_model, te, cfg)
+    key, seeds = jax.random.PRNGKey(7), np.array([101, 202])
+    traj = jax.device_get(ro(nnx.state(tiny_model), key, seeds))
+    ref = host_rollout(tiny_model, te, ro.parser, cfg, key, seeds, token_bytes_table(tok))
+    for r in range(cfg.batch_size):
+        n = int(traj.length[r])
+        assert traj.tokens[r, :n].tolist() == ref["ids"][r]
+        assert traj.loss_mask[r, :n].tolist() == ref["mask"][r]
+        k = len(ref["turn_rewards"][r])
+        assert int(traj.num_turns[r]) == k
+        np.testing.assert_allclose(traj.turn_reward[r, :k], ref["turn_rewards"][r], atol=1e-5)
+        assert bool(traj.success[r]) == ref["success"][r]
+        assert bool(traj.truncated[r]) == ref["truncated"][r]
+
+
+def test_scripted_actions_equal_host_loop_with_env_randomness(tok):
+    """Valid answers every turn, so FrozenLake's slips (env keys) and multi-action turns are exercised."""
+    te = _text_env(tok, "FrozenLake", max_turns=3, max_response_tokens=24)
+    cfg = RolloutConfig(num_groups=2, group_size=3, max_context=1024, greedy=True)
+    rng = np.random.default_rng(0)
+    names = ("Left", "Down", "Right", "Up")
+    texts = [[("ok</think><answer>" + " || ".join(rng.choice(names, size=rng.integers(1, 4)))
+               + "</answer>") for _ in range(3)] for _ in range(cfg.batch_size)]
+    policy = ScriptedPolicy(make_script(tok, texts, 3))
+    ro = Rollout(policy, te, cfg)
+    key, seeds = jax.random.PRNGKey(9), np.array([1, 2])
+    traj = jax.device_get(ro(nnx.state(policy), key, seeds))
+    ref = host_rollout(policy, te, ro.parser, cfg, key, seeds, token_bytes_table(tok))
+    assert sum(int(x) for x in traj.num_actions) > 0
+    for r in range(cfg.batch_size):
+        n = int(traj.length[r])
+        assert traj.tokens[r, :n].tolist() == ref["ids"][r]
+        k = len(ref["turn_rewards"][r])
+        np.testing.assert_allclose(traj.turn_reward[r, :k], ref["turn_rewards"][r], atol=1e-5)
+        assert bool(traj.success[r]) == ref["success"][r]
+
+
+def test_no_recompilation_and_sharded_equals_single_device(tok, tiny_model):
+    te = _text_env(tok, "FrozenLake", max_turns=2, max_response_tokens=8)
+    cfg = RolloutConfig(num_groups=2, group_size=4, max_context=512, temperature=1.0)
+    params = nnx.state(tiny_model)
+    ro = Rollout(tiny_model, te, cfg)
+    outs = [ro(params, jax.random.PRNGKey(i), np.array([i, i + 50])) for i in range(3)]
+    assert ro.trace_count == 1
+    assert not np.array_equal(np.asarray(outs[0].tokens), np.asarray(outs[1].tokens))
+
+    devices = np.array(jax.devices()[:8])
+    if len(devices) < 8:
+        pytest.skip("needs 8 (simulated) devices")
+    mesh = jax.sharding.Mesh(devices.reshape(4, 2, 1), ("data", "fsdp", "tensor"))
+    ro8 = Rollout(tiny_model, te, cfg, mesh=mesh)
+    with mesh:
+        t8 = jax.device_get(ro8(params, jax.random.PRNGKey(0), np.array([0, 50])))
+    t1 = jax.device_get(outs[0])
+    np.testing.assert_array_equal(t8.tokens, t1.tokens)
+    np.testing.assert_array_equal(t8.loss_mask, t1.loss_mask)
+    np.testing.assert_allclose(t8.logprobs, t1.logprobs, atol=1e-4)
+    np.testing.assert_allclose(t8.reward, t1.reward, atol=1e-6)
+
+
+def test_bad_settings_are_rejected(tok):
+    te = _text_env(tok, "Bandit", max_turns=1, max_response_tokens=8)
+    with pytest.raises(ValueError, match="max_context"):
+        Rollout(ScriptedPolicy(np.zeros((1, 1, 1))), te, RolloutConfig(num_groups=1, group_size=1, max_context=8))
+    with pytest.raises(ValueError, match="group_size"):
+        RolloutConfig(group_size=0)
+    ro = Rollout(ScriptedPolicy(np.zeros((2, 1, 1))), te, RolloutConfig(num_groups=2, group_size=1, max_context=512))
+    with pytest.raises(ValueError, match="group_seeds"):
+        ro(None, jax.random.PRNGKey(0), np.array([1, 2, 3]))
