@@ -1,0 +1,246 @@
+"""In-graph rendering: text pieces -> token ids from host-built tables, concatenated with static shapes.
+
+Why tables work. Qwen's tokenizer first splits special tokens out of the text, then pre-tokenizes
+the rest with the regex
+    (?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\\r\\n\\p{L}\\p{N}]?\\p{L}+|\\p{N}| ?[^\\s\\p{L}\\p{N}]+[\\r\\n]*|\\s*[\\r\\n]+|\\s+(?!\\S)|\\s+
+and runs BPE inside each pre-token only. A newline can end a pre-token (`#\\n`, `:\\n`, `\\n`) but
+never starts one that goes on into the next line unless the next line starts with whitespace or
+another newline. So when every grid row starts with a non-whitespace character, the ids of
+"row_1\\nrow_2\\n...row_H\\n" are the ids of each "row_i\\n" concatenated, and the same holds at the
+fixed seams chosen by the text layer (after ":\\n" before a row, before "You have", before "Turn",
+around special tokens). Digits are single-digit pre-tokens. Hence: tokenize each fixed piece and
+each possible grid row once on the host, look rows up by an index computed from the cell symbols,
+and scatter the pieces one after the other into a static buffer. The seams are not assumed but
+tested: tests/ragen_jax/text/test_render.py compares against `tokenizer.encode` of the host text
+over thousands of random states of every environment.
+
+Row tables. A row's table index is a mixed-radix number over the symbols that each of its cells can
+hold. Cells that are always the same symbol (Sokoban's wall border) contribute no digit, which keeps
+8x8 Sokoban at 7^6 = 117,649 interior rows instead of 7^8. Rows with the same per-cell symbol sets
+share one table.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import itertools
+import math
+import unicodedata
+from typing import Sequence
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+# A row table bigger than this is a configuration problem (a symbol set too permissive), not
+# something to build silently: 2M rows of ~10 ids is 80 MB of constants in every compiled program.
+MAX_ROW_TABLE = 2_000_000
+
+
+def encode_batch(tokenizer, texts: Sequence[str]) -> list[list[int]]:
+    """Token ids of many texts, special tokens recognised, no BOS/EOS added."""
+    texts = list(texts)
+    if not texts:
+        return []
+    out = []
+    # Chunks keep the fast tokenizer's temporary memory small for the 100k-row tables.
+    for i in range(0, len(texts), 32768):
+        out.extend(tokenizer(texts[i:i + 32768], add_special_tokens=False)["input_ids"])
+    return out
+
+
+def encode_rows(tokenizer, rows: Sequence[str], pad_id: int, check: int = 256) -> tuple[np.ndarray, np.ndarray]:
+    """Token ids of many newline-terminated rows -> padded (ids [N, L], lengths [N]).
+
+    Runs the tokenizer's own pre-tokenizer regex over all rows at once, BPE-encodes each DISTINCT
+    pre-token once with the tokenizer, and composes rows from them: 8x8 Sokoban's 117k rows are
+    ~400k pre-tokens but only ~9k distinct ones, which makes this ~10x faster than encoding every
+    row. Valid because BPE never crosses pre-token boundaries; pre-tokens crossing a row seam are
+    detected (ValueError), and `check` random rows are compared with direct encoding.
+    """
+    rows = list(rows)
+    if not rows:
+        return np.full((0, 1), pad_id, np.int32), np.zeros((0,), np.int32)
+    joined = "".join(rows)
+    if unicodedata.normalize("NFC", joined) != joined or "<|" in joined or not all(r.endswith("\n") for r in rows):
+        # Normalisation or special tokens could move text across pieces: take the plain route.
+        return pad_table(encode_batch(tokenizer, rows), pad_id)
+    pieces = _pretokenizer().findall(joined)
+    index: dict[str, int] = {}
+    pidx = np.fromiter((index.setdefault(p, len(index)) for p in pieces), dtype=np.int64, count=len(pieces))
+    uniq_ids, uniq_len = pad_table(encode_batch(tokenizer, list(index)), pad_id)
+    # Which row each pre-token lies in, from character offsets.
+    plen = np.fromiter(map(len, pieces), dtype=np.int64, count=len(pieces))
+    pend = np.cumsum(plen)
+    row_end = np.cumsum(np.fromiter(map(len, rows), dtype=np.int64, count=len(rows)))
+    row_first = np.searchsorted(row_end, pend - plen, side="right")
+    if pend[-1] != row_end[-1] or np.any(row_first != np.searchsorted(row_end, pend - 1, side="right")):
+        raise ValueError("a pre-token spans two grid rows; rows cannot be tokenized independently")
+    # Flatten the pre-tokens' ids in order, then cut them into rows.
+    n_tok = uniq_len[pidx]
+    mask = np.arange(uniq_ids.shape[1])[None, :] < n_tok[:, None]
+    flat = uniq_ids[pidx][mask]
+    tok_row = np.repeat(row_first, n_tok)
+    lengths = np.bincount(row_first, weights=n_tok, minlength=len(rows)).astype(np.int32)
+    starts = np.cumsum(lengths) - lengths
+    col = np.arange(flat.shape[0]) - starts[tok_row]
+    ids = np.full((len(rows), max(1, int(lengths.max()))), pad_id, dtype=np.int32)
+    ids[tok_row, col] = flat
+    rng = np.random.default_rng(0)
+    sample = sorted({0, len(rows) - 1, *rng.integers(0, len(rows), min(check, len(rows))).tolist()})
+    for i, direct in zip(sample, encode_batch(tokenizer, [rows[i] for i in sample])):
+        if list(ids[i, :lengths[i]]) != list(direct):
+            raise ValueError(f"row {rows[i]!r} tokenizes differently in isolation; the row table would be wrong")
+    return ids, lengths
+
+
+@functools.lru_cache(maxsize=None)
+def _pretokenizer():
+    import regex  # a dependency of transformers; supports the \p{..} classes of Qwen's pattern
+
+    from ragen_jax.tokenizer import QWEN_PATTERN
+
+    return regex.compile(QWEN_PATTERN)
+
+
+def pad_table(seqs: Sequence[Sequence[int]], pad_id: int) -> tuple[np.ndarray, np.ndarray]:
+    """Ragged id lists -> (ids int32 [N, L], lengths int32 [N]); L >= 1."""
+    lengths = np.fromiter((len(s) for s in seqs), dtype=np.int32, count=len(seqs))
+    width = max(1, int(lengths.max(initial=0)))
+    ids = np.full((len(seqs), width), pad_id, dtype=np.int32)
+    for i, s in enumerate(seqs):
+        ids[i, :len(s)] = s
+    return ids, lengths
+
+
+@dataclasses.dataclass(frozen=True)
+class PieceTable:
+    """Token ids of N alternative texts for one slot of a segment."""
+
+    ids: np.ndarray      # int32 [N, L]
+    lengths: np.ndarray  # int32 [N]
+
+    @classmethod
+    def build(cls, tokenizer, texts: Sequence[str], pad_id: int) -> "PieceTable":
+        ids, lengths = pad_table(encode_batch(tokenizer, texts), pad_id)
+        return cls(ids, lengths)
+
+    @property
+    def width(self) -> int:
+        return int(self.ids.shape[1])
+
+    def lookup(self, index):
+        """(ids [L], length) of entry `index` (clipped into range); jittable."""
+        index = jnp.clip(jnp.asarray(index, jnp.int32), 0, self.ids.shape[0] - 1)
+        return jnp.asarray(self.ids)[index], jnp.asarray(self.lengths)[index]
+
+
+@dataclasses.dataclass(frozen=True)
+class GridTable:
+    """Per-row token tables of a symbol grid, indexed in-graph from the cell symbols."""
+
+    digit: np.ndarray    # int32 [H, W, S]: position of symbol s in cell (h, w)'s set, -1 impossible
+    radix: np.ndarray    # int32 [H, W]: place value of each cell's digit in its row's index
+    base: np.ndarray     # int32 [H]: offset of each row's table inside `ids`
+    ids: np.ndarray      # int32 [N, L]: token ids of "row text + newline", all tables stacked
+    lengths: np.ndarray  # int32 [N]
+    row_max: np.ndarray  # int32 [H]: longest entry of each row's table
+
+    @property
+    def row_width(self) -> int:
+        return int(self.ids.shape[1])
+
+    @property
+    def max_len(self) -> int:
+        """Largest total token count of a whole grid (static segment budget)."""
+        return int(self.row_max.sum())
+
+    def rows(self, grid):
+        """int32 grid [H, W] -> (ids [H, L], lengths [H], ok); jittable.
+
+        ok is False when some cell holds a symbol its table does not cover; that row is then
+        rendered as the table's first row (wrong text, so the caller can mask or count it).
+        """
+        grid = jnp.asarray(grid, jnp.int32)
+        h, w, s = self.digit.shape
+        in_range = (grid >= 0) & (grid < s)
+        d = jnp.asarray(self.digit)[jnp.arange(h)[:, None], jnp.arange(w)[None, :], jnp.clip(grid, 0, s - 1)]
+        ok = jnp.all(in_range & (d >= 0))
+        index = jnp.asarray(self.base) + jnp.sum(jnp.maximum(d, 0) * jnp.asarray(self.radix), axis=1)
+        return jnp.asarray(self.ids)[index], jnp.asarray(self.lengths)[index], ok
+
+
+def build_grid_table(tokenizer, symbols: Sequence[str], cell_sets, pad_id: int) -> GridTable:
+    """Enumerate every row each grid line can show and tokenize "row + newline" in batches.
+
+    cell_sets[h][w] is the sorted tuple of symbol indices cell (h, w) can hold.
+    """
+    h, w, s = len(cell_sets), len(cell_sets[0]), len(symbols)
+    digit = np.full((h, w, s), -1, dtype=np.int32)
+    radix = np.zeros((h, w), dtype=np.int32)
+    base = np.zeros((h,), dtype=np.int32)
+    row_size = np.zeros((h,), dtype=np.int64)
+    seen: dict[tuple, int] = {}
+    texts: list[str] = []
+    for r in range(h):
+        sets = tuple(tuple(cs) for cs in cell_sets[r])
+        size = math.prod(len(cs) for cs in sets)
+        for c, cs in enumerate(sets):
+            digit[r, c, list(cs)] = np.arange(len(cs), dtype=np.int32)
+            radix[r, c] = math.prod(len(x) for x in sets[c + 1:])
+        if sets not in seen:
+            if len(texts) + size > MAX_ROW_TABLE:
+                raise ValueError(
+                    f"grid row tables would need {len(texts) + size} rows (limit {MAX_ROW_TABLE}); "
+                    "give the text layer narrower per-cell symbol sets (e.g. a fixed wall border)")
+            seen[sets] = len(texts)
+            # itertools.product varies the last cell fastest: the mixed-radix order of `radix`.
+            texts.extend("".join(symbols[i] for i in combo) + "\n" for combo in itertools.product(*sets))
+        base[r], row_size[r] = seen[sets], size
+    ids, lengths = encode_rows(tokenizer, texts, pad_id)
+    row_max = np.array([lengths[base[r]:base[r] + row_size[r]].max() for r in range(h)], dtype=np.int32)
+    return GridTable(digit=digit, radix=radix, base=base, ids=ids, lengths=lengths, row_max=row_max)
+
+
+def check_cell_sets(cell_sets, height: int, width: int, num_symbols: int):
+    """Validate per-cell symbol sets against the grid shape; returns them as sorted tuples."""
+    try:
+        rows = [list(r) for r in cell_sets]
+    except TypeError:
+        raise ValueError("cell symbol sets must be a [H][W] nested sequence of symbol-index sequences") from None
+    if len(rows) != height or any(len(r) != width for r in rows):
+        raise ValueError(f"cell symbol sets must have shape [{height}][{width}] to match the rendered grid")
+    out = []
+    for r in rows:
+        line = []
+        for cs in r:
+            cs = tuple(sorted({int(i) for i in cs}))
+            if not cs or cs[0] < 0 or cs[-1] >= num_symbols:
+                raise ValueError(f"each cell's symbol set must be non-empty indices in [0, {num_symbols}), got {cs}")
+            line.append(cs)
+        out.append(tuple(line))
+    return tuple(out)
+
+
+def concat(pieces, total_len: int, pad_id: int):
+    """Concatenate ragged pieces into a static buffer; jittable and vmappable.
+
+    pieces: sequence of (ids [n, L] or [L], lengths [n] or scalar); entries past their length are
+    dropped. Returns (ids int32 [total_len], length int32). Pieces are placed by running offsets
+    and scattered with mode="drop", so padding never overwrites real ids.
+    """
+    out = jnp.full((total_len,), pad_id, dtype=jnp.int32)
+    offset = jnp.zeros((), jnp.int32)
+    for ids, lengths in pieces:
+        ids = jnp.asarray(ids, jnp.int32)
+        lengths = jnp.asarray(lengths, jnp.int32)
+        if ids.ndim == 1:
+            ids, lengths = ids[None], lengths[None]
+        starts = offset + jnp.cumsum(lengths) - lengths
+        j = jnp.arange(ids.shape[1], dtype=jnp.int32)
+        pos = starts[:, None] + j[None, :]
+        pos = jnp.where(j[None, :] < lengths[:, None], pos, total_len)  # out of bounds -> dropped
+        out = out.at[pos.reshape(-1)].set(ids.reshape(-1), mode="drop")
+        offset = offset + jnp.sum(lengths)
+    return out, offset

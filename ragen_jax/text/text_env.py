@@ -1,0 +1,221 @@
+"""`TextEnv`: an environment as the agent's conversation, as token ids, inside jit.
+
+Token stream of one episode (the contract with the compiled rollout)::
+
+    prefix_ids                                   host-built, once per env
+    render_ids(state_0, turn=1, ...)             segment of turn 1
+    forced prefix + sampled ids of turn 1        (the forced prefix is the END of the segment)
+    render_ids(state_1, turn=2, ...)             segment of turn 2
+    forced prefix + sampled ids of turn 2
+    ...
+
+* `prefix_ids`: `<|im_start|>system\\n{system}<|im_end|>\\n<|im_start|>user\\n{instructions}
+  {action list}\\n` - everything up to where "Turn 1:" begins.
+* `render_ids(state, turn, actions_left, prev_reward, prev_closed) -> (ids int32 [max_segment_len],
+  length)`, jittable and vmappable, `turn` 1-based. The segment to append before the assistant
+  generates turn `turn`:
+    turn 1: `Turn 1:\\nState:\\n{grid}\\nYou have {k} actions left. Always output: ... (tokens).\\n
+            <|im_end|>\\n<|im_start|>assistant\\n<think>`
+    turn>1: `<|im_end|>` (only when prev_closed is False, i.e. the model did not sample it itself)
+            `\\n<|im_start|>user\\nReward:\\n{prev_reward}\\n\\n` + the turn-1 form with "Turn {turn}"
+  In no-think mode the segment ends in `<answer>` instead of `<think>`. prev_reward is the summed
+  env reward of the previous turn, printed by `conversation.format_reward` (0.01 grid, clipped to
+  the config's range). turn and actions_left are clipped into [1, max_turns] and
+  [0, max_actions_per_episode] in-graph.
+* `forced_prefix_ids`: ids of the forced `<think>` / `<answer>` (the last ids of every segment);
+  `parse(forced_prefix_ids + sampled ids, length)` reads the assistant's answer.
+* `render_text(...)`: the host text of the same segment. Invariant (tested over thousands of random
+  states per env): `tokenizer.encode(render_text(...), add_special_tokens=False) ==
+  render_ids(...)[0][:length]`, and `prefix_text + render_text(turn 1)` is what Qwen's chat template
+  gives for the system + first user message with the generation prompt, plus the forced prefix.
+
+This is the reference's conversation (ragen/llm_agent/ctx_manager.py): the assistant's sampled ids
+are kept as sampled (the reference re-renders them; we never re-tokenize).
+"""
+
+from __future__ import annotations
+
+import sys
+import weakref
+from typing import Optional, Sequence
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from ragen_jax.text import conversation as conv
+from ragen_jax.text import render
+
+IM_END_ID = 151645
+PAD_ID = 151643  # <|endoftext|>, Qwen's pad token
+
+# Host tables per tokenizer object (weak: a dropped tokenizer drops its tables). Keys inside are
+# the texts' defining values, so two TextEnvs of the same env/config share tables; 8x8 Sokoban's
+# 117k-row table is built once per process.
+_CACHE: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
+
+
+def _cached(tokenizer, key, build):
+    per_tok = _CACHE.setdefault(tokenizer, {})
+    if key not in per_tok:
+        per_tok[key] = build()
+    return per_tok[key]
+
+
+def _grid_shape(env, params) -> tuple[int, int]:
+    try:  # observations are the grid (AgentEnv.get_obs), so the space has its shape
+        shape = tuple(env.observation_space(params).shape)
+    except (AttributeError, NotImplementedError, TypeError):
+        def grid_of_reset(key):
+            return env.render_grid(env.reset_env(key, params)[1], params)
+
+        shape = jax.eval_shape(grid_of_reset, jax.random.PRNGKey(0)).shape
+    if len(shape) != 2:
+        raise ValueError(f"env.render_grid must return a 2-D [H, W] grid, got shape {shape}")
+    return int(shape[0]), int(shape[1])
+
+
+def default_cell_symbols(env, params, height: int, width: int, num_symbols: int):
+    """What each grid cell can show: the env's own `cell_symbol_sets(params)` when it has one;
+    for Sokoban a wall border (its rooms always have one); else every symbol everywhere."""
+    if hasattr(env, "cell_symbol_sets"):
+        return env.cell_symbol_sets(params)
+    every = tuple(range(num_symbols))
+    sokoban = sys.modules.get("envs_jax.sokoban.env")  # imported iff env may be a Sokoban
+    if sokoban is not None and isinstance(env, sokoban.SokobanEnv):
+        from envs_jax.sokoban.types import WALL
+
+        return [[(WALL,) if r in (0, height - 1) or c in (0, width - 1) else every for c in range(width)]
+                for r in range(height)]
+    return [[every] * width for _ in range(height)]
+
+
+class TextEnv:
+    """An AgentEnv seen as text: fixed prompt pieces as ids, per-turn segments rendered in-graph.
+
+    Args:
+      env, env_params: an `envs_jax` environment and its params.
+      tokenizer: the Qwen2.5 tokenizer (`ragen_jax.tokenizer.load_tokenizer()`).
+      config: `PromptConfig`.
+      cell_symbols: optional [H][W] sequences of the symbol indices each grid cell can hold; keeps
+        row tables small (a Sokoban border is always wall). Default: the env's
+        `cell_symbol_sets(params)` when it has one, else every symbol everywhere.
+    """
+
+    def __init__(self, env, env_params, tokenizer, config: Optional[conv.PromptConfig] = None,
+                 cell_symbols=None):
+        config = conv.PromptConfig() if config is None else config
+        if not isinstance(config, conv.PromptConfig):
+            raise ValueError(f"config must be a PromptConfig, got {type(config).__name__}")
+        self.env, self.env_params, self.tokenizer, self.config = env, env_params, tokenizer, config
+        self.action_names: tuple[str, ...] = tuple(env.action_names(env_params))
+        self.max_actions_per_turn = config.max_actions_per_turn
+        self.max_turns = config.max_turns
+        if config.max_actions_per_episode is not None:
+            self.max_actions_per_episode = config.max_actions_per_episode
+        else:
+            self.max_actions_per_episode = int(getattr(env_params, "max_steps_in_episode", 10))
+        self.symbols: tuple[str, ...] = tuple(env.symbols(env_params))
+        self.grid_shape = _grid_shape(env, env_params)
+        h, w = self.grid_shape
+        for s in self.symbols:
+            # The row seams need rows that start with a visible character (see render.py).
+            if not s or s[0].isspace() or "<|" in s:
+                raise ValueError(f"grid symbol {s!r} cannot be rendered row by row: symbols must be "
+                                 "non-empty, not start with whitespace and hold no chat tokens")
+        if cell_symbols is None:
+            cell_symbols = default_cell_symbols(env, env_params, h, w, len(self.symbols))
+        self.cell_symbols = render.check_cell_sets(cell_symbols, h, w, len(self.symbols))
+
+        list_actions = config.list_actions if config.list_actions is not None else (h * w > 1)
+        self.head_text = conv.first_user_message_head(
+            env.instructions(env_params), self.action_names, config, self.max_actions_per_episode, list_actions)
+        self.prefix_text = conv.prefix_text(self.head_text, config)
+
+        tok = tokenizer
+        enc = lambda text: np.asarray(render.encode_batch(tok, [text])[0], dtype=np.int32)  # noqa: E731
+        self.prefix_ids = enc(self.prefix_text)
+        self.forced_prefix_ids = enc(config.forced_prefix)
+        self._grid = _cached(tok, ("grid", self.symbols, self.cell_symbols),
+                             lambda: render.build_grid_table(tok, self.symbols, self.cell_symbols, PAD_ID))
+        self._turns = render.PieceTable.build(
+            tok, [conv.turn_piece_text(t) for t in range(1, config.max_turns + 1)], PAD_ID)
+        self._tails = render.PieceTable.build(
+            tok, [conv.tail_piece_text(k, config) for k in range(self.max_actions_per_episode + 1)], PAD_ID)
+        self._cents_lo, self._cents_hi = config.cents_range
+        self._user_open_ids = enc(conv.USER_OPEN_TEXT)
+        self._rewards = _cached(tok, ("reward", self._cents_lo, self._cents_hi), lambda: render.PieceTable(
+            *render.encode_rows(tok, [conv.reward_entry_text(conv.format_cents(c))
+                                      for c in range(self._cents_lo, self._cents_hi + 1)], PAD_ID)))
+        self.max_segment_len = (1 + len(self._user_open_ids) + self._rewards.width + self._turns.width
+                                + self._grid.max_len + self._tails.width)
+        self._parser = None
+
+    # ---- rendering ---------------------------------------------------------------------------
+    def reward_in_range(self, reward) -> jax.Array:
+        """Whether `reward` prints exactly (else the segment shows it clipped); jittable."""
+        c = jnp.round(jnp.asarray(reward, jnp.float32) * jnp.float32(100.0))
+        return (c >= self._cents_lo) & (c <= self._cents_hi)
+
+    def render_ok(self, state, prev_reward) -> jax.Array:
+        """False when the segment is not the exact text: an uncovered grid symbol or a clipped reward."""
+        _, _, ok = self._grid.rows(self.env.render_grid(state, self.env_params))
+        return ok & self.reward_in_range(prev_reward)
+
+    def render_ids(self, state, turn, actions_left, prev_reward, prev_closed):
+        """The segment before assistant turn `turn` -> (ids int32 [max_segment_len], length int32)."""
+        turn = jnp.asarray(turn, jnp.int32)
+        later = turn > 1
+        row_ids, row_len, _ = self._grid.rows(self.env.render_grid(state, self.env_params))
+        cents = jnp.round(jnp.asarray(prev_reward, jnp.float32) * jnp.float32(100.0))
+        cents = jnp.clip(cents, self._cents_lo, self._cents_hi).astype(jnp.int32)
+        r_ids, r_len = self._rewards.lookup(cents - self._cents_lo)
+        t_ids, t_len = self._turns.lookup(turn - 1)
+        k_ids, k_len = self._tails.lookup(actions_left)
+        im_end_len = jnp.where(later & ~jnp.asarray(prev_closed, bool), 1, 0)
+        pieces = [
+            (jnp.array([IM_END_ID], jnp.int32), im_end_len),
+            (jnp.asarray(self._user_open_ids), jnp.where(later, len(self._user_open_ids), 0)),
+            (r_ids, jnp.where(later, r_len, 0)),
+            (t_ids, t_len),
+            (row_ids, row_len),
+            (k_ids, k_len),
+        ]
+        return render.concat(pieces, self.max_segment_len, PAD_ID)
+
+    def state_text(self, state) -> str:
+        return self.env.render_text(state, self.env_params)
+
+    def render_text(self, state, turn, actions_left, prev_reward, prev_closed) -> str:
+        """Host text of the segment `render_ids` builds (same clipping of turn and actions_left)."""
+        turn = min(max(int(turn), 1), self.max_turns)
+        actions_left = min(max(int(actions_left), 0), self.max_actions_per_episode)
+        text = ""
+        if turn > 1:
+            if not bool(prev_closed):
+                text += conv.IM_END_TEXT
+            text += conv.reward_piece_text(conv.format_reward(prev_reward, self.config))
+        return (text + conv.turn_piece_text(turn) + self.state_text(state) + "\n"
+                + conv.tail_piece_text(actions_left, self.config))
+
+    def first_turn_text(self, state) -> str:
+        """The whole prompt of turn 1 (prefix + segment), with all actions left."""
+        return self.prefix_text + self.render_text(state, 1, self.max_actions_per_episode, 0.0, True)
+
+    # ---- parsing -----------------------------------------------------------------------------
+    @property
+    def parser(self):
+        if self._parser is None:
+            from ragen_jax.text.parse import Parser
+
+            self._parser = Parser(self.tokenizer, self.action_names, self.max_actions_per_turn,
+                                  think=self.config.think, max_tokens=self.config.max_response_tokens)
+        return self._parser
+
+    def parse(self, ids, length):
+        """Parse the assistant turn: forced prefix ids + sampled ids (jittable)."""
+        return self.parser.parse(ids, length)
+
+    def parse_text(self, text: str):
+        """Parse an assistant turn given as text (forced prefix included); host reference."""
+        return self.parser.parse_text(text)
