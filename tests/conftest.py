@@ -11,3 +11,10 @@ os.environ.setdefault("JAX_PLATFORMS", "cpu")
 os.environ["HF_HUB_OFFLINE"] = "1"
 os.environ["TRANSFORMERS_OFFLINE"] = "1"
 os.environ["HF_DATASETS_OFFLINE"] = "1"
+# Identical programs compiled by different tests (and by both pytest-xdist workers) are compiled
+# once: jax's persistent compilation cache works on CPU too. Keyed by HLO + jax version, so safe.
+os.environ.setdefault(
+    "JAX_COMPILATION_CACHE_DIR",
+    os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), ".jax-cache"),
+)
+os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS", "0.5")
