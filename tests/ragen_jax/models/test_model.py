@@ -143,13 +143,14 @@ def test_remat_gives_same_gradients_and_left_padding_grads_are_finite():
     valid = jnp.array([[0, 0, 1, 1, 1, 1], [1, 1, 1, 1, 1, 1]], bool)
 
     def grads(remat):
-        model = Qwen2(cfg.replace(remat=remat), nnx.Rngs(0))
+        g, params = nnx.split(Qwen2(cfg.replace(remat=remat), nnx.Rngs(0)))
 
-        def loss(m):
+        def loss(params):
+            m = nnx.merge(g, params)
             logits = m.logits(m(tokens, valid)[0])
             return jnp.sum(jnp.where(valid[..., None], jax.nn.log_softmax(logits), 0.0))
 
-        return nnx.grad(loss)(model)
+        return jax.jit(jax.grad(loss))(params)
 
     a, b = grads(False), grads(True)
     for x, y in zip(jax.tree.leaves(a), jax.tree.leaves(b)):
@@ -163,8 +164,8 @@ def test_critic_from_policy_copies_trunk_and_adds_f32_value_head():
     ids, valid = right_padded(ref)
     critic = critic_from_policy(policy, rngs=nnx.Rngs(3))
     assert isinstance(critic, Qwen2Critic)
-    values = np.asarray(critic(ids, valid))
-    hidden = np.asarray(policy(ids, valid)[0])
+    run = nnx.jit(lambda c, p: (c(ids, valid), p(ids, valid)[0]))
+    values, hidden = map(np.asarray, run(critic, policy))
     w = np.asarray(critic.value_head.kernel[...])
     bias = np.asarray(critic.value_head.bias[...])
     assert values.shape == ids.shape and values.dtype == np.float32 and w.shape == (policy.cfg.hidden_size, 1)
@@ -172,18 +173,23 @@ def test_critic_from_policy_copies_trunk_and_adds_f32_value_head():
     # A separate copy: changing the policy leaves the critic alone; share_trunk shares.
     shared = critic_from_policy(policy, share_trunk=True)
     policy.model.norm.scale[...] = policy.model.norm.scale[...] * 2.0
-    np.testing.assert_allclose(np.asarray(critic(ids, valid)), values, rtol=1e-6, atol=1e-6)
+    values2, hidden2 = map(np.asarray, run(critic, policy))
+    np.testing.assert_array_equal(values2, values)
+    assert not np.allclose(hidden2, hidden)
     assert shared.model.norm.scale is policy.model.norm.scale
 
 
 def test_fresh_model_shapes_and_dtypes():
     cfg = Qwen2Config.from_preset("tiny", vocab_size=128, tie_word_embeddings=False, param_dtype="bfloat16")
     model = Qwen2(cfg, nnx.Rngs(0))
-    hidden, cache = model(jnp.zeros((2, 3), jnp.int32), jnp.ones((2, 3), bool))
-    assert cache is None and hidden.shape == (2, 3, 64) and hidden.dtype == jnp.float32
-    assert model.logits(hidden).shape == (2, 3, 128)
+    g, p = nnx.split(model)
+    hidden = jax.eval_shape(lambda p: nnx.merge(g, p)(jnp.zeros((2, 3), jnp.int32), jnp.ones((2, 3), bool)), p)
+    assert hidden[1] is None and hidden[0].shape == (2, 3, 64) and hidden[0].dtype == jnp.float32
+    logits = jax.eval_shape(lambda p, h: nnx.merge(g, p).logits(h), p, hidden[0])
+    assert logits.shape == (2, 3, 128) and logits.dtype == jnp.float32
     assert model.lm_head.kernel[...].shape == (64, 128) and model.lm_head.kernel[...].dtype == jnp.bfloat16
     assert model.model.layers.self_attn.k_proj.kernel[...].shape == (2, 64, 32)
+    assert not hasattr(model.model.layers.self_attn.o_proj, "bias")
 
 
 def test_bad_inputs_raise_clear_errors():
