@@ -62,6 +62,11 @@ def _cached(tokenizer, key, build):
     return per_tok[key]
 
 
+def reward_cents_jax(reward) -> jax.Array:
+    """In-graph twin of `conversation.reward_cents`: float32 reward -> int32 hundredths."""
+    return jnp.round(jnp.asarray(reward, jnp.float32) * jnp.float32(100.0)).astype(jnp.int32)
+
+
 def _grid_shape(env, params) -> tuple[int, int]:
     try:  # observations are the grid (AgentEnv.get_obs), so the space has its shape
         shape = tuple(env.observation_space(params).shape)
@@ -154,7 +159,7 @@ class TextEnv:
     # ---- rendering ---------------------------------------------------------------------------
     def reward_in_range(self, reward) -> jax.Array:
         """Whether `reward` prints exactly (else the segment shows it clipped); jittable."""
-        c = jnp.round(jnp.asarray(reward, jnp.float32) * jnp.float32(100.0))
+        c = reward_cents_jax(reward)
         return (c >= self._cents_lo) & (c <= self._cents_hi)
 
     def render_ok(self, state, prev_reward) -> jax.Array:
@@ -167,8 +172,7 @@ class TextEnv:
         turn = jnp.asarray(turn, jnp.int32)
         later = turn > 1
         row_ids, row_len, _ = self._grid.rows(self.env.render_grid(state, self.env_params))
-        cents = jnp.round(jnp.asarray(prev_reward, jnp.float32) * jnp.float32(100.0))
-        cents = jnp.clip(cents, self._cents_lo, self._cents_hi).astype(jnp.int32)
+        cents = jnp.clip(reward_cents_jax(prev_reward), self._cents_lo, self._cents_hi)
         r_ids, r_len = self._rewards.lookup(cents - self._cents_lo)
         t_ids, t_len = self._turns.lookup(turn - 1)
         k_ids, k_len = self._tails.lookup(actions_left)
@@ -209,7 +213,8 @@ class TextEnv:
             from ragen_jax.text.parse import Parser
 
             self._parser = Parser(self.tokenizer, self.action_names, self.max_actions_per_turn,
-                                  think=self.config.think, max_tokens=self.config.max_response_tokens)
+                                  think=self.config.think,
+                                  max_tokens=len(self.forced_prefix_ids) + self.config.max_response_tokens)
         return self._parser
 
     def parse(self, ids, length):

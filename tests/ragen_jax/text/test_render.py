@@ -1,0 +1,189 @@
+"""In-graph rendering equals the real Qwen2.5 tokenizer on the host text, for every env and variant.
+
+Truth: `tokenizer.encode(render_text(...), add_special_tokens=False)`. States: random GRIDS drawn
+from each env's symbol set (every cell any symbol its table covers, plus rows built from one or two
+symbols to get long runs such as `______`, which merge into multi-character tokens), so the row
+tables are checked on far more rows than the envs' own generators would show. Real env states are
+checked in test_text_env.py.
+"""
+
+from __future__ import annotations
+
+import zlib
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from flax import struct
+
+import envs_jax
+from ragen_jax.text import render
+from ragen_jax.text.conversation import PromptConfig, format_cents, reward_cents
+from ragen_jax.text.text_env import TextEnv, default_cell_symbols, reward_cents_jax
+
+ENVS = ("Bandit", "BanditTest", "FrozenLake", "Sokoban", "LargerSokoban", "NewSymbolsSokoban")
+
+
+@struct.dataclass
+class GridState:
+    grid: jax.Array
+
+
+class GridOnly:
+    """A real env's text hooks, with the grid itself as the state, so that any grid renders."""
+
+    def __init__(self, env, params):
+        self.env, self.params = env, params
+        self.shape = tuple(env.observation_space(params).shape)
+        self._cells = default_cell_symbols(env, params, *self.shape, len(env.symbols(params)))
+
+    def action_names(self, _):
+        return self.env.action_names(self.params)
+
+    def instructions(self, _):
+        return self.env.instructions(self.params)
+
+    def symbols(self, _):
+        return self.env.symbols(self.params)
+
+    def observation_space(self, _):
+        return self.env.observation_space(self.params)
+
+    def cell_symbol_sets(self, _):
+        return self._cells
+
+    def render_grid(self, state, _):
+        return state.grid
+
+    def render_text(self, state, _):  # the contract of AgentEnv.render_text
+        syms = self.symbols(None)
+        return "\n".join("".join(syms[int(c)] for c in row) for row in np.asarray(state.grid))
+
+
+def random_grids(cells, n, rng):
+    """n grids; half the rows use every symbol their cells allow, half a 1-2 symbol palette."""
+    h, w = len(cells), len(cells[0])
+    all_syms = sorted({s for row in cells for cs in row for s in cs})
+    out = np.zeros((n, h, w), np.int32)
+    for i in range(n):
+        for r in range(h):
+            palette = set(rng.choice(all_syms, size=rng.integers(1, 3))) if rng.random() < 0.5 else None
+            for c in range(w):
+                allowed = [s for s in cells[r][c] if palette is None or s in palette] or list(cells[r][c])
+                out[i, r, c] = rng.choice(allowed)
+    return out
+
+
+@pytest.fixture(scope="module")
+def tok():
+    from ragen_jax.tokenizer import load_tokenizer
+
+    return load_tokenizer()
+
+
+def random_args(n, rng, cfg_turns=5, max_left=10):
+    turn = rng.integers(1, cfg_turns + 1, n).astype(np.int32)
+    left = rng.integers(0, max_left + 1, n).astype(np.int32)
+    # Rewards as the rollout sees them: float32 sums of env rewards (float noise included), and
+    # arbitrary values on the 0.01 grid with sub-cent noise that must round away.
+    steps = rng.integers(0, 6, n)
+    summed = np.array([np.float32(-0.1) * np.float32(k) + np.float32(rng.choice([0.0, 1.0, -1.0, 10.0]))
+                       for k in steps], np.float32)
+    grid_vals = (rng.integers(-9999, 10000, n) / 100 + rng.uniform(-0.004, 0.004, n)).astype(np.float32)
+    reward = np.where(rng.random(n) < 0.5, summed, grid_vals).astype(np.float32)
+    closed = rng.random(n) < 0.5
+    return turn, left, reward, closed
+
+
+@pytest.mark.parametrize("think", [True, False], ids=["think", "nothink"])
+@pytest.mark.parametrize("name", ENVS)
+def test_render_ids_equal_tokenizer(tok, name, think):
+    env, params = envs_jax.make(name)
+    genv = GridOnly(env, params)
+    te = TextEnv(genv, params, tok, PromptConfig(think=think, max_actions_per_episode=10))
+    rng = np.random.default_rng(zlib.crc32(f"{name}{think}".encode()))
+    n = 1500 if think else 500
+    grids = random_grids(te.cell_symbols, n, rng)
+    turn, left, reward, closed = random_args(n, rng)
+    ids, length = jax.jit(jax.vmap(te.render_ids))(GridState(jnp.asarray(grids)), turn, left, reward, closed)
+    ids, length = np.asarray(ids), np.asarray(length)
+    texts = [te.render_text(GridState(grids[i]), turn[i], left[i], reward[i], closed[i]) for i in range(n)]
+    want = render.encode_batch(tok, texts)
+    assert ids.shape == (n, te.max_segment_len)
+    mismatches = [i for i in range(n) if list(ids[i, :length[i]]) != want[i]]
+    assert not mismatches, f"{len(mismatches)} of {n} differ, first text: {texts[mismatches[0]]!r}"
+    # Padding past the length is the pad id, and the segment ends in the forced prefix.
+    assert np.all(ids[np.arange(te.max_segment_len)[None, :] >= length[:, None]] == 151643)
+    k = len(te.forced_prefix_ids)
+    assert all(list(ids[i, length[i] - k:length[i]]) == list(te.forced_prefix_ids) for i in range(n))
+
+
+def test_row_tables_exhaustive_frozenlake(tok):
+    """Every one of FrozenLake's 6^4 row texts: table ids == direct encoding of that row."""
+    env, params = envs_jax.make("FrozenLake")
+    syms = env.symbols(params)
+    cells = [[tuple(range(len(syms)))] * 4 for _ in range(4)]
+    table = render.build_grid_table(tok, syms, cells, 151643)
+    rows = np.stack(np.meshgrid(*[np.arange(6)] * 4, indexing="ij"), -1).reshape(-1, 4)
+    grid = np.zeros((len(rows), 4, 4), np.int32)
+    grid[:, 0] = rows
+    ids, lengths, ok = jax.vmap(table.rows)(jnp.asarray(grid))
+    assert bool(np.all(ok))
+    texts = ["".join(syms[c] for c in r) + "\n" for r in rows]
+    want = render.encode_batch(tok, texts)
+    ids, lengths = np.asarray(ids[:, 0]), np.asarray(lengths[:, 0])
+    assert all(list(ids[i, :lengths[i]]) == want[i] for i in range(len(rows)))
+
+
+def test_uncovered_cell_is_flagged(tok):
+    """A Sokoban grid whose border is not wall is outside the tables: render_ok says so."""
+    env, params = envs_jax.make("Sokoban")
+    te = TextEnv(GridOnly(env, params), params, tok)
+    good = random_grids(te.cell_symbols, 1, np.random.default_rng(0))[0]
+    bad = good.copy()
+    bad[0, 2] = 1  # floor on the border
+    ok = jax.jit(jax.vmap(te.render_ok))(GridState(jnp.asarray(np.stack([good, bad, good]))),
+                                         jnp.array([0.0, 0.0, 1000.0]))
+    assert list(np.asarray(ok)) == [True, False, False]
+
+
+def test_reward_out_of_range_is_clipped_alike(tok):
+    env, params = envs_jax.make("Bandit")
+    te = TextEnv(env, params, tok, PromptConfig(reward_min=-1.5, reward_max=2))
+    state = env.reset_env(jax.random.PRNGKey(0), params)[1]
+    rewards = np.array([-7.0, 2.5, 1.99], np.float32)
+    ids, n = jax.jit(jax.vmap(te.render_ids, in_axes=(None, None, None, 0, None)))(state, 2, 0, rewards, True)
+    for i, shown in enumerate(["-1.5", "2", "1.99"]):
+        text = te.render_text(state, 2, 0, rewards[i], True)
+        assert f"Reward:\n{shown}\n\n" in text
+        assert list(np.asarray(ids[i, :n[i]])) == tok.encode(text, add_special_tokens=False)
+    assert list(np.asarray(jax.jit(jax.vmap(te.reward_in_range))(rewards))) == [False, False, True]
+
+
+def reference_reward_text(cents: int) -> str:
+    """An independent formatting: Python's fixed-point format, zeros and the point stripped."""
+    s = f"{cents / 100:.2f}".rstrip("0").rstrip(".")
+    return "0" if s in ("-0", "0") else s
+
+
+def test_reward_format_grid():
+    for c in list(range(-2500, 2501)) + [-10000, 10000, 123456, -99999]:
+        assert format_cents(c) == reference_reward_text(c), c
+    assert [format_cents(c) for c in (-10, 1090, 0, 100, -5, 5, -100)] == \
+           ["-0.1", "10.9", "0", "1", "-0.05", "0.05", "-1"]
+
+
+def test_reward_cents_host_equals_device():
+    """The host rounding (numpy float32) and the device rounding (XLA float32) pick the same cent."""
+    rng = np.random.default_rng(1)
+    r = np.concatenate([
+        rng.uniform(-120, 120, 20000).astype(np.float32),
+        (rng.integers(-12000, 12000, 20000) / 100).astype(np.float32),
+        (rng.integers(-12000, 12000, 2000) / 100 + 0.005).astype(np.float32),  # half-cent ties
+        np.cumsum(np.full(50, -0.1, np.float32)),
+        np.array([0.1 + 0.2, -0.30000000000000004, -0.0], np.float32),
+    ])
+    device = np.asarray(jax.jit(reward_cents_jax)(r))
+    assert np.array_equal(reward_cents(r), device)
+    assert format_cents(int(reward_cents(np.float32(0.1) * 3 - np.float32(0.6)))) == "-0.3"
