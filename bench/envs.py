@@ -1,0 +1,323 @@
+"""Environment throughput as the compiled rollout uses it, next to a plain-Python/numpy host loop.
+
+JAX side, one "env step" = `step_env` + `TextEnv.render_ids` of the next observation (the segment
+the rollout appends before the next assistant turn) + `TextEnv.parse` of an answer's token ids, all
+vmapped over the batch and run `--inner-steps` times in one jitted `lax.scan` (the rollout is one
+compiled program too, so per-call dispatch is not what it pays per step). The answer of each env at
+each step is drawn from "<think> ok </think><answer> {a} || {b} </answer>" over the env's action
+names, and its first parsed action is executed, so the parse is live work and the envs move around.
+An episode that ends is restored to its initial state (both sides), so every step is a live step.
+
+Numpy side (bench/numpy_envs.py), the same work per step in a Python loop: decode the answer ids
+(tokenizer.decode), `re` parse, a Python env step, the segment text, tokenizer.encode. Its speed
+does not depend on the batch, so it runs min(batch * inner_steps, --numpy-max-steps) steps.
+
+Sokoban / LargerSokoban: also rooms generated per second by vmapped, jitted `reset_env`, next to
+a host implementation of the reference's generator (gym-sokoban's DFS reverse play, depth 300).
+
+Compilation (AOT lower + compile) is timed separately; timings are the median of `--repeats`.
+Usage: python -m bench.envs [--quick] [--envs Sokoban,FrozenLake] [--batches 1,256,4096]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import random
+import statistics
+import sys
+import time
+from pathlib import Path
+
+if __package__ in (None, ""):  # run as a script: make `bench` and the packages importable
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from bench import numpy_envs as npe
+
+ENVS = ("Bandit", "FrozenLake", "Sokoban", "LargerSokoban")
+SOKOBAN_LIKE = ("Sokoban", "LargerSokoban")
+RESULTS = Path(__file__).resolve().parent / "results" / "envs.json"
+
+# Behaviour spec section 9: the REFERENCE environments on a machine like ours (2-core CPU, one
+# process). Context only: they are not measurements of this code.
+REFERENCE_SPEEDS = {
+    "Sokoban": {"resets_per_s": 671, "steps_per_s": 609,
+                "note": "SimpleSokoban; a step is dominated by an RGB frame gym_sokoban draws even in text mode"},
+    "LargerSokoban": {"resets_per_s": 305},
+    "FrozenLake": {"resets_per_s": 1956, "steps_per_s": 33800, "steps_per_s_with_text_render": 20400},
+    "Bandit": {"resets_per_s": 87000, "steps_per_s": 771000},
+}
+
+
+# ---------------------------------------------------------------------------------------------------
+# Setup shared by the benchmark and its smoke test
+# ---------------------------------------------------------------------------------------------------
+def answer_texts(action_names) -> list[str]:
+    """One realistic answer per action: its name first, then the next one."""
+    n = len(action_names)
+    return [f"<think> ok </think><answer> {action_names[i]} || {action_names[(i + 1) % n]} </answer>"
+            for i in range(n)]
+
+
+class Setup:
+    """Env, TextEnv and the answer ids for one registered environment."""
+
+    def __init__(self, name: str, tokenizer=None, parse_tokens: int | None = None):
+        import envs_jax
+        from ragen_jax.text.conversation import PromptConfig
+        from ragen_jax.text.text_env import PAD_ID, TextEnv
+        from ragen_jax.tokenizer import load_tokenizer
+
+        if name not in ENVS:
+            raise ValueError(f"unknown benchmark env {name!r}; valid: {', '.join(ENVS)}")
+        self.name = name
+        self.tokenizer = tokenizer or load_tokenizer()
+        self.env, self.params = envs_jax.make(name)
+        self.text_env = TextEnv(self.env, self.params, self.tokenizer, PromptConfig())
+        self.answers = answer_texts(self.text_env.action_names)
+        ids = [self.tokenizer.encode(t, add_special_tokens=False) for t in self.answers]
+        width = max(len(i) for i in ids)
+        if parse_tokens is not None:
+            if parse_tokens < width:
+                raise ValueError(f"parse_tokens={parse_tokens} is shorter than the answers ({width} tokens)")
+            width = parse_tokens
+        self.answer_ids_list = ids
+        self.answer_ids = np.full((len(ids), width), PAD_ID, np.int32)
+        for i, row in enumerate(ids):
+            self.answer_ids[i, :len(row)] = row
+        self.answer_len = np.array([len(r) for r in ids], np.int32)
+        self.np_env = {
+            "Bandit": lambda: npe.NpBandit(self.params.low_name, self.params.high_name, float(self.params.low_reward),
+                                           float(self.params.high_reward), float(self.params.high_fail_reward),
+                                           float(self.params.high_prob), int(self.params.max_steps_in_episode)),
+            "FrozenLake": lambda: npe.NpFrozenLake(float(self.params.slip), int(self.params.max_steps_in_episode)),
+            "Sokoban": lambda: npe.NpSokoban(self.env.config.num_boxes, int(self.params.max_steps_in_episode)),
+            "LargerSokoban": lambda: npe.NpSokoban(self.env.config.num_boxes, int(self.params.max_steps_in_episode)),
+        }[name]()
+        self.from_jax = {"Bandit": npe.bandit_from_jax, "FrozenLake": npe.frozen_lake_from_jax}.get(
+            name, npe.sokoban_from_jax)
+
+
+def tree_where(c, a, b):
+    return jax.tree.map(lambda x, y: jnp.where(jnp.reshape(c, c.shape + (1,) * (x.ndim - c.ndim)), x, y), a, b)
+
+
+def make_step_program(setup: Setup, inner_steps: int):
+    """jitted (key, states [B], inits [B]) -> (states, checksum [B]): `inner_steps` full env steps."""
+    te, env, params = setup.text_env, setup.env, setup.params
+    answer_ids, answer_len = jnp.asarray(setup.answer_ids), jnp.asarray(setup.answer_len)
+    n_answers = answer_ids.shape[0]
+
+    def one_env(key, state, init):
+        k_answer, k_env = jax.random.split(key)
+        a = jax.random.randint(k_answer, (), 0, n_answers)
+        parsed = te.parse(answer_ids[a], answer_len[a])
+        _, st, reward, _, _ = env.step_env(k_env, state, jnp.maximum(parsed.actions[0], 0), params)
+        st = tree_where(st.done, init, st)
+        turn = jnp.minimum(st.time + 1, te.max_turns)
+        ids, n = te.render_ids(st, turn, te.max_actions_per_episode - st.time, reward, True)
+        # The checksum keeps every output alive (nothing may be dead-code eliminated).
+        check = jnp.sum(jnp.where(jnp.arange(ids.shape[0]) < n, ids, 0)) + parsed.num_actions
+        return st, check
+
+    def program(key, states, inits):
+        b = inits.time.shape[0]
+
+        def body(carry, i):
+            states, total = carry
+            keys = jax.random.split(jax.random.fold_in(key, i), b)
+            states, check = jax.vmap(one_env)(keys, states, inits)
+            return (states, total + check), None
+
+        (states, total), _ = jax.lax.scan(body, (states, jnp.zeros((b,), jnp.int32)), jnp.arange(inner_steps))
+        return states, total
+
+    return jax.jit(program)
+
+
+def initial_states(setup: Setup, batch: int, seed: int = 0):
+    keys = jax.random.split(jax.random.PRNGKey(seed), batch)
+    _, states = jax.jit(jax.vmap(setup.env.reset_env, in_axes=(0, None)))(keys, setup.params)
+    return jax.block_until_ready(states)
+
+
+def _timed(fn, repeats: int) -> list[float]:
+    out = []
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        jax.block_until_ready(fn())
+        out.append(time.perf_counter() - t0)
+    return out
+
+
+def bench_steps(setup: Setup, batch: int, inner_steps: int = 8, repeats: int = 3,
+                numpy_max_steps: int = 20000, seed: int = 0) -> dict:
+    """Env steps per second of the jitted batch program and of the host loop, at one batch size."""
+    states = initial_states(setup, batch, seed)
+    program = make_step_program(setup, inner_steps)
+    key = jax.random.PRNGKey(seed + 1)
+    t0 = time.perf_counter()
+    compiled = program.lower(key, states, states).compile()
+    compile_s = time.perf_counter() - t0
+    t0 = time.perf_counter()
+    jax.block_until_ready(compiled(key, states, states))
+    first_run_s = time.perf_counter() - t0
+    times = _timed(lambda: compiled(key, states, states), repeats)
+    jax_s = statistics.median(times)
+    steps = batch * inner_steps
+
+    # Host loop over the same start states (as many as it needs).
+    n_np = min(steps, numpy_max_steps)
+    n_states = min(batch, n_np)
+    one = lambda i: jax.tree.map(lambda x: x[i], states)  # noqa: E731
+    np_states0 = [setup.from_jax(one(i)) for i in range(n_states)]
+    np_times = []
+    for r in range(repeats):
+        np_states = [s.copy() for s in np_states0]
+        rng = random.Random(seed + r)
+        t0 = time.perf_counter()
+        npe.host_steps(setup.np_env, np_states, setup.answer_ids_list, setup.tokenizer, n_np, rng,
+                       max_turns=setup.text_env.max_turns)
+        np_times.append(time.perf_counter() - t0)
+    np_s = statistics.median(np_times)
+    jax_rate, np_rate = steps / jax_s, n_np / np_s
+    return dict(env=setup.name, batch=batch, inner_steps=inner_steps, env_steps_per_call=steps,
+                compile_s=compile_s, first_run_s=first_run_s, jax_call_s=jax_s, jax_call_s_all=times,
+                jax_steps_per_s=jax_rate, numpy_steps=n_np, numpy_s=np_s, numpy_steps_per_s=np_rate,
+                ratio=jax_rate / np_rate, parse_tokens=int(setup.answer_ids.shape[1]))
+
+
+def bench_resets(setup: Setup, batch: int, repeats: int = 3, numpy_max_rooms: int = 300, seed: int = 0) -> dict:
+    """Rooms generated per second: jitted vmapped reset_env vs the host reference-like generator."""
+    env, params = setup.env, setup.params
+    program = jax.jit(jax.vmap(env.reset_env, in_axes=(0, None)))
+    keys = jax.random.split(jax.random.PRNGKey(seed), batch)
+    t0 = time.perf_counter()
+    compiled = program.lower(keys, params).compile()
+    compile_s = time.perf_counter() - t0
+    jax.block_until_ready(compiled(keys, params))
+    times = _timed(lambda: compiled(keys, params), repeats)
+    jax_s = statistics.median(times)
+    cfg = env.config
+    n_np = min(batch, numpy_max_rooms)
+    np_times = []
+    for r in range(repeats):
+        rng = random.Random(seed + r)
+        t0 = time.perf_counter()
+        for _ in range(n_np):
+            npe.generate_sokoban_room(rng, cfg.dim_room, cfg.num_boxes)
+        np_times.append(time.perf_counter() - t0)
+    np_s = statistics.median(np_times)
+    return dict(env=setup.name, batch=batch, compile_s=compile_s, jax_call_s=jax_s,
+                jax_rooms_per_s=batch / jax_s, numpy_rooms=n_np, numpy_s=np_s,
+                numpy_rooms_per_s=n_np / np_s, ratio=(batch / jax_s) / (n_np / np_s))
+
+
+def machine() -> dict:
+    return dict(cpu_count=os.cpu_count(), platform=platform.platform(), processor=platform.processor(),
+                python=platform.python_version(), jax=jax.__version__, backend=jax.default_backend(),
+                devices=[str(d) for d in jax.devices()])
+
+
+# ---------------------------------------------------------------------------------------------------
+def _fmt(x: float) -> str:
+    return f"{x:,.0f}" if x >= 100 else f"{x:,.1f}"
+
+
+def print_table(rows: list[dict], resets: list[dict]) -> None:
+    print("\nEnv steps/s (step_env + render_ids + parse; host: step + text + encode + decode + re)")
+    print(f"{'env':<14}{'batch':>6}{'compile s':>11}{'jax steps/s':>14}{'numpy steps/s':>15}{'jax/numpy':>11}")
+    for r in rows:
+        print(f"{r['env']:<14}{r['batch']:>6}{r['compile_s']:>11.1f}{_fmt(r['jax_steps_per_s']):>14}"
+              f"{_fmt(r['numpy_steps_per_s']):>15}{r['ratio']:>10.1f}x")
+    if resets:
+        print("\nRooms generated/s (jitted vmapped reset_env vs host reference-like generator)")
+        print(f"{'env':<14}{'batch':>6}{'compile s':>11}{'jax rooms/s':>14}{'numpy rooms/s':>15}{'jax/numpy':>11}")
+        for r in resets:
+            print(f"{r['env']:<14}{r['batch']:>6}{r['compile_s']:>11.1f}{_fmt(r['jax_rooms_per_s']):>14}"
+                  f"{_fmt(r['numpy_rooms_per_s']):>15}{r['ratio']:>10.1f}x")
+    print("\nReference environments (behaviour spec section 9, NOT our numbers; context only):")
+    for name, ref in REFERENCE_SPEEDS.items():
+        print(f"  {name}: " + ", ".join(f"{k}={v:,}" if isinstance(v, int) else f"{k}: {v}" for k, v in ref.items()))
+
+
+def main(argv=None) -> dict:
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--envs", default=",".join(ENVS), help="comma-separated subset of " + ", ".join(ENVS))
+    p.add_argument("--batches", default="1,256,4096", help="comma-separated batch sizes")
+    p.add_argument("--quick", action="store_true", help="1 repeat, fewer inner/host steps")
+    p.add_argument("--repeats", type=int, default=None)
+    p.add_argument("--inner-steps", type=int, default=None, help="env steps per jitted call (lax.scan length)")
+    p.add_argument("--numpy-max-steps", type=int, default=None, help="cap on host-loop steps per measurement")
+    p.add_argument("--numpy-max-rooms", type=int, default=None, help="cap on host-generated rooms per measurement")
+    p.add_argument("--parse-tokens", type=int, default=None,
+                   help="pad the answer ids to this many tokens (the rollout parses forced + max_new tokens)")
+    p.add_argument("--no-resets", action="store_true", help="skip the Sokoban room generation timing")
+    p.add_argument("--out", default=str(RESULTS))
+    a = p.parse_args(argv)
+    envs = [e.strip() for e in a.envs.split(",") if e.strip()]
+    bad = [e for e in envs if e not in ENVS]
+    if bad:
+        p.error(f"unknown env(s) {', '.join(bad)}; valid: {', '.join(ENVS)}")
+    try:
+        batches = [int(b) for b in a.batches.split(",") if b.strip()]
+    except ValueError:
+        p.error(f"--batches must be comma-separated integers, got {a.batches!r}")
+    if not batches or min(batches) < 1:
+        p.error("--batches must list positive integers")
+    repeats = a.repeats or (1 if a.quick else 3)
+    inner = a.inner_steps or (4 if a.quick else 8)
+    np_steps = a.numpy_max_steps or (3000 if a.quick else 20000)
+    np_rooms = a.numpy_max_rooms or (50 if a.quick else 300)
+
+    from ragen_jax.tokenizer import load_tokenizer
+
+    tok = load_tokenizer()
+    rows, resets = [], []
+    for name in envs:
+        t0 = time.perf_counter()
+        setup = Setup(name, tok, a.parse_tokens)
+        setup_s = time.perf_counter() - t0
+        print(f"[{name}] TextEnv built in {setup_s:.1f} s", flush=True)
+        for b in batches:
+            r = bench_steps(setup, b, inner, repeats, np_steps)
+            r["text_env_build_s"] = setup_s
+            rows.append(r)
+            print(f"[{name}] batch {b}: compile {r['compile_s']:.1f} s, jax {_fmt(r['jax_steps_per_s'])} steps/s, "
+                  f"numpy {_fmt(r['numpy_steps_per_s'])} steps/s", flush=True)
+            if name in SOKOBAN_LIKE and not a.no_resets:
+                g = bench_resets(setup, b, repeats, np_rooms)
+                resets.append(g)
+                print(f"[{name}] batch {b}: resets compile {g['compile_s']:.1f} s, jax {_fmt(g['jax_rooms_per_s'])} "
+                      f"rooms/s, numpy {_fmt(g['numpy_rooms_per_s'])} rooms/s", flush=True)
+    print_table(rows, resets)
+    result = dict(
+        machine=machine(),
+        settings=dict(repeats=repeats, inner_steps=inner, numpy_max_steps=np_steps, numpy_max_rooms=np_rooms,
+                      quick=a.quick, parse_tokens=a.parse_tokens,
+                      step_definition="step_env + TextEnv.render_ids(next state) + TextEnv.parse(answer ids), "
+                                      "vmapped, lax.scan of inner_steps per jitted call; ended episodes restored",
+                      numpy_step_definition="tokenizer.decode(answer) + re parse + Python env step + segment text "
+                                            "+ tokenizer.encode, one env at a time",
+                      numpy_reset_definition="gym-sokoban-like host generator (DFS reverse play, depth 300, "
+                                             "4 tries) + RAGEN player jitter, bench/numpy_envs.py"),
+        steps=rows,
+        resets=resets,
+        reference_speeds_context_only=REFERENCE_SPEEDS,
+        timestamp_utc=time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+    )
+    out = Path(a.out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(result, indent=1))
+    print(f"\nwrote {out}")
+    return result
+
+
+if __name__ == "__main__":
+    main()

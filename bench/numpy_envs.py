@@ -1,0 +1,407 @@
+"""Plain-Python/numpy implementations of the environments and their text, for the throughput baseline.
+
+These are written from the reference's rules (RAGEN's envs on top of gym-sokoban / gymnasium, see
+docs/environments.md and the behaviour spec), NOT from the JAX code, so that tests can cross-check
+the two step by step. They are what a host-side agent loop does per env step:
+
+    env step (Python) -> state text -> conversation segment text -> tokenizer.encode(segment)
+    answer ids -> tokenizer.decode -> `re` parse -> action
+
+Randomness is drawn from a `random.Random` (the reference uses Python's `random` / numpy's RNG);
+`apply_*` functions take the realised draw as an argument so tests can feed the JAX env's draws.
+Only the reference's texts (Bandit state template) are imported, as data.
+"""
+
+from __future__ import annotations
+
+import random
+import re
+from typing import Optional, Sequence
+
+import numpy as np
+
+from envs_jax.bandit import STATE_TEMPLATE as BANDIT_TEMPLATE
+
+# ---------------------------------------------------------------------------------------------------
+# Conversation text (RAGEN ctx_manager wording; see ragen_jax/text/conversation.py for the JAX side)
+# ---------------------------------------------------------------------------------------------------
+THINK_FORMAT = "<think> [Your thoughts] </think> <answer> [your answer] </answer>"
+ANSWER_RE = re.compile(r"<think>(.*?)</think>\s*<answer>(.*?)</answer>", re.DOTALL)
+
+
+def reward_text(reward: float) -> str:
+    """A turn reward printed from a 0.01 grid (float32 cents, half-to-even, like the device)."""
+    cents = int(np.round(np.float32(reward) * np.float32(100.0)))
+    cents = min(max(cents, -10000), 10000)
+    sign = "-" if cents < 0 else ""
+    whole, frac = divmod(abs(cents), 100)
+    return f"{sign}{whole}" if frac == 0 else f"{sign}{whole}.{frac:02d}".rstrip("0")
+
+
+def segment_text(state_text: str, turn: int, actions_left: int, prev_reward: float, prev_closed: bool = True,
+                 max_words: int = 100) -> str:
+    """The text appended before assistant turn `turn` (think mode), as the host would build it."""
+    head = ""
+    if turn > 1:
+        head = ("" if prev_closed else "<|im_end|>") + f"\n<|im_start|>user\nReward:\n{reward_text(prev_reward)}\n\n"
+    return (f"{head}Turn {turn}:\nState:\n{state_text}\nYou have {actions_left} actions left. "
+            f"Always output: {THINK_FORMAT} with no extra text. Strictly follow this format. "
+            f"Max response length: {max_words} words (tokens).\n<|im_end|>\n<|im_start|>assistant\n<think>")
+
+
+def parse_answer(text: str, action_names: Sequence[str], max_actions: int = 5) -> list[int]:
+    """The reference's answer parse: regex, split on '||', strip, case-insensitive lookup."""
+    m = ANSWER_RE.search(text)
+    if m is None:
+        return []
+    lookup = {n.lower(): i for i, n in enumerate(action_names)}
+    pieces = [p.strip() for p in m.group(2).split("||") if p.strip()][:max_actions]
+    return [lookup[p.lower()] for p in pieces if p.lower() in lookup]
+
+
+# ---------------------------------------------------------------------------------------------------
+# Sokoban (gym-sokoban rules as RAGEN uses them)
+# ---------------------------------------------------------------------------------------------------
+SOKOBAN_ACTIONS = ("Up", "Down", "Left", "Right")
+SOKOBAN_MOVES = ((-1, 0), (1, 0), (0, -1), (0, 1))
+# wall, floor, target, box on target, box, player, player on target
+SOKOBAN_SYMBOLS = {"standard": "#_O√XPS", "new": "W.GCBA@"}
+
+
+class SokobanState:
+    """A room: layout as nested lists of bools; boxes as a list of (row, col) in box order."""
+
+    __slots__ = ("walls", "targets", "boxes", "player", "time", "done")
+
+    def __init__(self, walls, targets, boxes, player, time=0, done=False):
+        self.walls = [list(map(bool, r)) for r in walls]
+        self.targets = [list(map(bool, r)) for r in targets]
+        self.boxes = [tuple(b) for b in boxes]
+        self.player = tuple(player)
+        self.time, self.done = int(time), bool(done)
+
+    def copy(self) -> "SokobanState":
+        s = SokobanState.__new__(SokobanState)
+        s.walls, s.targets, s.boxes = self.walls, self.targets, list(self.boxes)
+        s.player, s.time, s.done = self.player, self.time, self.done
+        return s
+
+
+class NpSokoban:
+    def __init__(self, num_boxes: int = 1, max_steps: int = 10, symbols: str = "standard"):
+        self.num_boxes, self.max_steps = num_boxes, max_steps
+        self.symbols = SOKOBAN_SYMBOLS[symbols]
+        self.action_names = SOKOBAN_ACTIONS
+
+    def on_target(self, s: SokobanState) -> int:
+        return sum(1 for (r, c) in s.boxes if s.targets[r][c])
+
+    def step(self, s: SokobanState, action: int, rng: Optional[random.Random] = None):
+        """-> (state, reward, done, info); the state is updated in place."""
+        if s.done:
+            return s, 0.0, s.done, {"action_is_effective": False, "success": self.on_target(s) == self.num_boxes}
+        dr, dc = SOKOBAN_MOVES[action]
+        pr, pc = s.player
+        nxt, beyond = (pr + dr, pc + dc), (pr + 2 * dr, pc + 2 * dc)
+        before = self.on_target(s)
+        moved = False
+        if not s.walls[nxt[0]][nxt[1]]:
+            if nxt in s.boxes:
+                if not s.walls[beyond[0]][beyond[1]] and beyond not in s.boxes:
+                    s.boxes[s.boxes.index(nxt)] = beyond
+                    moved = True
+            else:
+                moved = True
+        if moved:
+            s.player = nxt
+        after = self.on_target(s)
+        solved = after == self.num_boxes
+        reward = -0.1 + (1.0 if after > before else 0.0) - (1.0 if after < before else 0.0) + (10.0 if solved else 0.0)
+        s.time += 1
+        s.done = solved or s.time >= self.max_steps
+        return s, reward, s.done, {"action_is_effective": moved, "success": solved}
+
+    def render(self, s: SokobanState) -> str:
+        sym = self.symbols
+        rows = []
+        for r, (wrow, trow) in enumerate(zip(s.walls, s.targets)):
+            line = []
+            for c, (w, t) in enumerate(zip(wrow, trow)):
+                if (r, c) == s.player:
+                    line.append(sym[6] if t else sym[5])
+                elif (r, c) in s.boxes:
+                    line.append(sym[3] if t else sym[4])
+                elif w:
+                    line.append(sym[0])
+                else:
+                    line.append(sym[2] if t else sym[1])
+            rows.append("".join(line))
+        return "\n".join(rows)
+
+
+# ---- reference-like room generator (gym-sokoban generate_room + RAGEN's player jitter) ----------------
+_MASKS = (
+    ((0, 0, 0), (1, 1, 1), (0, 0, 0)),
+    ((0, 1, 0), (0, 1, 0), (0, 1, 0)),
+    ((0, 0, 0), (1, 1, 0), (0, 1, 0)),
+    ((0, 0, 0), (1, 1, 0), (1, 1, 0)),
+    ((0, 0, 0), (0, 1, 1), (0, 1, 0)),
+)
+_WALK = ((1, 0), (0, 1), (-1, 0), (0, -1))
+
+
+def _topology(rng: random.Random, h: int, w: int, num_steps: int, p_change: float) -> np.ndarray:
+    level = np.zeros((h, w), bool)
+    direction = rng.choice(_WALK)
+    pos = [rng.randint(1, h - 1), rng.randint(1, w - 1)]
+    for _ in range(num_steps):
+        if rng.random() < p_change:
+            direction = rng.choice(_WALK)
+        pos = [max(min(pos[0] + direction[0], h - 2), 1), max(min(pos[1] + direction[1], w - 2), 1)]
+        level[pos[0] - 1:pos[0] + 2, pos[1] - 1:pos[1] + 2] |= np.array(rng.choice(_MASKS), bool)
+    level[[0, -1], :] = False
+    level[:, [0, -1]] = False
+    return level
+
+
+class _ReverseSearch:
+    """gym-sokoban's reverse_playing: DFS over pull moves keeping the best-scoring state.
+
+    Score = box_swaps x sum of Manhattan box displacements, 0 unless every target is uncovered
+    (neither a box nor the player on it). Visited states are skipped (set of (player, boxes)).
+    """
+
+    def __init__(self, floor, targets, max_depth: int, max_states: int = 300_000):
+        self.floor, self.targets = floor, targets
+        self.max_depth, self.max_states = max_depth, max_states
+        self.seen: set = set()
+        self.best = (-1, None, None)
+
+    def score(self, player, boxes, swaps):
+        covered = player in self.targets or any(b in self.targets for b in boxes)
+        if covered:
+            return 0
+        return swaps * sum(abs(b[0] - t[0]) + abs(b[1] - t[1]) for b, t in zip(boxes, self.targets))
+
+    def run(self, player, boxes):
+        stack = [(player, tuple(boxes), 0, -1, self.max_depth)]
+        # Iterative DFS in the recursion's order (actions pushed in reverse so action 0 runs first).
+        while stack:
+            player, boxes, swaps, last, ttl = stack.pop()
+            ttl -= 1
+            if ttl <= 0 or len(self.seen) >= self.max_states:
+                continue
+            key = (player, boxes)
+            if key in self.seen:
+                continue
+            self.seen.add(key)
+            s = self.score(player, boxes, swaps)
+            if s > self.best[0]:
+                self.best = (s, player, boxes)
+            for action in range(7, -1, -1):  # 0-3 move+pull, 4-7 move only
+                dr, dc = SOKOBAN_MOVES[action % 4]
+                nxt = (player[0] + dr, player[1] + dc)
+                if not self.floor[nxt] or nxt in boxes:
+                    continue
+                new_boxes, pulled = boxes, last
+                if action < 4:
+                    behind = (player[0] - dr, player[1] - dc)
+                    if behind in boxes:
+                        i = boxes.index(behind)
+                        new_boxes = boxes[:i] + (player,) + boxes[i + 1:]
+                        pulled = i
+                # gym-sokoban passes the OLD last_pull down the recursion (its quirk, kept).
+                stack.append((nxt, new_boxes, swaps + (pulled != last), last, ttl))
+        return self.best
+
+
+def generate_sokoban_room(rng: random.Random, dim_room=(6, 6), num_boxes: int = 1, search_depth: int = 300,
+                          tries: int = 4, p_change: float = 0.35) -> SokobanState:
+    """A solvable room by the reference's method (host-side): topology, placement, reverse search, jitter."""
+    h, w = dim_room
+    num_steps = int(1.7 * (h + w))
+    for _ in range(tries):
+        floor = _topology(rng, h, w, num_steps, p_change)
+        cells = [tuple(x) for x in np.argwhere(floor)]
+        if len(cells) <= num_boxes + 1:
+            continue
+        chosen = rng.sample(cells, num_boxes + 1)
+        player, targets = chosen[0], chosen[1:]
+        score, p, boxes = _ReverseSearch(floor, targets, search_depth).run(player, targets)
+        if score > 0:
+            break
+    else:
+        raise RuntimeError("room generation failed: every try scored 0")
+    # RAGEN's add_random_player_movement: up to 3 non-pushing moves to unvisited free cells.
+    disp = sum(abs(b[0] - t[0]) + abs(b[1] - t[1]) for b, t in zip(boxes, targets))
+    if rng.random() <= (0.8 if disp == 1 else 0.5):
+        visited = [p]
+        for _ in range(3):
+            options = [(p[0] + dr, p[1] + dc) for dr, dc in SOKOBAN_MOVES]
+            options = [q for q in options if floor[q] and q not in boxes and q not in visited]
+            if not options:
+                break
+            p = rng.choice(options)
+            visited.append(p)
+            if rng.random() > 0.5:
+                break
+    tgrid = np.zeros((h, w), bool)
+    for t in targets:
+        tgrid[t] = True
+    return SokobanState(~floor, tgrid, boxes, p)
+
+
+def sokoban_from_jax(state) -> SokobanState:
+    """One (unbatched) envs_jax SokobanState -> SokobanState (flat cells -> (row, col))."""
+    walls = np.asarray(state.walls)
+    w = walls.shape[1]
+    boxes = [divmod(int(b), w) for b in np.asarray(state.boxes)]
+    return SokobanState(walls, np.asarray(state.targets), boxes, divmod(int(state.player), w),
+                        int(state.time), bool(state.done))
+
+
+# ---------------------------------------------------------------------------------------------------
+# FrozenLake (gymnasium FrozenLake-v1, slippery, RAGEN's random start/goal)
+# ---------------------------------------------------------------------------------------------------
+FROZEN_LAKE_ACTIONS = ("Left", "Down", "Right", "Up")
+_FL_MOVES = ((0, -1), (1, 0), (0, 1), (-1, 0))
+
+
+class FrozenLakeState:
+    __slots__ = ("holes", "start", "goal", "pos", "time", "done")
+
+    def __init__(self, holes, start, goal, pos=None, time=0, done=False):
+        self.holes = [list(map(bool, r)) for r in holes]
+        self.start, self.goal = tuple(start), tuple(goal)
+        self.pos = self.start if pos is None else tuple(pos)
+        self.time, self.done = int(time), bool(done)
+
+    def copy(self) -> "FrozenLakeState":
+        s = FrozenLakeState.__new__(FrozenLakeState)
+        s.holes, s.start, s.goal, s.pos, s.time, s.done = self.holes, self.start, self.goal, self.pos, self.time, self.done
+        return s
+
+
+class NpFrozenLake:
+    def __init__(self, slip: float = 2.0 / 3.0, max_steps: int = 10):
+        self.slip, self.max_steps = slip, max_steps
+        self.action_names = FROZEN_LAKE_ACTIONS
+
+    def realised_direction(self, action: int, u: float) -> int:
+        """The slippery draw: intended w.p. 1-slip, else one of the two perpendicular directions."""
+        if u < 1.0 - self.slip:
+            return action
+        return (action - 1) % 4 if u < 1.0 - self.slip / 2.0 else (action + 1) % 4
+
+    def step(self, s: FrozenLakeState, action: int, rng: random.Random):
+        return self.apply_direction(s, self.realised_direction(action, rng.random()))
+
+    def apply_direction(self, s: FrozenLakeState, direction: int):
+        if s.done:
+            return s, 0.0, True, {"action_is_effective": False, "success": s.pos == s.goal}
+        n = len(s.holes)
+        dr, dc = _FL_MOVES[direction]
+        r, c = s.pos
+        new = (min(max(r + dr, 0), n - 1), min(max(c + dc, 0), n - 1))
+        moved = new != s.pos
+        s.pos = new
+        on_goal = new == s.goal
+        s.time += 1
+        s.done = on_goal or s.holes[new[0]][new[1]] or s.time >= self.max_steps
+        return s, float(on_goal), s.done, {"action_is_effective": moved, "success": on_goal}
+
+    def render(self, s: FrozenLakeState) -> str:
+        rows = []
+        for r, hrow in enumerate(s.holes):
+            line = []
+            for c, hole in enumerate(hrow):
+                if (r, c) == s.pos:
+                    line.append("√" if s.pos == s.goal else "X" if hole else "P")
+                elif (r, c) == s.goal:
+                    line.append("G")
+                else:
+                    line.append("O" if hole else "_")
+            rows.append("".join(line))
+        return "\n".join(rows)
+
+
+def frozen_lake_from_jax(state) -> FrozenLakeState:
+    hole = np.asarray(state.hole)
+    n = hole.shape[0]
+    return FrozenLakeState(hole, divmod(int(state.start), n), divmod(int(state.goal), n),
+                           divmod(int(state.pos), n), int(state.time), bool(state.done))
+
+
+# ---------------------------------------------------------------------------------------------------
+# Bi-arm Bandit
+# ---------------------------------------------------------------------------------------------------
+class BanditState:
+    __slots__ = ("high_first", "arm", "time", "done")
+
+    def __init__(self, high_first, arm=-1, time=0, done=False):
+        self.high_first, self.arm, self.time, self.done = bool(high_first), int(arm), int(time), bool(done)
+
+    def copy(self) -> "BanditState":
+        return BanditState(self.high_first, self.arm, self.time, self.done)
+
+
+class NpBandit:
+    def __init__(self, low_name="Phoenix", high_name="Dragon", low_reward=0.1, high_reward=1.0,
+                 high_fail_reward=0.0, high_prob=0.25, max_steps: int = 1):
+        self.low_name, self.high_name = low_name, high_name
+        self.low_reward, self.high_reward, self.high_fail_reward = low_reward, high_reward, high_fail_reward
+        self.high_prob, self.max_steps = high_prob, max_steps
+        self.action_names = (low_name, high_name)
+
+    def step(self, s: BanditState, action: int, rng: random.Random):
+        return self.apply_draw(s, action, rng.random() < self.high_prob)
+
+    def apply_draw(self, s: BanditState, action: int, jackpot: bool):
+        if s.done:
+            return s, 0.0, True, {"action_is_effective": False, "success": s.arm == 1}
+        s.arm = 1 if action >= 1 else 0
+        if s.arm == 1:
+            reward = self.high_reward if jackpot else self.high_fail_reward
+        else:
+            reward = self.low_reward
+        s.time += 1
+        s.done = True
+        return s, reward, True, {"action_is_effective": True, "success": s.arm == 1}
+
+    def render(self, s: BanditState) -> str:
+        a, b = (self.high_name, self.low_name) if s.high_first else (self.low_name, self.high_name)
+        return BANDIT_TEMPLATE.format(name_a=a, name_b=b)
+
+
+def bandit_from_jax(state) -> BanditState:
+    return BanditState(bool(state.high_first), int(state.arm), int(state.time), bool(state.done))
+
+
+# ---------------------------------------------------------------------------------------------------
+# The host-side agent step the benchmark times
+# ---------------------------------------------------------------------------------------------------
+def host_steps(env, states: list, answers: Sequence[Sequence[int]], tokenizer, num_steps: int,
+               rng: random.Random, max_turns: int = 5) -> int:
+    """Run `num_steps` env steps round-robin over `states` (updated in place); returns a checksum.
+
+    One step: decode a randomly chosen answer's ids, regex-parse it, execute its first action,
+    restore the episode's initial state when it ended (so every step is a live one, as on the
+    JAX side), render the next segment text and tokenize it.
+    """
+    inits = [s.copy() for s in states]
+    names, max_steps = env.action_names, env.max_steps
+    checksum = 0
+    b = len(states)
+    for i in range(num_steps):
+        j = i % b
+        s = states[j]
+        text = tokenizer.decode(answers[rng.randrange(len(answers))])
+        actions = parse_answer(text, names)
+        s, reward, done, _ = env.step(s, actions[0] if actions else 0, rng)
+        if done:
+            s = inits[j].copy()
+        states[j] = s
+        turn = min(s.time + 1, max_turns)
+        seg = segment_text(env.render(s), turn, max_steps - s.time, reward)
+        checksum += len(tokenizer.encode(seg, add_special_tokens=False))
+    return checksum
