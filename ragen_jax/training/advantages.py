@@ -48,6 +48,10 @@ def group_std(x: jax.Array, ddof: int = 1) -> jax.Array:
     n = x.shape[-1]
     if n == 1:
         return jnp.zeros(x.shape[:-1], x.dtype)
+    # Shift by the first element (std is shift-invariant): a group of equal rewards then has std
+    # exactly 0 (a float32 mean of three -0.1 is not -0.1, which would leave a spurious ~1e-8 std
+    # that ranks such groups above all-zero ones in the filter).
+    x = x - x[..., :1]
     mean = jnp.mean(x, axis=-1, keepdims=True)
     return jnp.sqrt(jnp.sum(jnp.square(x - mean), axis=-1) / (n - ddof))
 
