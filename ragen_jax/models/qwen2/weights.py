@@ -17,11 +17,13 @@ import jax.numpy as jnp
 import ml_dtypes
 import numpy as np
 from flax import nnx
+from jax.sharding import Mesh
 from safetensors import safe_open
 from safetensors.numpy import save_file
 
 from ragen_jax.models.qwen2.config import Qwen2Config
 from ragen_jax.models.qwen2.model import Qwen2
+from ragen_jax.models.qwen2.sharding import DEFAULT_RULES, param_shardings
 
 CONFIG_FILE = "config.json"
 SINGLE_FILE = "model.safetensors"
@@ -115,9 +117,19 @@ def _weight_files(path: str) -> dict[str, str]:
     raise FileNotFoundError(f"{path}: no weights found (expected {SINGLE_FILE} or {INDEX_FILE})")
 
 
-def from_pretrained(path: str, dtype: str | None = None, param_dtype: str | None = None) -> Qwen2:
+def from_pretrained(
+    path: str,
+    dtype: str | None = None,
+    param_dtype: str | None = None,
+    mesh: Mesh | None = None,
+    rules=None,
+) -> Qwen2:
     """Load a Qwen2ForCausalLM directory. `dtype`: compute dtype (default float32); `param_dtype`:
-    storage dtype (default: same as `dtype`). bf16 checkpoints load as is (no torch)."""
+    storage dtype (default: same as `dtype`). bf16 checkpoints load as is (no torch).
+
+    With `mesh`, every parameter is placed directly with its `param_shardings(..., mesh, rules)`
+    sharding (each device receives only its shard; works across hosts), so a model larger than one
+    device's memory can be loaded."""
     dtype = dtype or "float32"
     cfg = read_config(path, dtype=dtype, param_dtype=param_dtype or dtype)
     files = _weight_files(path)
@@ -127,6 +139,14 @@ def from_pretrained(path: str, dtype: str | None = None, param_dtype: str | None
     abstract = nnx.eval_shape(lambda: Qwen2(cfg, nnx.Rngs(0)))
     graphdef, state = nnx.split(abstract)
     params = state.to_pure_dict()
+    shardings = None
+    if mesh is not None:
+        shardings = param_shardings(params, mesh, rules if rules is not None else DEFAULT_RULES)
+
+    def place(spec: WeightSpec, value: np.ndarray):
+        if shardings is None:
+            return jnp.asarray(value)
+        return jax.make_array_from_callback(value.shape, _get(shardings, spec.path), lambda idx: value[idx])
 
     handles: dict[str, object] = {}
 
@@ -156,7 +176,7 @@ def from_pretrained(path: str, dtype: str | None = None, param_dtype: str | None
                     )
                 arrays.append(a.T if spec.transpose else a)
             value = np.stack(arrays) if spec.per_layer else arrays[0]
-            _set(params, spec.path, jnp.asarray(value.astype(pdt, copy=False)))
+            _set(params, spec.path, place(spec, value.astype(pdt, copy=False)))
     finally:
         handles.clear()
 

@@ -79,3 +79,15 @@ def test_sharded_forward_equals_unsharded(mesh):
     cache = jax.device_put(cache, cache_sharding(cache, mesh))
     got_c, cache = logits_step(g, ps, ids_s, valid_s, cache)
     np.testing.assert_allclose(np.asarray(got_c)[valid], want[valid], rtol=0, atol=1e-5)
+
+
+def test_from_pretrained_places_params_on_the_mesh(mesh):
+    plain = from_pretrained(fixture_dir("tied"))
+    placed = from_pretrained(fixture_dir("tied"), mesh=mesh)
+    want = param_shardings(nnx.state(plain, nnx.Param), mesh)
+    got_leaves = jax.tree.leaves(nnx.state(placed, nnx.Param))
+    for a, b, s in zip(jax.tree.leaves(nnx.state(plain, nnx.Param)), got_leaves, jax.tree.leaves(want)):
+        assert b.sharding == s
+        np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
+    emb = placed.model.embed_tokens.embedding[...]
+    assert emb.sharding.spec == P("tensor", "fsdp") and emb.addressable_shards[0].data.shape == (128, 32)
