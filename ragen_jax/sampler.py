@@ -109,32 +109,163 @@ def prefill(model, cache, tokens: jax.Array, valid: jax.Array):
 
 # --------------------------------------------------------------------------------------------------
 # sampling
+#
+# Greedy and plain temperature sampling never materialise [B, V] logits inside the decode loop: the
+# vocabulary head is evaluated chunk by chunk (a [B, C1] block stays in cache) and reduced on the
+# fly to a running max / first argmax and to the log-mass of every C2-wide sub-chunk. A sample is
+# then drawn exactly by inverse CDF in two levels: a sub-chunk from the sub-chunk masses, then a
+# token inside it from C2 recomputed logits. This costs one uniform per level per row instead of
+# V Gumbel draws, and no full-vocabulary argmax (XLA:CPU's variadic argmax reduce is ~10x slower
+# than max). top-k / top-p need the whole distribution and use materialised logits.
+
+_C2 = 128  # sub-chunk width (divides 151,936 and 152,064)
+_CHUNK_BYTES = 1 << 20  # target size of one f32 [B, C1] logits block
+
+
+class _LogitsSource:
+    """Logits of one batch of positions, evaluated lazily: `chunk(start, n)` -> [B, n] and
+    `rows(idx [B, k])` -> [B, k] float32 (raw, before temperature)."""
+
+    def __init__(self, chunk, rows, batch: int, vocab: int):
+        self.chunk, self.rows, self.batch, self.vocab = chunk, rows, batch, vocab
+
+    @classmethod
+    def from_logits(cls, logits):
+        logits = logits.astype(jnp.float32)
+        return cls(
+            lambda s, n: jax.lax.dynamic_slice_in_dim(logits, s, n, axis=1),
+            lambda idx: jnp.take_along_axis(logits, idx, axis=1),
+            logits.shape[0],
+            logits.shape[1],
+        )
+
+    @classmethod
+    def from_head(cls, hidden, weight, vocab_major: bool):
+        """hidden [B,H] against the head matrix ([V,H] if vocab_major else [H,V]), like Qwen2.logits."""
+        w_dtype = hidden.dtype
+        if vocab_major:
+
+            def chunk(s, n):
+                w = jax.lax.dynamic_slice_in_dim(weight, s, n, axis=0).astype(w_dtype)
+                return jnp.einsum("bh,vh->bv", hidden, w, preferred_element_type=jnp.float32)
+
+            def rows(idx):
+                return jnp.einsum("bh,bkh->bk", hidden, weight[idx].astype(w_dtype), preferred_element_type=jnp.float32)
+
+            vocab = weight.shape[0]
+        else:
+
+            def chunk(s, n):
+                w = jax.lax.dynamic_slice_in_dim(weight, s, n, axis=1).astype(w_dtype)
+                return jnp.einsum("bh,hv->bv", hidden, w, preferred_element_type=jnp.float32)
+
+            def rows(idx):
+                w = jnp.take(weight, idx, axis=1).astype(w_dtype)  # [H, B, k]
+                return jnp.einsum("bh,hbk->bk", hidden, w, preferred_element_type=jnp.float32)
+
+            vocab = weight.shape[1]
+        return cls(chunk, rows, hidden.shape[0], vocab)
+
+
+def _chunk_sizes(batch: int, vocab: int, c1: int | None, c2: int | None):
+    if c2 is None:
+        c2 = next(c for c in (_C2, 64, 32, 16, 8, 4, 2, 1) if vocab % c == 0)
+    if vocab % c2:
+        raise ValueError(f"sub-chunk {c2} must divide the vocabulary size {vocab}")
+    if c1 is None:
+        c1 = max(c2, (_CHUNK_BYTES // (4 * batch)) // c2 * c2)
+    c1 = min(c1, vocab // c2 * c2)
+    if c1 % c2:
+        raise ValueError(f"chunk {c1} must be a multiple of the sub-chunk {c2}")
+    return c1, c2
+
+
+def _select(src: _LogitsSource, key, temperature, *, greedy: bool, c1: int | None = None, c2: int | None = None):
+    """Greedy or exact categorical choice from softmax(logits / temperature); (token, logprob)."""
+    b, v = src.batch, src.vocab
+    c1, c2 = _chunk_sizes(b, v, c1, c2)
+    n_chunks = -(-v // c1)
+    n_sub = v // c2
+    neg_inf = jnp.float32(-jnp.inf)
+
+    def body(i, carry):
+        best, best_idx, sub_lse = carry
+        # The last chunk is shifted left to stay in bounds (so V need not be a multiple of C1);
+        # its part that an earlier chunk already covered is masked out.
+        start = jnp.minimum(i * c1, v - c1)
+        pos = start + jnp.arange(c1, dtype=jnp.int32)
+        x = src.chunk(start, c1) / temperature
+        x = jnp.where(pos[None, :] >= i * c1, x, neg_inf)
+        cmax = jnp.max(x, axis=1)
+        cidx = jnp.min(jnp.where(x == cmax[:, None], pos[None, :], v), axis=1)
+        better = cmax > best  # strict: the earliest maximum wins, like jnp.argmax
+        best_idx = jnp.where(better, cidx, best_idx)
+        best = jnp.maximum(best, cmax)
+        xs = x.reshape(b, c1 // c2, c2)
+        smax = jnp.max(xs, axis=2)
+        safe = jnp.where(jnp.isfinite(smax), smax, 0.0)
+        lse = safe + jnp.log(jnp.sum(jnp.exp(xs - safe[:, :, None]), axis=2))
+        old = jax.lax.dynamic_slice_in_dim(sub_lse, start // c2, c1 // c2, axis=1)
+        sub_lse = jax.lax.dynamic_update_slice_in_dim(sub_lse, jnp.logaddexp(old, lse), start // c2, axis=1)
+        return best, best_idx, sub_lse
+
+    init = (jnp.full((b,), neg_inf), jnp.zeros((b,), jnp.int32), jnp.full((b, n_sub), neg_inf))
+    best, best_idx, sub_lse = jax.lax.fori_loop(0, n_chunks, body, init)
+    total = jax.nn.logsumexp(sub_lse, axis=1)
+    if greedy:
+        return best_idx, (best - total).astype(jnp.float32)
+    k1, k2 = jax.random.split(key)
+    tiny = jnp.finfo(jnp.float32).tiny
+    u1 = jax.random.uniform(k1, (b, 1), minval=tiny)
+    u2 = jax.random.uniform(k2, (b, 1), minval=tiny)
+    cdf = jnp.cumsum(jnp.exp(sub_lse - total[:, None]), axis=1)
+    j = jnp.minimum(jnp.sum(cdf < u1 * cdf[:, -1:], axis=1), n_sub - 1)
+    idx = j[:, None] * c2 + jnp.arange(c2, dtype=jnp.int32)[None, :]
+    x = src.rows(idx) / temperature
+    cdf = jnp.cumsum(jnp.exp(x - total[:, None]), axis=1)
+    k = jnp.minimum(jnp.sum(cdf < u2 * cdf[:, -1:], axis=1), c2 - 1)
+    tok = jnp.take_along_axis(idx, k[:, None], axis=1)[:, 0]
+    logp = jnp.take_along_axis(x, k[:, None], axis=1)[:, 0] - total
+    return tok.astype(jnp.int32), logp.astype(jnp.float32)
 
 
 def _sample(logits, key, temperature, top_p, *, greedy: bool, top_k: int, use_top_p: bool):
     """One token per row from [B,V] logits; returns (token [B] int32, logprob [B] f32)."""
-    scaled = logits / temperature
-    if greedy:
-        tok = jnp.argmax(logits, axis=-1)
-    elif top_k > 0:
+    if greedy or (top_k == 0 and not use_top_p):
+        return _select(_LogitsSource.from_logits(logits), key, temperature, greedy=greedy)
+    scaled = logits.astype(jnp.float32) / temperature
+    if top_k > 0:
         # lax.top_k is O(V) per row instead of a full-vocabulary sort.
         vals, idx = jax.lax.top_k(scaled, top_k)  # sorted descending
         if use_top_p:
             vals = _nucleus_mask(vals, top_p)
         choice = jax.random.categorical(key, vals, axis=-1)
         tok = jnp.take_along_axis(idx, choice[:, None], axis=-1)[:, 0]
-    elif use_top_p:
+    else:
         order = jnp.argsort(-scaled, axis=-1)
         vals = _nucleus_mask(jnp.take_along_axis(scaled, order, axis=-1), top_p)
         choice = jax.random.categorical(key, vals, axis=-1)
         tok = jnp.take_along_axis(order, choice[:, None], axis=-1)[:, 0]
-    else:
-        tok = jax.random.categorical(key, scaled, axis=-1)
     tok = tok.astype(jnp.int32)
     # log_softmax at one index: x[tok] - logsumexp(x), without materialising [B,V] log-probs.
     lse = jax.nn.logsumexp(scaled, axis=-1)
     logp = jnp.take_along_axis(scaled, tok[:, None], axis=-1)[:, 0] - lse
     return tok, logp.astype(jnp.float32)
+
+
+def _head_weight(model):
+    """(weight, vocab_major) of a ragen_jax Qwen2's output head, or None for other models.
+
+    Reaching into the module lets decode fuse the head with sampling (see above); any other model
+    falls back to `model.logits`, which is correct but materialises [B, V] every step.
+    """
+    cfg = getattr(model, "cfg", None)
+    try:
+        if cfg.tie_word_embeddings:
+            return model.model.embed_tokens.embedding[...], True
+        return model.lm_head.kernel[...], False
+    except AttributeError:
+        return None
 
 
 def _nucleus_mask(sorted_vals, top_p):
@@ -190,9 +321,10 @@ def _stop_string_step(window, tok, stop: StopTable):
 
 @flax.struct.dataclass
 class _Carry:
-    step: jax.Array
+    step: jax.Array  # tokens sampled so far (global step; a row samples at a prefix of the steps)
     cache: Any
-    logits: jax.Array
+    pending: jax.Array  # [B] bool: the row's last sampled token is not yet in the cache
+    last: jax.Array  # [B] int32: that token
     done: jax.Array
     lengths: jax.Array
     tokens: jax.Array
@@ -230,8 +362,9 @@ def decode(
         When off (and top_k == 0) the vocabulary is never sorted.
     stop_table: from `make_stop_table`; None disables stop strings.
     Every sampled token, including the stop token, is written to the cache, so the next segment can be
-    appended with `prefill` directly. The loop ends as soon as every row has stopped.
-    Step t uses `fold_in(key, t)`: results are a deterministic function of `key`.
+    appended with `prefill` directly (one model call per generated token, no extra one).
+    The loop ends as soon as every row has stopped.
+    Step t draws with `fold_in(key, t)`: results are a deterministic function of `key`.
     """
     b = first_logits.shape[0]
     n = int(max_new_tokens)
@@ -245,6 +378,7 @@ def decode(
             use_top_p = float(top_p) < 1.0
         except jax.errors.ConcretizationTypeError:
             raise ValueError("top_p is traced: pass use_top_p=True/False explicitly") from None
+    use_top_p = bool(use_top_p) and not greedy
     stop_ids = tuple(int(s) for s in stop_ids)
     if budget is None:
         budget = jnp.full((b,), n, jnp.int32)
@@ -255,33 +389,27 @@ def decode(
     top_p = jnp.asarray(top_p, jnp.float32)
     stop_arr = jnp.asarray(stop_ids, jnp.int32) if stop_ids else None
     w = stop_table.patterns.shape[1] - 1 if stop_table is not None else 0
+    head = None if (top_k or use_top_p) else _head_weight(model)
 
-    sample = functools.partial(_sample, greedy=greedy, top_k=top_k, use_top_p=bool(use_top_p))
+    def sample_logits(logits, step):
+        return _sample(logits, jax.random.fold_in(key, step), temperature, top_p, greedy=greedy, top_k=top_k, use_top_p=use_top_p)
 
-    init = _Carry(
-        step=jnp.zeros((), jnp.int32),
-        cache=cache,
-        logits=first_logits.astype(jnp.float32),
-        done=~active | (budget <= 0),
-        lengths=jnp.zeros((b,), jnp.int32),
-        tokens=jnp.full((b, n), pad_id, jnp.int32),
-        logprobs=jnp.zeros((b, n), jnp.float32),
-        stopped_by=jnp.full((b,), STOP_NONE, jnp.int32),
-        window=jnp.full((b, w), _NO_BYTE, jnp.int32),
-    )
+    def sample_hidden(hidden, step):
+        if head is None:
+            return sample_logits(model.logits(hidden[:, None])[:, 0], step)
+        src = _LogitsSource.from_head(hidden, *head)
+        return _select(src, jax.random.fold_in(key, step), temperature, greedy=greedy)
 
-    def cond(c: _Carry):
-        return (c.step < n) & ~jnp.all(c.done)
-
-    def body(c: _Carry):
+    def record(c: _Carry, tok, logp) -> _Carry:
+        """Store the token each unfinished row sampled at step `c.step`; apply the stop rules."""
         live = ~c.done
-        tok, logp = sample(c.logits, jax.random.fold_in(key, c.step), temperature, top_p)
-        out_tok = jnp.where(live, tok, pad_id)
-        tokens = jax.lax.dynamic_update_slice(c.tokens, out_tok[:, None], (0, c.step))
+        tokens = jax.lax.dynamic_update_slice(c.tokens, jnp.where(live, tok, pad_id)[:, None], (0, c.step))
         logprobs = jax.lax.dynamic_update_slice(c.logprobs, jnp.where(live, logp, 0.0)[:, None], (0, c.step))
         lengths = c.lengths + live.astype(jnp.int32)
-
-        hit_eos = live & jnp.any(tok[:, None] == stop_arr[None, :], axis=1) if stop_ids else jnp.zeros_like(live)
+        if stop_ids:
+            hit_eos = live & jnp.any(tok[:, None] == stop_arr[None, :], axis=1)
+        else:
+            hit_eos = jnp.zeros_like(live)
         window = c.window
         if stop_table is not None:
             window, hit_str = _stop_string_step(c.window, tok, stop_table)
@@ -290,31 +418,53 @@ def decode(
         else:
             hit_str = jnp.zeros_like(live)
         hit_budget = live & (lengths >= budget)
-        code = jnp.where(hit_eos, STOP_EOS, jnp.where(hit_str, STOP_STRING, STOP_BUDGET))
         finished = hit_eos | hit_str | hit_budget
-        stopped_by = jnp.where(finished, code, c.stopped_by)
-
-        # Feed the token to every row that produced one (stop token included, so the cache holds the
-        # whole response); rows already done feed an in-range dummy with valid=False.
-        feed = jnp.where(live, tok, 0)[:, None]
-        hidden, cache = model(feed, live[:, None], c.cache)
-        logits = model.logits(hidden)[:, 0].astype(jnp.float32)
-        return _Carry(
+        code = jnp.where(hit_eos, STOP_EOS, jnp.where(hit_str, STOP_STRING, STOP_BUDGET))
+        return c.replace(
             step=c.step + 1,
-            cache=cache,
-            logits=logits,
+            pending=live,
+            last=jnp.where(live, tok, 0),  # rows not pending feed an in-range dummy with valid=False
             done=c.done | finished,
             lengths=lengths,
             tokens=tokens,
             logprobs=logprobs,
-            stopped_by=stopped_by,
+            stopped_by=jnp.where(finished, code, c.stopped_by),
             window=window,
         )
 
-    final = jax.lax.while_loop(cond, body, init)
+    init = _Carry(
+        step=jnp.zeros((), jnp.int32),
+        cache=cache,
+        pending=jnp.zeros((b,), bool),
+        last=jnp.zeros((b,), jnp.int32),
+        done=~active | (budget <= 0),
+        lengths=jnp.zeros((b,), jnp.int32),
+        # One spare column: the last, feed-only iteration records (nothing) at step n.
+        tokens=jnp.full((b, n + 1), pad_id, jnp.int32),
+        logprobs=jnp.zeros((b, n + 1), jnp.float32),
+        stopped_by=jnp.full((b,), STOP_NONE, jnp.int32),
+        window=jnp.full((b, w), _NO_BYTE, jnp.int32),
+    )
+    # Step 0 samples from the prefill logits; each loop iteration feeds the pending tokens (so the
+    # cache ends up holding every sampled token) and samples the next step from their hidden states.
+    init = record(init, *sample_logits(first_logits, 0))
+
+    def body(c: _Carry):
+        hidden, cache = model(c.last[:, None], c.pending[:, None], c.cache)
+        c = c.replace(cache=cache)
+        # The final iteration only feeds: skip the vocabulary head when no row samples.
+        tok, logp = jax.lax.cond(
+            jnp.all(c.done),
+            lambda h: (jnp.zeros((b,), jnp.int32), jnp.zeros((b,), jnp.float32)),
+            lambda h: sample_hidden(h, c.step),
+            hidden[:, 0],
+        )
+        return record(c, tok, logp)
+
+    final = jax.lax.while_loop(lambda c: jnp.any(c.pending), body, init)
     return SampleOutput(
-        tokens=final.tokens,
-        logprobs=final.logprobs,
+        tokens=final.tokens[:, :n],
+        logprobs=final.logprobs[:, :n],
         lengths=final.lengths,
         cache=final.cache,
         stopped_by=final.stopped_by,
