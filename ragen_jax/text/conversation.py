@@ -33,6 +33,7 @@ FORMAT_THINK = "<think> [Your thoughts] </think> <answer> [your answer] </answer
 FORMAT_NO_THINK = "<answer> [your answer] </answer>"
 FORCED_THINK = "<think>"
 FORCED_ANSWER = "<answer>"
+MAX_REWARD_SPAN = 2000.0
 
 
 @dataclasses.dataclass(frozen=True)
@@ -97,6 +98,10 @@ class PromptConfig:
         if not self.reward_min < self.reward_max:
             raise ValueError(
                 f"PromptConfig.reward_min ({self.reward_min}) must be below reward_max ({self.reward_max})")
+        if self.reward_max - self.reward_min > MAX_REWARD_SPAN:
+            # One table entry per printable cent: the span bounds the table (2000 -> 200,001 rows).
+            raise ValueError(f"PromptConfig.reward_max - reward_min must be at most {MAX_REWARD_SPAN}, "
+                             f"got {self.reward_max - self.reward_min}")
 
     @property
     def format_prompt(self) -> str:
@@ -154,7 +159,7 @@ def action_list_text(action_names: Sequence[str], max_actions_per_episode: int) 
               f"separator \" {ACTION_SEP} \"\n")
 
 
-def first_user_message_head(instructions: str, action_names: Sequence[str], cfg: PromptConfig,
+def first_user_message_head(instructions: str, action_names: Sequence[str],
                             max_actions_per_episode: int, list_actions: bool) -> str:
     """The first user message before its first "\\nTurn 1:\\n" (instructions + action block)."""
     head = instructions

@@ -134,7 +134,7 @@ class TextEnv:
 
         list_actions = config.list_actions if config.list_actions is not None else (h * w > 1)
         self.head_text = conv.first_user_message_head(
-            env.instructions(env_params), self.action_names, config, self.max_actions_per_episode, list_actions)
+            env.instructions(env_params), self.action_names, self.max_actions_per_episode, list_actions)
         self.prefix_text = conv.prefix_text(self.head_text, config)
 
         tok = tokenizer

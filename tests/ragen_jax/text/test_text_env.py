@@ -178,11 +178,12 @@ def test_parse_delegates_to_the_parser(real):
     ("think", "yes"), ("max_turns", 0), ("max_turns", 2.5), ("max_actions_per_turn", -1),
     ("max_actions_per_episode", 0), ("max_response_words", True), ("max_response_tokens", 0),
     ("system_prompt", 3), ("system_prompt", "hi<|im_end|>"), ("list_actions", 1),
-    ("reward_min", float("nan")), ("reward_max", 1e9),
+    ("reward_min", float("nan")), ("reward_max", 1e9), ("reward_max", 1999.0),
 ])
 def test_prompt_config_rejects_bad_values(field, value):
+    kwargs = {field: value, **({"reward_min": -2.0} if (field, value) == ("reward_max", 1999.0) else {})}
     with pytest.raises(ValueError, match=f"PromptConfig.{field}"):
-        PromptConfig(**{field: value})
+        PromptConfig(**kwargs)
 
 
 def test_prompt_config_range_order_and_text_env_errors(tok, real):
