@@ -222,7 +222,9 @@ def bench_resets(setup: Setup, batch: int, repeats: int = 3, numpy_max_rooms: in
 def machine() -> dict:
     return dict(cpu_count=os.cpu_count(), platform=platform.platform(), processor=platform.processor(),
                 python=platform.python_version(), jax=jax.__version__, backend=jax.default_backend(),
-                devices=[str(d) for d in jax.devices()])
+                devices=[str(d) for d in jax.devices()],
+                # A shared machine: the load says how much of the CPU this run really had.
+                load_average_1_5_15min=list(os.getloadavg()) if hasattr(os, "getloadavg") else None)
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -279,6 +281,7 @@ def main(argv=None) -> dict:
     from ragen_jax.tokenizer import load_tokenizer
 
     tok = load_tokenizer()
+    machine_at_start = machine()
     rows, resets = [], []
     for name in envs:
         t0 = time.perf_counter()
@@ -298,7 +301,8 @@ def main(argv=None) -> dict:
                       f"rooms/s, numpy {_fmt(g['numpy_rooms_per_s'])} rooms/s", flush=True)
     print_table(rows, resets)
     result = dict(
-        machine=machine(),
+        machine=machine_at_start,
+        load_average_at_end=machine()["load_average_1_5_15min"],
         settings=dict(repeats=repeats, inner_steps=inner, numpy_max_steps=np_steps, numpy_max_rooms=np_rooms,
                       quick=a.quick, parse_tokens=a.parse_tokens,
                       step_definition="step_env + TextEnv.render_ids(next state) + TextEnv.parse(answer ids), "
