@@ -51,6 +51,9 @@ _MASK_VALUE = -1e30
 # ----------------------------------------------------------------------------- KV cache
 @struct.dataclass
 class KVCache:
+    """Per-row compact cache. Writes past `max_len` are dropped (end still advances): size it for the
+    longest sequence."""
+
     k: jax.Array  # [L, B, S, n_kv_heads, head_dim], compute dtype
     v: jax.Array  # [L, B, S, n_kv_heads, head_dim]
     end: jax.Array  # [B] int32: number of slots filled (== next RoPE position)
@@ -262,7 +265,10 @@ class Qwen2Trunk(nnx.Module):
         valid = jnp.asarray(valid).astype(bool)
         _check_inputs(cfg, tokens, valid, cache)
         dtype = jnp.dtype(cfg.dtype)
-        x = jnp.take(self.embed_tokens.embedding[...], tokens.astype(jnp.int32), axis=0).astype(dtype)
+        # Padding ids may be anything (-1, >= vocab): jnp.take would return NaN rows for them, and
+        # NaN values of masked keys still poison valid outputs (0 * NaN) in the value matmul.
+        ids = jnp.where(valid, jnp.clip(tokens.astype(jnp.int32), 0, cfg.vocab_size - 1), 0)
+        x = jnp.take(self.embed_tokens.embedding[...], ids, axis=0).astype(dtype)
         layers = nnx.state(self.layers, nnx.Param).to_pure_dict()
         x, cache = decoder_stack(cfg, layers, x, valid, cache)
         return rms_norm(x, self.norm.scale[...], cfg.rms_norm_eps), cache

@@ -84,7 +84,8 @@ def test_ragged_multi_segment_appends_equal_one_shot(loaded, seed):
         where = np.sort(rng.choice(n_chunks * width, size=n, replace=False))
         toks[b, where] = ids[b, :n]
         mask[b, where] = True
-        toks[b, ~mask[b]] = rng.integers(0, model.cfg.vocab_size, (~mask[b]).sum())  # garbage pads
+        # Garbage pads, including ids outside the vocabulary (which must not produce NaN).
+        toks[b, ~mask[b]] = rng.integers(-3, model.cfg.vocab_size + 3, (~mask[b]).sum())
     cache = KVCache.init(model.cfg, batch=3, max_len=16)
     got = []
     for c in range(n_chunks):
@@ -95,6 +96,10 @@ def test_ragged_multi_segment_appends_equal_one_shot(loaded, seed):
     for b, n in enumerate(ref["lengths"]):
         np.testing.assert_allclose(got[b][mask[b]], ref["logits_single"][b, :n], rtol=0, atol=ATOL)
     np.testing.assert_array_equal(np.asarray(cache.end), ref["lengths"])
+    # The no-cache path follows the same rule (positions cumsum(valid) - 1, gaps skipped).
+    whole = np.asarray(logits_nocache(g, p, toks, mask))
+    for b, n in enumerate(ref["lengths"]):
+        np.testing.assert_allclose(whole[b][mask[b]], ref["logits_single"][b, :n], rtol=0, atol=ATOL)
 
 
 def test_bf16_compute_close_to_f32_reference():
