@@ -11,6 +11,18 @@ import dataclasses
 from typing import Any
 
 _DTYPES = ("float32", "bfloat16")
+_ALIASES = {"f32": "float32", "fp32": "float32", "bf16": "bfloat16"}
+
+
+def _canonical_dtype(value) -> str:
+    if isinstance(value, str):
+        return _ALIASES.get(value.lower(), value.lower())
+    try:
+        import numpy as np
+
+        return np.dtype(value).name
+    except TypeError:
+        return repr(value)
 HF_ARCHITECTURE = "Qwen2ForCausalLM"
 
 
@@ -61,10 +73,14 @@ class Qwen2Config:
         if not self.rms_norm_eps > 0:
             raise ValueError(f"rms_norm_eps must be positive, got {self.rms_norm_eps!r}")
         for name in ("dtype", "param_dtype"):
-            if getattr(self, name) not in _DTYPES:
+            # Accept numpy/jax dtypes and short aliases; store the canonical string (keeps the
+            # config hashable and printable).
+            value = _canonical_dtype(getattr(self, name))
+            if value not in _DTYPES:
                 raise ValueError(
                     f"Qwen2Config.{name} must be one of {', '.join(_DTYPES)}, got {getattr(self, name)!r}"
                 )
+            object.__setattr__(self, name, value)
 
     @property
     def head_dim(self) -> int:
@@ -145,9 +161,9 @@ class Qwen2Config:
             "use_sliding_window": False,
             "sliding_window": None,
             "max_window_layers": self.num_hidden_layers,
-            "bos_token_id": 151643,
-            "eos_token_id": 151645,
             "dtype": self.param_dtype,
+            # Qwen2.5's special ids, only when they exist in this vocabulary (tiny test models).
+            **({"bos_token_id": 151643, "eos_token_id": 151645} if self.vocab_size > 151645 else {}),
         }
 
 

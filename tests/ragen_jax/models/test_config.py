@@ -92,3 +92,12 @@ def test_from_hf_config_errors():
         Qwen2Config.from_hf_config({**hf, "num_key_value_heads": 3})
     with pytest.raises(ValueError, match="rope_type 'yarn' is not supported"):
         Qwen2Config.from_hf_config({**hf, "rope_parameters": {"rope_type": "yarn", "rope_theta": 1e6}})
+
+
+def test_dtype_aliases_are_canonicalised():
+    import jax.numpy as jnp
+
+    c = Qwen2Config.from_preset("tiny", dtype=jnp.bfloat16, param_dtype="fp32")
+    assert (c.dtype, c.param_dtype) == ("bfloat16", "float32")
+    assert Qwen2Config.from_preset("tiny", dtype="bf16") == Qwen2Config.from_preset("tiny", dtype="bfloat16")
+    assert "eos_token_id" not in Qwen2Config.from_preset("tiny", vocab_size=256).to_hf_config()
