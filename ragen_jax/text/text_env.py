@@ -45,9 +45,8 @@ import numpy as np
 
 from ragen_jax.text import conversation as conv
 from ragen_jax.text import render
-
-IM_END_ID = 151645
-PAD_ID = 151643  # <|endoftext|>, Qwen's pad token
+from ragen_jax.tokenizer import ENDOFTEXT as PAD_ID  # Qwen's pad token fills segments past `length`
+from ragen_jax.tokenizer import IM_END as IM_END_ID
 
 # Host tables per tokenizer object (weak: a dropped tokenizer drops its tables). Keys inside are
 # the texts' defining values, so two TextEnvs of the same env/config share tables; 8x8 Sokoban's
