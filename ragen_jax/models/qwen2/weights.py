@@ -200,6 +200,15 @@ def _parse_size(size: int | str) -> int:
     return int(float(m.group(1)) * _UNITS[(m.group(2) or "B").upper()])
 
 
+def _to_host(x) -> np.ndarray:
+    if isinstance(x, jax.Array) and not x.is_fully_addressable:
+        # Multi-host sharded parameter: every process must take part in the gather.
+        from jax.experimental import multihost_utils
+
+        return np.asarray(multihost_utils.process_allgather(x, tiled=True))
+    return np.asarray(jax.device_get(x))
+
+
 def hf_state_dict(model: Qwen2, dtype: str | None = None) -> dict[str, np.ndarray]:
     """Our parameters as HF-named numpy arrays (ordered as HF: per layer, then the rest)."""
     cfg = model.cfg
@@ -207,7 +216,7 @@ def hf_state_dict(model: Qwen2, dtype: str | None = None) -> dict[str, np.ndarra
     out_dtype = np.dtype(ml_dtypes.bfloat16) if (dtype or cfg.param_dtype) == "bfloat16" else np.dtype(np.float32)
     out: dict[str, np.ndarray] = {}
     for spec in weight_specs(cfg):
-        value = np.asarray(jax.device_get(_get(params, spec.path)))
+        value = _to_host(_get(params, spec.path))
         per = list(value) if spec.per_layer else [value]
         for name, a in zip(_hf_names(spec, cfg), per):
             a = a.T if spec.transpose else a
@@ -218,10 +227,13 @@ def hf_state_dict(model: Qwen2, dtype: str | None = None) -> dict[str, np.ndarra
 def save_pretrained(model: Qwen2, path: str, max_shard_size: int | str | None = None, dtype: str | None = None):
     """Write config.json (Qwen2ForCausalLM, transformers-5 style) + safetensors (+ index when sharded).
 
-    `dtype`: storage dtype of the written tensors (default: the model's param_dtype)."""
+    `dtype`: storage dtype of the written tensors (default: the model's param_dtype). Parameters may be
+    sharded; on several hosts every process must call this, and process 0 writes."""
     cfg = model.cfg
     dtype = dtype or cfg.param_dtype
-    tensors = hf_state_dict(model, dtype)
+    tensors = hf_state_dict(model, dtype)  # collective on multi-host meshes: all processes call this
+    if jax.process_index() != 0:
+        return
     os.makedirs(path, exist_ok=True)
     hf_cfg = cfg.to_hf_config()
     hf_cfg["dtype"] = dtype

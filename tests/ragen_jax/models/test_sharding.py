@@ -91,3 +91,13 @@ def test_from_pretrained_places_params_on_the_mesh(mesh):
         np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
     emb = placed.model.embed_tokens.embedding[...]
     assert emb.sharding.spec == P("tensor", "fsdp") and emb.addressable_shards[0].data.shape == (128, 32)
+
+
+def test_save_pretrained_from_sharded_params(tmp_path, mesh):
+    from ragen_jax.models import save_pretrained
+
+    placed = from_pretrained(fixture_dir("untied"), mesh=mesh)
+    save_pretrained(placed, tmp_path, max_shard_size="50KB")
+    again = from_pretrained(tmp_path)
+    for a, b in zip(jax.tree.leaves(nnx.state(placed, nnx.Param)), jax.tree.leaves(nnx.state(again, nnx.Param))):
+        np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
