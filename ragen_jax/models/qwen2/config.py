@@ -111,9 +111,12 @@ class Qwen2Config:
         if not archs and model_type not in (None, "qwen2"):
             raise ValueError(f"{source}: unknown model_type {model_type!r}; only qwen2 is supported")
         rope = hf.get("rope_parameters") or {}
-        rope_type = rope.get("rope_type", (hf.get("rope_scaling") or {}).get("rope_type", "default"))
+        scaling = hf.get("rope_scaling") or {}
+        rope_type = rope.get("rope_type", scaling.get("rope_type", scaling.get("type", "default")))
         if rope_type not in (None, "default"):
             raise ValueError(f"{source}: rope_type {rope_type!r} is not supported (only 'default')")
+        if hf.get("use_sliding_window"):
+            raise ValueError(f"{source}: use_sliding_window=true is not supported (full attention only)")
         theta = rope.get("rope_theta", hf.get("rope_theta", 10000.0))
         try:
             kwargs = dict(

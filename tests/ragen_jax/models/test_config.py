@@ -101,3 +101,23 @@ def test_dtype_aliases_are_canonicalised():
     assert (c.dtype, c.param_dtype) == ("bfloat16", "float32")
     assert Qwen2Config.from_preset("tiny", dtype="bf16") == Qwen2Config.from_preset("tiny", dtype="bfloat16")
     assert "eos_token_id" not in Qwen2Config.from_preset("tiny", vocab_size=256).to_hf_config()
+
+
+# config.json of Qwen/Qwen2.5-0.5B-Instruct as published (transformers 4 style: top-level rope_theta).
+QWEN25_05B_CONFIG_JSON = {
+    "architectures": ["Qwen2ForCausalLM"], "attention_dropout": 0.0, "bos_token_id": 151643,
+    "eos_token_id": 151645, "hidden_act": "silu", "hidden_size": 896, "initializer_range": 0.02,
+    "intermediate_size": 4864, "max_position_embeddings": 32768, "max_window_layers": 21,
+    "model_type": "qwen2", "num_attention_heads": 14, "num_hidden_layers": 24, "num_key_value_heads": 2,
+    "rms_norm_eps": 1e-06, "rope_theta": 1000000.0, "sliding_window": 32768, "tie_word_embeddings": True,
+    "torch_dtype": "bfloat16", "transformers_version": "4.43.1", "use_cache": True,
+    "use_sliding_window": False, "vocab_size": 151936,
+}
+
+
+def test_published_config_json_maps_to_preset():
+    assert Qwen2Config.from_hf_config(QWEN25_05B_CONFIG_JSON) == Qwen2Config.from_preset("qwen2.5-0.5b")
+    with pytest.raises(ValueError, match="use_sliding_window=true is not supported"):
+        Qwen2Config.from_hf_config({**QWEN25_05B_CONFIG_JSON, "use_sliding_window": True})
+    with pytest.raises(ValueError, match="rope_type 'yarn' is not supported"):
+        Qwen2Config.from_hf_config({**QWEN25_05B_CONFIG_JSON, "rope_scaling": {"type": "yarn", "factor": 4.0}})
