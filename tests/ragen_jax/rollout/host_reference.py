@@ -13,10 +13,32 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from flax import nnx
+
 from ragen_jax import sampler
+from ragen_jax.rollout import init_cache
 
 IM_END = 151645
 ENDOFTEXT = 151643
+
+
+_GEN = {}
+
+
+def _generate(model, prompt, valid, key, max_new, cfg, stop_table):
+    """Fresh cache, prefill the whole conversation, decode: no state survives between turns."""
+    graphdef, params = nnx.split(model)
+    fkey = (graphdef, prompt.shape, max_new, cfg.greedy)
+    if fkey not in _GEN:
+        def run(params, prompt, valid, key, stop_table):
+            m = nnx.merge(graphdef, params)
+            cache = init_cache(m, prompt.shape[0], prompt.shape[1] + max_new)
+            logits, cache = sampler.prefill(m, cache, prompt, valid)
+            return sampler.decode(m, cache, logits, key, max_new_tokens=max_new, active=jnp.any(valid, axis=1),
+                                  temperature=cfg.temperature, greedy=cfg.greedy, use_top_p=False,
+                                  stop_ids=(IM_END, ENDOFTEXT), stop_table=stop_table)
+        _GEN[fkey] = jax.jit(run)
+    return _GEN[fkey](params, jnp.asarray(prompt), jnp.asarray(valid), key, stop_table)
 
 
 def host_rollout(model, text_env, parser, cfg, key, group_seeds, token_bytes):
@@ -62,9 +84,8 @@ def host_rollout(model, text_env, parser, cfg, key, group_seeds, token_bytes):
             if active[r]:
                 prompt[r, t_max - len(ids[r]):] = ids[r]
                 valid[r, t_max - len(ids[r]):] = True
-        out = sampler.generate(model, prompt, valid, k_sample, max_new_tokens=max_new, cache_len=t_max + max_new,
-                               greedy=cfg.greedy, temperature=cfg.temperature,
-                               stop_strings=("</answer>",) if cfg.stop_at_answer else (), token_bytes=token_bytes)
+        stop_table = sampler.make_stop_table(("</answer>",), token_bytes) if cfg.stop_at_answer else None
+        out = _generate(model, prompt, valid, k_sample, max_new, cfg, stop_table)
         gen_all, n_all = np.asarray(out.tokens), np.asarray(out.lengths)
         for a_row in range(b):
             if not active[a_row]:

@@ -1,8 +1,10 @@
 """A scripted 'policy' for rollout tests: row b, turn k emits a fixed token sequence.
 
 It follows the model protocol the rollout uses (`init_cache`, `__call__(tokens, valid, cache) ->
-(hidden, cache)`, `logits(hidden)`): prefill calls (T > 1) start a new turn, decode calls (T == 1)
-advance within it. The 'hidden state' is the id of the token to emit next; `logits` turns it into a
+(hidden, cache)`, `logits(hidden)`). The turn is read from the CONTENT: the number of
+`<|im_start|>assistant` headers seen so far, so it works the same whether a conversation is appended
+turn by turn to one cache (the compiled rollout) or re-encoded whole into a fresh cache every turn
+(the host reference loop). A prefill call (T > 1) restarts the emitted-token counter. The 'hidden state' is the id of the token to emit next; `logits` turns it into a
 one-hot-like distribution, so greedy sampling reproduces the script exactly.
 """
 
@@ -14,12 +16,13 @@ import numpy as np
 from flax import nnx, struct
 
 IM_END = 151645
+ASSISTANT = 77091  # "assistant", as in "<|im_start|>assistant\n"
 
 
 @struct.dataclass
 class ScriptCache:
     end: jax.Array  # [B] tokens seen
-    turn: jax.Array  # [B] prefill calls seen minus 2 (the prompt prefix is one prefill call)
+    turn: jax.Array  # [B] assistant headers seen, minus 1
     gen: jax.Array  # [B] tokens emitted in the current turn
 
 
@@ -35,17 +38,16 @@ class ScriptedPolicy(nnx.Module):
 
     def init_cache(self, batch, max_len, dtype=None):
         z = jnp.zeros((batch,), jnp.int32)
-        return ScriptCache(end=z, turn=z - 2, gen=z)
+        return ScriptCache(end=z, turn=z - 1, gen=z)
 
     def __call__(self, tokens, valid, cache):
         script = self.script[...]
         b, t = tokens.shape
         any_valid = jnp.any(valid, axis=1)
-        if t > 1:  # a prefill: the next turn begins
-            turn = cache.turn + any_valid.astype(jnp.int32)
+        turn = cache.turn + jnp.sum(valid & (tokens == ASSISTANT), axis=1, dtype=jnp.int32)
+        if t > 1:  # a prefill: the assistant's message starts after it
             gen = jnp.where(any_valid, 0, cache.gen)
         else:
-            turn = cache.turn
             gen = cache.gen + valid[:, 0].astype(jnp.int32)
         n_turns, g = script.shape[1], script.shape[2]
         tt = jnp.clip(turn, 0, n_turns - 1)

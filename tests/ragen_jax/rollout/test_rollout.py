@@ -46,12 +46,20 @@ def _sampled(traj, row):
 def test_scripted_bfs_solution_solves_sokoban(tok):
     te = _text_env(tok, "Sokoban", max_turns=3, max_response_tokens=48)
     cfg = RolloutConfig(num_groups=3, group_size=2, max_context=1024, greedy=True)
-    seeds = np.array([11, 12, 13])
-    texts, expected = [], []
-    for st in _initial_states(te, seeds):
+    # Rooms whose BFS solution fits the 10-action budget (99.8% of them in the reference).
+    seeds, solutions = [], []
+    for seed in range(11, 40):
+        st = _initial_states(te, [seed])[0]
         acts, n, solvable = te.env.solve(st, te.env_params)
-        acts = [int(a) for a in np.asarray(acts)[: int(n)]]
-        assert bool(solvable) and 1 <= len(acts) <= 10
+        assert bool(solvable)
+        if 1 <= int(n) <= 10:
+            seeds.append(seed)
+            solutions.append([int(a) for a in np.asarray(acts)[: int(n)]])
+        if len(seeds) == 3:
+            break
+    seeds = np.array(seeds)
+    texts, expected = [], []
+    for acts in solutions:
         turns = [acts[i : i + 5] for i in range(0, len(acts), 5)]
         row_texts = [" plan</think><answer>" + " || ".join(ACTION_NAMES[a] for a in t) + "</answer>" for t in turns]
         expected.append((len(turns), -0.1 * len(acts) + 1.0 + 10.0))
@@ -66,8 +74,9 @@ def test_scripted_bfs_solution_solves_sokoban(tok):
         assert int(traj.num_turns[r]) == n_turns
         np.testing.assert_allclose(float(traj.reward[r]), reward, atol=1e-5)
         assert int(traj.num_format_errors[r]) == 0 and bool(traj.action_is_valid[r])
-        # The loss mask covers exactly the scripted tokens, nothing else.
-        want = sum((tok.encode(t, add_special_tokens=False) + [IM_END] for t in texts[r]), [])
+        # The loss mask covers exactly the scripted tokens, nothing else; generation stopped at the
+        # completed "</answer>" (the stop string), so the script's trailing <|im_end|> is never sampled.
+        want = sum((tok.encode(t, add_special_tokens=False) for t in texts[r]), [])
         assert _sampled(traj, r) == want
         assert int(traj.response_length[r]) == len(want)
         # The reward sits at the last sampled token of the last turn.
