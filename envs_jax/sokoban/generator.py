@@ -231,9 +231,10 @@ def generate_room(key: jax.Array, params: SokobanParams, cfg: SokobanConfig) -> 
     n_rev = reverse_words(cfg.num_candidates, cfg.search_depth)
     per_try = n_topo + (n + 1) + n_rev
     n_jitter = 2 * (cfg.jitter_max_steps + 1)
-    # A single threefry call for everything (each call site costs ~0.4 s of XLA compile time).
-    words = jax.random.bits(key, (cfg.gen_tries * per_try + n_jitter,), jnp.uint32)
-    try_words = words[: cfg.gen_tries * per_try].reshape(cfg.gen_tries, per_try)
+    # Two threefry call sites in all (each costs ~0.4 s of XLA compile time); the words of try i
+    # are drawn inside the loop so that unused tries cost nothing (gen_tries is a cheap safety cap).
+    k_jitter, k_tries = jax.random.split(key)
+    jitter_words = jax.random.bits(k_jitter, (n_jitter,), jnp.uint32)
 
     def attempt(ws):
         floor = room_topology(ws[:n_topo], cfg.dim_room, cfg.num_gen_steps, params.p_change_direction)
@@ -252,7 +253,7 @@ def generate_room(key: jax.Array, params: SokobanParams, cfg: SokobanConfig) -> 
 
     def body(c):
         i, _ = c
-        return i + 1, attempt(try_words[i])
+        return i + 1, attempt(jax.random.bits(jax.random.fold_in(k_tries, i), (per_try,), jnp.uint32))
 
     _, (floor, targets, player, boxes, disp, score) = jax.lax.while_loop(cond, body, (jnp.int32(0), dummy))
 
@@ -265,6 +266,6 @@ def generate_room(key: jax.Array, params: SokobanParams, cfg: SokobanConfig) -> 
     disp = jnp.where(use_fb, jnp.int32(n), disp)
 
     walls_f = ~floor.reshape(-1)
-    player = jitter_player(words[cfg.gen_tries * per_try:], walls_f, boxes, player, disp, w, cfg.jitter_max_steps, params)
+    player = jitter_player(jitter_words, walls_f, boxes, player, disp, w, cfg.jitter_max_steps, params)
     target_grid = jnp.zeros(h * w, bool).at[targets].set(True).reshape(h, w)
     return Room(walls=~floor, targets=target_grid, boxes=boxes.astype(jnp.int32), player=player.astype(jnp.int32))
