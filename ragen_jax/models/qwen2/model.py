@@ -180,8 +180,7 @@ def decoder_stack(cfg: Qwen2Config, layers, x, valid, cache: KVCache | None):
         vals = jax.lax.dynamic_index_in_dim(cv, li, axis=0, keepdims=False)
         return (_attn_out_mlp(cfg, p, x, attend(q, keys, vals, mask)), ck, cv), None
 
-    if cfg.remat:
-        layer = jax.checkpoint(layer)
+    # No remat here: the cached path is inference (remat would only keep per-layer cache copies alive).
     li = jnp.arange(cfg.num_hidden_layers, dtype=jnp.int32)
     (x, ck, cv), _ = jax.lax.scan(layer, (x, cache.k, cache.v), (layers, li))
     return x, KVCache(k=ck, v=cv, end=cache.end + n_new)
