@@ -15,7 +15,10 @@ does not depend on the batch, so it runs min(batch * inner_steps, --numpy-max-st
 Sokoban / LargerSokoban: also rooms generated per second by vmapped, jitted `reset_env`, next to
 a host implementation of the reference's generator (gym-sokoban's DFS reverse play, depth 300).
 
-Compilation (AOT lower + compile) is timed separately; timings are the median of `--repeats`.
+Compilation (AOT lower + compile) is timed separately; timings are the median of `--repeats`
+(21 repeats for measurements under ~1,000 steps). Rates are given per wall second and per CPU
+second of this process: on a shared machine the second moves much less with the others' load.
+`--breakdown` adds JAX timings with the parse and/or the render left out (where the time goes).
 Usage: python -m bench.envs [--quick] [--envs Sokoban,FrozenLake] [--batches 1,256,4096]
 """
 
@@ -108,8 +111,12 @@ def tree_where(c, a, b):
     return jax.tree.map(lambda x, y: jnp.where(jnp.reshape(c, c.shape + (1,) * (x.ndim - c.ndim)), x, y), a, b)
 
 
-def make_step_program(setup: Setup, inner_steps: int):
-    """jitted (key, states [B], inits [B]) -> (states, checksum [B]): `inner_steps` full env steps."""
+def make_step_program(setup: Setup, inner_steps: int, parse: bool = True, render: bool = True):
+    """jitted (key, states [B], inits [B]) -> (states, checksum [B]): `inner_steps` full env steps.
+
+    parse / render False leave that part out (for the cost breakdown); answer i's first action is
+    action i, so without the parse the drawn index is executed directly: the same trajectory.
+    """
     te, env, params = setup.text_env, setup.env, setup.params
     answer_ids, answer_len = jnp.asarray(setup.answer_ids), jnp.asarray(setup.answer_len)
     n_answers = answer_ids.shape[0]
@@ -117,13 +124,20 @@ def make_step_program(setup: Setup, inner_steps: int):
     def one_env(key, state, init):
         k_answer, k_env = jax.random.split(key)
         a = jax.random.randint(k_answer, (), 0, n_answers)
-        parsed = te.parse(answer_ids[a], answer_len[a])
-        _, st, reward, _, _ = env.step_env(k_env, state, jnp.maximum(parsed.actions[0], 0), params)
+        if parse:
+            parsed = te.parse(answer_ids[a], answer_len[a])
+            action, check = jnp.maximum(parsed.actions[0], 0), parsed.num_actions
+        else:
+            action, check = a, jnp.int32(0)
+        _, st, reward, _, _ = env.step_env(k_env, state, action, params)
         st = tree_where(st.done, init, st)
-        turn = jnp.minimum(st.time + 1, te.max_turns)
-        ids, n = te.render_ids(st, turn, te.max_actions_per_episode - st.time, reward, True)
-        # The checksum keeps every output alive (nothing may be dead-code eliminated).
-        check = jnp.sum(jnp.where(jnp.arange(ids.shape[0]) < n, ids, 0)) + parsed.num_actions
+        if render:
+            turn = jnp.minimum(st.time + 1, te.max_turns)
+            ids, n = te.render_ids(st, turn, te.max_actions_per_episode - st.time, reward, True)
+            # The checksum keeps every output alive (nothing may be dead-code eliminated).
+            check = check + jnp.sum(jnp.where(jnp.arange(ids.shape[0]) < n, ids, 0))
+        else:
+            check = check + st.time + (reward > 0).astype(jnp.int32)
         return st, check
 
     def program(key, states, inits):
@@ -147,17 +161,46 @@ def initial_states(setup: Setup, batch: int, seed: int = 0):
     return jax.block_until_ready(states)
 
 
-def _timed(fn, repeats: int) -> list[float]:
-    out = []
+class Timing:
+    """Median wall and process-CPU seconds of repeated runs.
+
+    The machine is shared, so wall time says what this process got; process CPU time (all its
+    threads, XLA's pool included) is the work done and moves much less with the load. Rates are
+    reported both ways.
+    """
+
+    def __init__(self):
+        self.wall, self.cpu = [], []
+
+    def run(self, fn, *args):
+        t0, c0 = time.perf_counter(), time.process_time()
+        jax.block_until_ready(fn(*args))
+        self.wall.append(time.perf_counter() - t0)
+        self.cpu.append(time.process_time() - c0)
+
+    @property
+    def wall_s(self) -> float:
+        return statistics.median(self.wall)
+
+    @property
+    def cpu_s(self) -> float:
+        return max(statistics.median(self.cpu), 1e-9)
+
+
+def _reps(repeats: int, steps: int) -> int:
+    """Short measurements (a few ms) get more repeats: one load spike must not decide the median."""
+    return repeats if steps >= 1000 else max(repeats, 21)
+
+
+def _timed(fn, repeats: int) -> Timing:
+    t = Timing()
     for _ in range(repeats):
-        t0 = time.perf_counter()
-        jax.block_until_ready(fn())
-        out.append(time.perf_counter() - t0)
-    return out
+        t.run(fn)
+    return t
 
 
 def bench_steps(setup: Setup, batch: int, inner_steps: int = 8, repeats: int = 3,
-                numpy_max_steps: int = 20000, seed: int = 0) -> dict:
+                numpy_max_steps: int = 5000, seed: int = 0) -> dict:
     """Env steps per second of the jitted batch program and of the host loop, at one batch size."""
     states = initial_states(setup, batch, seed)
     program = make_step_program(setup, inner_steps)
@@ -168,29 +211,42 @@ def bench_steps(setup: Setup, batch: int, inner_steps: int = 8, repeats: int = 3
     t0 = time.perf_counter()
     jax.block_until_ready(compiled(key, states, states))
     first_run_s = time.perf_counter() - t0
-    times = _timed(lambda: compiled(key, states, states), repeats)
-    jax_s = statistics.median(times)
     steps = batch * inner_steps
+    tj = _timed(lambda: compiled(key, states, states), _reps(repeats, steps))
 
     # Host loop over the same start states (as many as it needs).
     n_np = min(steps, numpy_max_steps)
     n_states = min(batch, n_np)
     one = lambda i: jax.tree.map(lambda x: x[i], states)  # noqa: E731
     np_states0 = [setup.from_jax(one(i)) for i in range(n_states)]
-    np_times = []
-    for r in range(repeats):
+    tn = Timing()
+    for r in range(_reps(repeats, n_np)):
         np_states = [s.copy() for s in np_states0]
-        rng = random.Random(seed + r)
-        t0 = time.perf_counter()
-        npe.host_steps(setup.np_env, np_states, setup.answer_ids_list, setup.tokenizer, n_np, rng,
-                       max_turns=setup.text_env.max_turns)
-        np_times.append(time.perf_counter() - t0)
-    np_s = statistics.median(np_times)
-    jax_rate, np_rate = steps / jax_s, n_np / np_s
+        tn.run(npe.host_steps, setup.np_env, np_states, setup.answer_ids_list, setup.tokenizer, n_np,
+               random.Random(seed + r), setup.text_env.max_turns)
+    jax_rate, np_rate = steps / tj.wall_s, n_np / tn.wall_s
+    jax_cpu_rate, np_cpu_rate = steps / tj.cpu_s, n_np / tn.cpu_s
     return dict(env=setup.name, batch=batch, inner_steps=inner_steps, env_steps_per_call=steps,
-                compile_s=compile_s, first_run_s=first_run_s, jax_call_s=jax_s, jax_call_s_all=times,
-                jax_steps_per_s=jax_rate, numpy_steps=n_np, numpy_s=np_s, numpy_steps_per_s=np_rate,
-                ratio=jax_rate / np_rate, parse_tokens=int(setup.answer_ids.shape[1]))
+                compile_s=compile_s, first_run_s=first_run_s, jax_call_s=tj.wall_s, jax_call_s_all=tj.wall,
+                jax_call_cpu_s=tj.cpu_s, jax_steps_per_s=jax_rate, jax_steps_per_cpu_s=jax_cpu_rate,
+                numpy_steps=n_np, numpy_s=tn.wall_s, numpy_cpu_s=tn.cpu_s, numpy_steps_per_s=np_rate,
+                numpy_steps_per_cpu_s=np_cpu_rate, ratio=jax_rate / np_rate, ratio_cpu=jax_cpu_rate / np_cpu_rate,
+                parse_tokens=int(setup.answer_ids.shape[1]))
+
+
+def bench_breakdown(setup: Setup, batch: int, inner_steps: int = 8, repeats: int = 3, seed: int = 0) -> dict:
+    """JAX steps per wall second with parts left out (and per CPU second, keys ending in _cpu)."""
+    states = initial_states(setup, batch, seed)
+    key = jax.random.PRNGKey(seed + 1)
+    out = dict(env=setup.name, batch=batch)
+    for label, parse, render in (("step", False, False), ("step+render", False, True),
+                                 ("step+parse", True, False), ("step+render+parse", True, True)):
+        compiled = make_step_program(setup, inner_steps, parse, render).lower(key, states, states).compile()
+        jax.block_until_ready(compiled(key, states, states))
+        t = _timed(lambda: compiled(key, states, states), _reps(repeats, batch * inner_steps))
+        out[label] = batch * inner_steps / t.wall_s
+        out[label + "_cpu"] = batch * inner_steps / t.cpu_s
+    return out
 
 
 def bench_resets(setup: Setup, batch: int, repeats: int = 3, numpy_max_rooms: int = 300, seed: int = 0) -> dict:
@@ -202,21 +258,22 @@ def bench_resets(setup: Setup, batch: int, repeats: int = 3, numpy_max_rooms: in
     compiled = program.lower(keys, params).compile()
     compile_s = time.perf_counter() - t0
     jax.block_until_ready(compiled(keys, params))
-    times = _timed(lambda: compiled(keys, params), repeats)
-    jax_s = statistics.median(times)
+    tj = _timed(lambda: compiled(keys, params), _reps(repeats, batch * 100))
     cfg = env.config
     n_np = min(batch, numpy_max_rooms)
-    np_times = []
-    for r in range(repeats):
-        rng = random.Random(seed + r)
-        t0 = time.perf_counter()
+
+    def host_rooms(rng):
         for _ in range(n_np):
             npe.generate_sokoban_room(rng, cfg.dim_room, cfg.num_boxes)
-        np_times.append(time.perf_counter() - t0)
-    np_s = statistics.median(np_times)
-    return dict(env=setup.name, batch=batch, compile_s=compile_s, jax_call_s=jax_s,
-                jax_rooms_per_s=batch / jax_s, numpy_rooms=n_np, numpy_s=np_s,
-                numpy_rooms_per_s=n_np / np_s, ratio=(batch / jax_s) / (n_np / np_s))
+
+    tn = Timing()
+    for r in range(_reps(repeats, n_np * 100)):
+        tn.run(host_rooms, random.Random(seed + r))
+    jr, nr = batch / tj.wall_s, n_np / tn.wall_s
+    jc, nc = batch / tj.cpu_s, n_np / tn.cpu_s
+    return dict(env=setup.name, batch=batch, compile_s=compile_s, jax_call_s=tj.wall_s, jax_call_cpu_s=tj.cpu_s,
+                jax_rooms_per_s=jr, jax_rooms_per_cpu_s=jc, numpy_rooms=n_np, numpy_s=tn.wall_s,
+                numpy_cpu_s=tn.cpu_s, numpy_rooms_per_s=nr, numpy_rooms_per_cpu_s=nc, ratio=jr / nr, ratio_cpu=jc / nc)
 
 
 def machine() -> dict:
@@ -234,16 +291,21 @@ def _fmt(x: float) -> str:
 
 def print_table(rows: list[dict], resets: list[dict]) -> None:
     print("\nEnv steps/s (step_env + render_ids + parse; host: step + text + encode + decode + re)")
-    print(f"{'env':<14}{'batch':>6}{'compile s':>11}{'jax steps/s':>14}{'numpy steps/s':>15}{'jax/numpy':>11}")
+    print("(per wall second; in brackets per CPU second of this process, which the shared machine's load moves less)")
+    print(f"{'env':<14}{'batch':>6}{'compile s':>11}{'jax steps/s':>24}{'numpy steps/s':>24}{'jax/numpy':>18}")
     for r in rows:
-        print(f"{r['env']:<14}{r['batch']:>6}{r['compile_s']:>11.1f}{_fmt(r['jax_steps_per_s']):>14}"
-              f"{_fmt(r['numpy_steps_per_s']):>15}{r['ratio']:>10.1f}x")
+        print(f"{r['env']:<14}{r['batch']:>6}{r['compile_s']:>11.1f}"
+              f"{_fmt(r['jax_steps_per_s']) + ' (' + _fmt(r['jax_steps_per_cpu_s']) + ')':>24}"
+              f"{_fmt(r['numpy_steps_per_s']) + ' (' + _fmt(r['numpy_steps_per_cpu_s']) + ')':>24}"
+              f"{r['ratio']:>9.1f}x ({r['ratio_cpu']:.1f}x)")
     if resets:
         print("\nRooms generated/s (jitted vmapped reset_env vs host reference-like generator)")
-        print(f"{'env':<14}{'batch':>6}{'compile s':>11}{'jax rooms/s':>14}{'numpy rooms/s':>15}{'jax/numpy':>11}")
+        print(f"{'env':<14}{'batch':>6}{'compile s':>11}{'jax rooms/s':>24}{'numpy rooms/s':>24}{'jax/numpy':>18}")
         for r in resets:
-            print(f"{r['env']:<14}{r['batch']:>6}{r['compile_s']:>11.1f}{_fmt(r['jax_rooms_per_s']):>14}"
-                  f"{_fmt(r['numpy_rooms_per_s']):>15}{r['ratio']:>10.1f}x")
+            print(f"{r['env']:<14}{r['batch']:>6}{r['compile_s']:>11.1f}"
+                  f"{_fmt(r['jax_rooms_per_s']) + ' (' + _fmt(r['jax_rooms_per_cpu_s']) + ')':>24}"
+                  f"{_fmt(r['numpy_rooms_per_s']) + ' (' + _fmt(r['numpy_rooms_per_cpu_s']) + ')':>24}"
+                  f"{r['ratio']:>9.1f}x ({r['ratio_cpu']:.1f}x)")
     print("\nReference environments (behaviour spec section 9, NOT our numbers; context only):")
     for name, ref in REFERENCE_SPEEDS.items():
         print(f"  {name}: " + ", ".join(f"{k}={v:,}" if isinstance(v, int) else f"{k}: {v}" for k, v in ref.items()))
@@ -260,6 +322,9 @@ def main(argv=None) -> dict:
     p.add_argument("--numpy-max-rooms", type=int, default=None, help="cap on host-generated rooms per measurement")
     p.add_argument("--parse-tokens", type=int, default=None,
                    help="pad the answer ids to this many tokens (the rollout parses forced + max_new tokens)")
+    p.add_argument("--breakdown", action="store_true",
+                   help="also time step only / +render / +parse at --breakdown-batch (4 more compiles per env)")
+    p.add_argument("--breakdown-batch", type=int, default=256)
     p.add_argument("--no-resets", action="store_true", help="skip the Sokoban room generation timing")
     p.add_argument("--out", default=str(RESULTS))
     a = p.parse_args(argv)
@@ -275,14 +340,14 @@ def main(argv=None) -> dict:
         p.error("--batches must list positive integers")
     repeats = a.repeats or (1 if a.quick else 3)
     inner = a.inner_steps or (4 if a.quick else 8)
-    np_steps = a.numpy_max_steps or (3000 if a.quick else 20000)
+    np_steps = a.numpy_max_steps or (2000 if a.quick else 5000)
     np_rooms = a.numpy_max_rooms or (50 if a.quick else 300)
 
     from ragen_jax.tokenizer import load_tokenizer
 
     tok = load_tokenizer()
     machine_at_start = machine()
-    rows, resets = [], []
+    rows, resets, breakdown = [], [], []
     for name in envs:
         t0 = time.perf_counter()
         setup = Setup(name, tok, a.parse_tokens)
@@ -299,7 +364,22 @@ def main(argv=None) -> dict:
                 resets.append(g)
                 print(f"[{name}] batch {b}: resets compile {g['compile_s']:.1f} s, jax {_fmt(g['jax_rooms_per_s'])} "
                       f"rooms/s, numpy {_fmt(g['numpy_rooms_per_s'])} rooms/s", flush=True)
+        if a.breakdown:
+            d = bench_breakdown(setup, a.breakdown_batch, inner, repeats)
+            breakdown.append(d)
+            print(f"[{name}] breakdown at batch {d['batch']}: " + ", ".join(
+                f"{k} {_fmt(d[k])} steps/s" for k in ("step", "step+render", "step+parse", "step+render+parse")),
+                  flush=True)
     print_table(rows, resets)
+    if breakdown:
+        print("\nJAX steps/s with parts left out (where the time goes)")
+        labels = ("step", "step+render", "step+parse", "step+render+parse")
+        print(f"{'env':<14}{'batch':>6}" + "".join(f"{k:>20}" for k in labels))
+        for d in breakdown:
+            print(f"{d['env']:<14}{d['batch']:>6}" + "".join(f"{_fmt(d[k]):>20}" for k in labels))
+        print("per CPU second:")
+        for d in breakdown:
+            print(f"{d['env']:<14}{d['batch']:>6}" + "".join(f"{_fmt(d[k + '_cpu']):>20}" for k in labels))
     result = dict(
         machine=machine_at_start,
         load_average_at_end=machine()["load_average_1_5_15min"],
@@ -313,6 +393,7 @@ def main(argv=None) -> dict:
                                              "4 tries) + RAGEN player jitter, bench/numpy_envs.py"),
         steps=rows,
         resets=resets,
+        breakdown=breakdown,
         reference_speeds_context_only=REFERENCE_SPEEDS,
         timestamp_utc=time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
     )
