@@ -201,10 +201,12 @@ def _select(src: _LogitsSource, key, temperature, *, greedy: bool, c1: int | Non
         better = cmax > best  # strict: the earliest maximum wins, like jnp.argmax
         best_idx = jnp.where(better, cidx, best_idx)
         best = jnp.maximum(best, cmax)
-        xs = x.reshape(b, c1 // c2, c2)
-        smax = jnp.max(xs, axis=2)
-        safe = jnp.where(jnp.isfinite(smax), smax, 0.0)
-        lse = safe + jnp.log(jnp.sum(jnp.exp(xs - safe[:, :, None]), axis=2))
+        # Sub-chunk log-masses shifted by the chunk max (not each sub-chunk's own max: one reduction
+        # less). A sub-chunk more than ~87 nats below the chunk max underflows to -inf: its
+        # probability is below float32 resolution of the chunk's mass anyway.
+        safe = jnp.where(jnp.isfinite(cmax), cmax, 0.0)
+        e = jnp.exp(x - safe[:, None]).reshape(b, c1 // c2, c2)
+        lse = safe[:, None] + jnp.log(jnp.sum(e, axis=2))
         old = jax.lax.dynamic_slice_in_dim(sub_lse, start // c2, c1 // c2, axis=1)
         sub_lse = jax.lax.dynamic_update_slice_in_dim(sub_lse, jnp.logaddexp(old, lse), start // c2, axis=1)
         return best, best_idx, sub_lse
