@@ -1,0 +1,323 @@
+"""Reading the model's answer inside jit, with exactly the results of RAGEN's Python regex.
+
+The reference (behaviour spec section 3) does, on the decoded assistant text:
+
+    m = re.search(r"<think>(.*?)</think>\\s*<answer>(.*?)</answer>", text, re.DOTALL)  # think mode
+    m = re.search(r"<answer>(.*?)</answer>", text, re.DOTALL)                          # no-think mode
+    pieces = [p.strip() for p in answer.split("||") if p.strip()][:max_actions_per_turn]
+    actions = [lookup[p.lower()] for p in pieces if p.lower() in lookup]   # lookup: name.lower() -> index
+
+`Parser.parse_text` is that code. `Parser.parse` computes the same thing on token ids inside jit:
+
+1. Decode: every id becomes its raw bytes (from `token_bytes_table`), scattered by cumulative
+   length into a per-row buffer of static size `len(ids) * Lmax`, Lmax being the longest token
+   actually present in the table (128 bytes for Qwen2.5). This is an exact upper bound, so no
+   input is ever truncated. Ids outside the table (or at positions >= length) contribute nothing.
+2. Why bytes suffice although Python works on the text decoded with errors="replace": ASCII bytes
+   are never swallowed by a U+FFFD replacement (they are not UTF-8 continuation bytes), so the
+   ASCII tags and `|` sit at the same places; and every whitespace character (Python's `\\s` and
+   `str.strip()` both use `str.isspace()`) is either an ASCII byte or a multi-byte sequence that
+   starts with a lead byte (C2, E1, E2, E3), which always starts a fresh character in the decoder,
+   so matching the complete byte pattern finds exactly the decoded whitespace characters, and a
+   replacement character never counts as whitespace.
+3. The leftmost match (think mode): it starts at the FIRST `<think>` (if any later `<think>` has a
+   match, the lazy group can stretch from the first one to the same `</think>`); its think part
+   ends at the first `</think>` (at or after the end of `<think>`) followed by whitespace only and
+   `<answer>`: `\\s*` is greedy and `<` is not whitespace, so it takes the whole whitespace run;
+   the answer ends at the first `</answer>` after that. If there is no such `</answer>`, longer
+   think parts can only start the answer later still, so there is no match at all. No-think mode:
+   first `<answer>`, then the first `</answer>` after it.
+4. `split("||")` is left to right and non-overlapping: in a run of `|` the separators start at
+   even offsets from the run start (an odd run leaves one literal `|`). Pieces are numbered by
+   counting separators; a piece's stripped extent runs from its first to its last byte that is
+   neither separator nor whitespace; non-empty pieces are ranked and the first
+   `max_actions_per_turn` kept.
+5. Case-insensitive match: action names must be ASCII. The only non-ASCII character whose
+   `.lower()` is ASCII is U+212A KELVIN SIGN (-> "k"); when some name contains a "k" the pieces
+   are compared in a folded byte stream where that 3-byte character counts as "k".
+
+Everything is O(bytes): a handful of elementwise ops, prefix scans and one or two scatters per
+row; no data-dependent shapes, no host round trips; `parse` is vmappable.
+"""
+
+from __future__ import annotations
+
+import re
+
+import flax
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from ragen_jax.tokenizer import token_bytes_table
+
+ACTION_SEP = "||"
+
+# Python's str.isspace() characters (also what re's \s matches in str patterns), as UTF-8 (see
+# module docstring, point 2): ASCII 9-13, 28-32; U+0085, U+00A0 (C2 xx); U+1680 (E1 9A 80);
+# U+2000-200A, U+2028, U+2029, U+202F (E2 80 xx); U+205F (E2 81 9F); U+3000 (E3 80 80).
+_KELVIN = (0xE2, 0x84, 0xAA)  # U+212A, lowercases to ASCII "k"
+
+
+@flax.struct.dataclass
+class Parsed:
+    """Result of parsing one assistant turn (numpy values from `parse_text`, jax arrays from `parse`).
+
+    actions:     int32 [max_actions_per_turn], indices into `action_names` of the valid pieces in
+                 answer order, -1 padding.
+    num_actions: int32 scalar, number of valid actions (entries of `actions` that are >= 0).
+    format_ok:   bool scalar, the regex matched.
+    has_invalid: bool scalar, some kept piece (one of the first max_actions_per_turn non-empty
+                 pieces) named no action. False when the regex did not match.
+    """
+
+    actions: jax.Array
+    num_actions: jax.Array
+    format_ok: jax.Array
+    has_invalid: jax.Array
+
+
+def format_penalty_applies(parsed: Parsed):
+    """The reference's format-penalty rule: the turn had an invalid piece OR no valid action.
+
+    (A turn whose regex did not match has no valid action, so it is penalised too.) Works on the
+    results of both `parse` (jax bool) and `parse_text` (numpy bool).
+    """
+    return parsed.has_invalid | (parsed.num_actions == 0)
+
+
+def _occurs(buf: jax.Array, pattern: bytes) -> jax.Array:
+    """bool [N]: `pattern` starts at i. Bytes past the end are 0, which no pattern byte is."""
+    n, m = buf.shape[0], len(pattern)
+    padded = jnp.concatenate([buf, jnp.zeros((m,), buf.dtype)])
+    hit = jnp.ones((n,), bool)
+    for j, c in enumerate(pattern):
+        hit &= padded[j : j + n] == c
+    return hit
+
+
+def _whitespace_cover(buf: jax.Array) -> jax.Array:
+    """bool [N]: byte i belongs to a (complete, decodable) whitespace character."""
+    n = buf.shape[0]
+    b = jnp.concatenate([buf, jnp.zeros((2,), buf.dtype)])
+    b0, b1, b2 = b[:n], b[1 : n + 1], b[2 : n + 2]
+    w1 = ((b0 >= 9) & (b0 <= 13)) | ((b0 >= 28) & (b0 <= 32))
+    w2 = (b0 == 0xC2) & ((b1 == 0x85) | (b1 == 0xA0))
+    e2_80 = ((b2 >= 0x80) & (b2 <= 0x8A)) | (b2 == 0xA8) | (b2 == 0xA9) | (b2 == 0xAF)
+    w3 = (
+        ((b0 == 0xE1) & (b1 == 0x9A) & (b2 == 0x80))
+        | ((b0 == 0xE2) & (b1 == 0x80) & e2_80)
+        | ((b0 == 0xE2) & (b1 == 0x81) & (b2 == 0x9F))
+        | ((b0 == 0xE3) & (b1 == 0x80) & (b2 == 0x80))
+    )
+
+    def shift(x, k):  # x[i - k], False before the start
+        return jnp.concatenate([jnp.zeros((k,), bool), x[: n - k]])
+
+    return w1 | w2 | w3 | shift(w2, 1) | shift(w3, 1) | shift(w3, 2)
+
+
+def _scan(x: jax.Array, kind: str, reverse: bool = False) -> jax.Array:
+    """Inclusive prefix sum / max / min."""
+    return {"sum": jax.lax.cumsum, "max": jax.lax.cummax, "min": jax.lax.cummin}[kind](x, reverse=reverse)
+
+
+def _first(mask: jax.Array) -> jax.Array:
+    """Index of the first True, or len(mask) if none."""
+    n = mask.shape[0]
+    return jnp.min(jnp.where(mask, jnp.arange(n, dtype=jnp.int32), n))
+
+
+class Parser:
+    """Parses an assistant turn into action indices, in jit (`parse`) and on the host (`parse_text`).
+
+    Both take the text as it appears after the generation prompt INCLUDING the forced `<think>`
+    (think mode) or `<answer>` (no-think mode) prefix: the caller puts the prefix ids in front of
+    the sampled ids, so that the same bytes reach both. `parse(ids, length)` reads `ids[:length]`;
+    `ids` may have any static length T (e.g. max_tokens = prefix + per-turn budget); its byte
+    buffer holds T * `token_max_bytes` bytes (see `max_bytes`).
+    """
+
+    def __init__(self, tokenizer, action_names: tuple[str, ...], max_actions_per_turn: int,
+                 think: bool = True, max_tokens: int = 400):
+        names = tuple(action_names)
+        if not names:
+            raise ValueError("action_names is empty; a parser needs at least one action name")
+        for n in names:
+            if not isinstance(n, str) or not n or not n.isascii():
+                raise ValueError(f"action names must be non-empty ASCII strings, got {n!r}")
+        lowered = [n.lower() for n in names]
+        if len(set(lowered)) != len(lowered):
+            raise ValueError(f"action names must differ case-insensitively, got {names}")
+        if int(max_actions_per_turn) < 1:
+            raise ValueError(f"max_actions_per_turn must be >= 1, got {max_actions_per_turn}")
+        if int(max_tokens) < 1:
+            raise ValueError(f"max_tokens must be >= 1, got {max_tokens}")
+        self.action_names = names
+        self.max_actions_per_turn = int(max_actions_per_turn)
+        self.think = bool(think)
+        self.max_tokens = int(max_tokens)
+        self._pattern = re.compile(
+            r"<think>(.*?)</think>\s*<answer>(.*?)</answer>" if self.think else r"<answer>(.*?)</answer>",
+            re.DOTALL,
+        )
+        self._lookup = {n: i for i, n in enumerate(lowered)}
+
+        table, lengths = token_bytes_table(tokenizer)
+        lengths = np.asarray(lengths, np.int32)
+        self.vocab_size = int(lengths.shape[0])
+        self.token_max_bytes = int(max(1, lengths.max()))
+        # Flat byte store (about 1 MB) instead of the [V, Lmax] table (about 19 MB): it is a
+        # constant of every program that parses. Padded by Lmax so that gathers stay in range.
+        offsets = (np.cumsum(lengths) - lengths).astype(np.int32)
+        mask = np.arange(table.shape[1])[None, :] < lengths[:, None]
+        flat = np.concatenate([np.asarray(table)[mask], np.zeros(self.token_max_bytes, np.uint8)])
+        self._flat = flat
+        self._offsets = offsets
+        self._lengths = lengths
+
+        name_len = max(len(n) for n in lowered)
+        self._name_bytes = np.zeros((len(names), name_len), np.uint8)
+        for i, n in enumerate(lowered):
+            self._name_bytes[i, : len(n)] = np.frombuffer(n.encode(), np.uint8)
+        self._name_lens = np.array([len(n) for n in lowered], np.int32)
+        self._fold_kelvin = any("k" in n for n in lowered)
+
+    @property
+    def max_bytes(self) -> int:
+        """Byte-buffer size for `max_tokens` ids: an exact bound, nothing is ever cut off."""
+        return self.max_tokens * self.token_max_bytes
+
+    # ---- host reference ------------------------------------------------------------------------
+    def parse_text(self, text: str) -> Parsed:
+        """The reference parse on a string (Python `re`); numpy values."""
+        k = self.max_actions_per_turn
+        actions = np.full((k,), -1, np.int32)
+        m = self._pattern.search(text)
+        if m is None:
+            return Parsed(actions, np.int32(0), np.bool_(False), np.bool_(False))
+        answer = m.group(2 if self.think else 1)
+        pieces = [p.strip() for p in answer.split(ACTION_SEP) if p.strip()][:k]
+        idx = [self._lookup.get(p.lower()) for p in pieces]
+        valid = [i for i in idx if i is not None]
+        actions[: len(valid)] = valid
+        return Parsed(actions, np.int32(len(valid)), np.bool_(True), np.bool_(len(valid) < len(idx)))
+
+    # ---- in-graph ------------------------------------------------------------------------------
+    def decode_bytes(self, ids: jax.Array, length: jax.Array) -> tuple[jax.Array, jax.Array]:
+        """ids int32 [T] -> (bytes uint8 [T * token_max_bytes], number of valid bytes). Jittable."""
+        ids = jnp.asarray(ids).astype(jnp.int32)
+        if ids.ndim != 1:
+            raise ValueError(f"parse expects one row of ids [T] (vmap for batches), got shape {ids.shape}")
+        t, lm = ids.shape[0], self.token_max_bytes
+        n = t * lm
+        ok = (jnp.arange(t) < length) & (ids >= 0) & (ids < self.vocab_size)
+        safe = jnp.where(ok, ids, 0)
+        tok_len = jnp.where(ok, jnp.asarray(self._lengths)[safe], 0)
+        start = jnp.cumsum(tok_len) - tok_len
+        j = jnp.arange(lm, dtype=jnp.int32)
+        src = jnp.asarray(self._offsets)[safe][:, None] + j[None, :]
+        vals = jnp.asarray(self._flat)[src]
+        dst = jnp.where(j[None, :] < tok_len[:, None], start[:, None] + j[None, :], n)
+        buf = jnp.zeros((n,), jnp.uint8).at[dst.reshape(-1)].set(vals.reshape(-1), mode="drop")
+        return buf, jnp.sum(tok_len)
+
+    def parse(self, ids: jax.Array, length: jax.Array) -> Parsed:
+        """ids int32 [T], length int32 scalar -> Parsed (jax arrays). Jittable and vmappable."""
+        buf, _ = self.decode_bytes(ids, length)
+        return self._parse_bytes(buf)
+
+    def _parse_bytes(self, buf: jax.Array) -> Parsed:
+        n = buf.shape[0]
+        k = self.max_actions_per_turn
+        pos = jnp.arange(n, dtype=jnp.int32)
+        big = jnp.int32(n)
+
+        def ext(x, fill):  # append one entry so that index n is valid
+            return jnp.concatenate([x, jnp.full((1,), fill, x.dtype)])
+
+        at_answer = ext(_occurs(buf, b"<answer>"), False)
+        at_close_answer = _occurs(buf, b"</answer>")
+
+        # --- the regex match: answer = bytes [a, z) --------------------------------------------
+        if self.think:
+            covered = _whitespace_cover(buf)
+            # next_solid[i]: first index >= i that is not part of a whitespace character.
+            next_solid = ext(_scan(jnp.where(covered, big, pos), "min", reverse=True), big)
+            p = _first(_occurs(buf, b"<think>"))
+            close_think = _occurs(buf, b"</think>") & (pos >= p + 7)
+            after = next_solid[jnp.minimum(pos + 8, n)]
+            t = _first(close_think & at_answer[after])
+            a = next_solid[jnp.minimum(t + 8, n)] + 8
+            found_open = t < n
+        else:
+            covered = None
+            p = _first(at_answer[:n])
+            a = p + 8
+            found_open = p < n
+        z = _first(at_close_answer & (pos >= a))
+        ok = found_open & (z < n)
+        in_answer = ok & (pos >= a) & (pos < z)
+
+        # --- split on "||" (left to right, non-overlapping) --------------------------------------
+        pipe = buf == ord("|")
+        run_start = _scan(jnp.where(pipe, -1, pos), "max") + 1  # first pipe of the run at i
+        next_pipe = jnp.concatenate([pipe[1:], jnp.zeros((1,), bool)])
+        sep = pipe & next_pipe & ((pos - run_start) % 2 == 0) & in_answer
+        sep_byte = sep | jnp.concatenate([jnp.zeros((1,), bool), sep[:-1]])
+        piece = _scan(sep.astype(jnp.int32), "sum")
+
+        # --- strip, drop empty pieces, keep the first k ------------------------------------------
+        if covered is None:
+            covered = _whitespace_cover(buf)
+        content = in_answer & ~sep_byte & ~covered
+        prev_c = _scan(jnp.where(content, pos, -1), "max")
+        prev_c = jnp.concatenate([jnp.full((1,), -1, jnp.int32), prev_c[:-1]])
+        next_c = _scan(jnp.where(content, pos, big), "min", reverse=True)
+        next_c = jnp.concatenate([next_c[1:], jnp.full((1,), big, jnp.int32)])
+        piece_ext = ext(piece, jnp.iinfo(jnp.int32).max)
+        first_of_piece = content & ((prev_c < 0) | (piece[jnp.maximum(prev_c, 0)] != piece))
+        last_of_piece = content & (piece_ext[next_c] != piece)
+        rank = _scan(first_of_piece.astype(jnp.int32), "sum") - 1
+        kept = jnp.minimum(rank[-1] + 1, k)  # number of kept (non-empty) pieces
+        slot_first = jnp.where(first_of_piece & (rank < k), rank, k)
+        slot_last = jnp.where(last_of_piece & (rank < k), rank, k)
+        starts = jnp.zeros((k,), jnp.int32).at[slot_first].set(pos, mode="drop")
+        ends = jnp.zeros((k,), jnp.int32).at[slot_last].set(pos + 1, mode="drop")
+
+        # --- compare each kept piece with every action name, case-insensitively -----------------
+        if self._fold_kelvin:
+            kelvin = _occurs(buf, bytes(_KELVIN))
+            dropped = jnp.concatenate([jnp.zeros((1,), bool), kelvin[:-1]]) | jnp.concatenate(
+                [jnp.zeros((2,), bool), kelvin[:-2]]
+            )
+            keep = ~dropped
+            folded_pos = ext(_scan(keep.astype(jnp.int32), "sum") - keep, jnp.sum(keep))
+            vals = jnp.where(kelvin, jnp.uint8(ord("k")), buf)
+            text = jnp.zeros((n,), jnp.uint8).at[jnp.where(keep, folded_pos[:n], n)].set(vals, mode="drop")
+            starts, ends = folded_pos[starts], folded_pos[ends]
+        else:
+            text = buf
+        name_bytes = jnp.asarray(self._name_bytes)  # [A, Ln], lowercase
+        name_lens = jnp.asarray(self._name_lens)
+        ln = name_bytes.shape[1]
+        seg = text[jnp.minimum(starts[:, None] + jnp.arange(ln)[None, :], n - 1)]  # [k, Ln]
+        seg = jnp.where((seg >= ord("A")) & (seg <= ord("Z")), seg + 32, seg)
+        same = (seg[:, None, :] == name_bytes[None, :, :]) | (jnp.arange(ln)[None, None, :] >= name_lens[None, :, None])
+        match = jnp.all(same, axis=-1) & ((ends - starts)[:, None] == name_lens[None, :])  # [k, A]
+        is_kept = jnp.arange(k) < kept
+        valid = is_kept & jnp.any(match, axis=-1)
+        action = jnp.argmax(match, axis=-1).astype(jnp.int32)
+        out_slot = jnp.where(valid, jnp.cumsum(valid.astype(jnp.int32)) - 1, k)
+        actions = jnp.full((k,), -1, jnp.int32).at[out_slot].set(action, mode="drop")
+        return Parsed(
+            actions=actions,
+            num_actions=jnp.sum(valid.astype(jnp.int32)),
+            format_ok=ok,
+            has_invalid=jnp.any(is_kept & ~valid),
+        )
+
+    format_penalty_applies = staticmethod(format_penalty_applies)
+
+
+__all__ = ["ACTION_SEP", "Parsed", "Parser", "format_penalty_applies"]
