@@ -47,10 +47,10 @@ class Room(NamedTuple):
     player: jax.Array   # int32 flat cell
 
 
-# Randomness: each stage draws ONE block of uint32 words with jax.random.bits and derives every
-# choice from it with integer arithmetic. Many small jax.random calls inside scan bodies made XLA
-# compile for ~15 s and run slowly; integer derivation also keeps rooms bit-identical on every
-# backend (no float argmax over Gumbel noise).
+# Randomness: each try draws ONE block of uint32 words with jax.random.bits and every stage derives
+# its choices from its slice with integer arithmetic. Many small jax.random calls inside scan bodies
+# made XLA compile for ~15 s and run ~10x slower; integer derivation also keeps rooms bit-identical
+# on every backend (no float argmax over Gumbel noise).
 
 
 def bits_below(word: jax.Array, n) -> jax.Array:
