@@ -9,7 +9,7 @@ from hypothesis import strategies as st
 
 from envs_jax.sokoban import SokobanState, make_sokoban
 from envs_jax.sokoban.types import SYMBOL_SETS
-from tests.envs_jax.ref_sokoban import RefSokoban, room_codes
+from tests.envs_jax.ref_sokoban import RefSokoban, bfs_length, room_codes
 
 H = W = 6
 N_ACTIONS = 13  # > max_steps_in_episode (10): covers truncation and the frozen steps after it
@@ -168,3 +168,27 @@ def test_make_errors():
         make_sokoban("Sokoban", num_boxes=5)
     env, params = make_sokoban("LargerSokoban", max_steps_in_episode=20, search_depth=5)
     assert params.max_steps_in_episode == 20 and env.config.search_depth == 5 and env.config.dim_room == (8, 8)
+
+
+def test_solver_edge_cases():
+    env, params = ENVS[1]
+    solve = jax.jit(env.solve)
+    corner = _hand_state(["######", "#X___#", "#__P_#", "#___O#", "#____#", "######"], 1)
+    sol = solve(corner, params)  # a box in a corner can never move
+    assert not bool(sol.solvable) and int(sol.length) == 0 and bool(jnp.all(sol.actions == -1))
+    solved = _hand_state(["######", "#√___#", "#__P_#", "#____#", "#____#", "######"], 1)
+    sol = solve(solved, params)
+    assert bool(sol.solvable) and int(sol.length) == 0
+    four = _hand_state(["######", "#_P__#", "#_X__#", "#____#", "#O___#", "######"], 1)
+    sol = solve(four, params)
+    assert bool(sol.solvable)
+    # Replay the returned actions through the env and check optimality against the Python BFS.
+    fixed, state = room_codes(np.asarray(four.walls), np.asarray(four.targets), np.asarray(four.boxes), int(four.player))
+    assert int(sol.length) == bfs_length(fixed, state)
+    s = four
+    for a in np.asarray(sol.actions)[: int(sol.length)]:
+        _, s, _, _, _ = env.step_env(jax.random.key(0), s, int(a), params)
+    assert bool(env.is_success(s, params))
+    # Depth limit: with max_len below the optimum the room counts as unsolvable.
+    short_env, short_params = make_sokoban("Sokoban", solver_max_len=int(sol.length) - 1)
+    assert not bool(jax.jit(short_env.solve)(four, short_params).solvable)
