@@ -131,6 +131,7 @@ class AlgoConfig:
     # StarPO-S filter: keep this fraction of groups with the largest in-group reward std (1 = off).
     filter_ratio: float = 0.25
     filter_mode: str = "largest"
+    filter_rounding: str = "floor"  # k = floor(ratio * P) as the reference's int(ratio * P)
     filter_type: str = "top_k"  # or "variance_cover"
     filter_cover: float = 0.9  # variance_cover: fraction of total variance to cover
     ppo_epochs: int = 1
@@ -144,6 +145,7 @@ class AlgoConfig:
         _choice("algo.kl_type", self.kl_type, ("k1", "k2", "k3"))
         _choice("algo.filter_mode", self.filter_mode, ("largest", "smallest"))
         _choice("algo.filter_type", self.filter_type, ("top_k", "variance_cover"))
+        _choice("algo.filter_rounding", self.filter_rounding, ("floor", "ceil"))
         if not 0 < self.filter_ratio <= 1:
             raise ConfigError(f"algo.filter_ratio must be in (0, 1], got {self.filter_ratio!r}")
         for name in ("eps_low", "eps_high"):
@@ -218,7 +220,9 @@ class Config:
             if hasattr(sub, "validate"):
                 sub.validate()
         a, r = self.algo, self.rollout
-        kept = _kept_groups(r.num_groups, a.filter_ratio) * r.group_size
+        from ragen_jax.training.filter import num_kept_groups
+
+        kept = num_kept_groups(r.num_groups, a.filter_ratio, a.filter_rounding) * r.group_size
         if kept < a.mini_batch_size:
             raise ConfigError(
                 f"the filter keeps {kept} trajectories per iteration (rollout.num_groups={r.num_groups} x "
@@ -233,12 +237,6 @@ class Config:
 
     def to_dict(self) -> dict:
         return dataclasses.asdict(self)
-
-
-def _kept_groups(num_groups: int, ratio: float) -> int:
-    import math
-
-    return max(1, min(num_groups, int(math.ceil(ratio * num_groups - 1e-9))))
 
 
 # ----------------------------------------------------------------------------------- loading

@@ -64,7 +64,7 @@ def build_policy(cfg: Config):
 
 
 class Trainer:
-    def __init__(self, cfg: Config, workdir: str | Path, *, quiet: bool = False):
+    def __init__(self, cfg: Config, workdir: str | Path, *, quiet: bool = False, devices=None):
         from ragen_jax.models import critic_from_policy
         from ragen_jax.models.qwen2.sharding import make_mesh, param_shardings
         from ragen_jax.text import PromptConfig, TextEnv
@@ -75,7 +75,11 @@ class Trainer:
         self._check_workdir()
 
         m = cfg.mesh
-        self.mesh = make_mesh(data=m.data, fsdp=m.fsdp, tensor=m.tensor)
+        devices = list(devices if devices is not None else jax.devices())
+        sizes = (m.data, m.fsdp, m.tensor)
+        if -1 not in sizes and math.prod(sizes) < len(devices):
+            devices = devices[: math.prod(sizes)]  # an explicit smaller mesh uses the first devices
+        self.mesh = make_mesh(data=m.data, fsdp=m.fsdp, tensor=m.tensor, devices=devices)
         n_batch_shards = self.mesh.shape["data"] * self.mesh.shape["fsdp"]
         check_batch_fits_mesh(cfg, n_batch_shards)
 
@@ -262,7 +266,3 @@ class Trainer:
 
     def save(self):
         self.ckpt.save(self.iteration, self.state, extra={"iteration": self.iteration})
-
-
-def _unused():  # keep imports used by type checkers quiet
-    return math

@@ -15,11 +15,8 @@ TARGETS: column t holds what is known about token t+1 (its log-prob comes from t
 
 from __future__ import annotations
 
-import dataclasses
 import functools
-import math
 import time
-from pathlib import Path
 from typing import Any
 
 import jax
@@ -106,21 +103,25 @@ class StepPrograms:
         self.has_critic = critic_graph is not None
         self.use_ref = cfg.algo.kl_coef > 0
         r, a = cfg.rollout, cfg.algo
-        self.kept_groups = filter_lib.num_kept_groups(r.num_groups, a.filter_ratio)
+        self.kept_groups = filter_lib.num_kept_groups(r.num_groups, a.filter_ratio, a.filter_rounding)
         self.kept_rows = self.kept_groups * r.group_size
         self.trace_counts = {"prepare": 0, "update": 0}
 
     # -- prepare: filter + no-grad passes + advantages --------------------------------------
     def prepare(self, actor, critic, ref, traj) -> tuple[Batch, dict]:
         self.trace_counts["prepare"] += 1
-        cfg, a, r = self.cfg, self.cfg.algo, self.cfg.rollout
-        rows, row_weight, fmetrics = filter_lib.select(
-            traj.reward, r.num_groups, r.group_size, ratio=a.filter_ratio, mode=a.filter_mode,
-            kind=a.filter_type, cover=a.filter_cover)
-        t = jax.tree.map(lambda x: x[rows], traj)
+        a, r = self.cfg.algo, self.cfg.rollout
+        n = r.group_size
+        # StarPO-S: keep the groups whose (raw) rewards vary most; static number of rows.
+        if a.filter_type == "top_k":
+            f = filter_lib.filter_groups(traj.reward, n, a.filter_ratio, select=a.filter_mode,
+                                         rounding=a.filter_rounding)
+        else:
+            f = filter_lib.filter_groups_variance_cover(traj.reward, n, a.filter_cover, k_max=self.kept_groups)
+        t = filter_lib.gather_rows(traj, f.rows)
         k, t_max = t.tokens.shape
         valid = jnp.arange(t_max)[None, :] < t.length[:, None]
-        mask = t.loss_mask[:, 1:] & (row_weight[:, None] > 0)
+        mask = t.loss_mask[:, 1:] & (f.row_weight[:, None] > 0)
         mb = min(a.mini_batch_size, k)
 
         logp_fn = functools.partial(sequence_logprobs, self.actor_graph, actor)
@@ -135,37 +136,26 @@ class StepPrograms:
             values = _in_minibatches(lambda x, v: val_fn(x, v), k, mb, t.tokens, valid)
         values = jnp.where(mask, values, 0.0)
 
-        # Trajectory scores, normalised within each initial-state group (identity for PPO).
-        group_ids = jnp.arange(k) // r.group_size
-        scores = adv_lib.normalize_rewards(t.reward, group_ids, self.kept_groups, a.reward_norm)
-        # Turn ends in target coordinates (token index - 1).
+        # Trajectory scores normalised within each initial-state group (identity for PPO), placed
+        # on the last sampled token (or per turn). Turn ends move to target coordinates (index - 1).
+        scores = adv_lib.normalize_rewards(t.reward, n, a.reward_norm)
         turn_end = jnp.where(t.turn_end >= 1, t.turn_end - 1, -1)
-        turn_scores = t.turn_reward + (scores - t.reward)[:, None] * (
-            jnp.arange(t.turn_reward.shape[1])[None, :] == (t.num_turns - 1)[:, None])
-        tok_rewards = adv_lib.token_rewards(mask, turn_end, turn_scores, scores, placement=a.reward_placement)
-        kl_tok = loss_lib.kl_penalty(old_logp, ref_logp, a.kl_type)
+        tok_rewards = adv_lib.token_rewards(mask, turn_end, t.turn_reward, scores, mode=a.reward_placement)
+        metrics = {}
         if self.use_ref and a.kl_in_reward:
-            tok_rewards = tok_rewards - a.kl_coef * jnp.where(mask, kl_tok, 0.0)
-
-        if a.adv_estimator == "gae":
-            if a.bi_level_gae:
-                advantages, returns = adv_lib.bi_level_gae(tok_rewards, values, mask, turn_end, a.gamma, a.lam)
-            else:
-                advantages, returns = adv_lib.gae(tok_rewards, values, mask, a.gamma, a.lam)
-            advantages = adv_lib.whiten(advantages, mask)
-        else:
-            advantages = adv_lib.outcome_advantages(a.adv_estimator, t.reward, group_ids, self.kept_groups, mask)
-            returns = advantages
+            tok_rewards, klm = loss_lib.kl_in_reward(tok_rewards, old_logp, ref_logp, mask, a.kl_coef, a.kl_type)
+            metrics.update({f"actor/{k_}": v for k_, v in klm.items()})
+        estimator = "bilevel_gae" if (a.adv_estimator == "gae" and a.bi_level_gae) else a.adv_estimator
+        advantages, returns = adv_lib.compute_advantages(
+            estimator, tok_rewards, mask, values=values, turn_end=turn_end, group_size=n, gamma=a.gamma, lam=a.lam)
         batch = Batch(tokens=t.tokens, valid=valid, mask=mask, old_logp=old_logp, ref_logp=ref_logp,
-                      values=values, advantages=jnp.where(mask, advantages, 0.0),
-                      returns=jnp.where(mask, returns, 0.0), row_weight=row_weight)
-        n_tok = jnp.maximum(jnp.sum(mask), 1)
-        metrics = dict(fmetrics)
+                      values=values, advantages=advantages, returns=returns, row_weight=f.row_weight)
+        metrics.update(f.metrics)
         metrics.update({
-            "critic/values_mean": jnp.sum(values) / n_tok,
-            "critic/returns_mean": jnp.sum(batch.returns) / n_tok,
-            "actor/advantages_mean": jnp.sum(batch.advantages) / n_tok,
-            "actor/ref_kl": jnp.sum(jnp.where(mask, kl_tok, 0.0)) / n_tok if self.use_ref else 0.0,
+            "critic/values_mean": adv_lib.masked_mean(values, mask),
+            "critic/returns_mean": adv_lib.masked_mean(returns, mask),
+            "actor/advantages_mean": adv_lib.masked_mean(advantages, mask),
+            "actor/advantages_abs_mean": adv_lib.masked_mean(jnp.abs(advantages), mask),
         })
         return batch, metrics
 
@@ -173,21 +163,26 @@ class StepPrograms:
     def _actor_loss(self, params, mb: Batch):
         a = self.cfg.algo
         logp, entropy = sequence_logprobs(self.actor_graph, params, mb.tokens, mb.valid)
-        pg_loss, m = loss_lib.ppo_policy_loss(
+        pg_loss, pm = loss_lib.ppo_policy_loss(
             logp, mb.old_logp, mb.advantages, mb.mask, eps_low=a.eps_low, eps_high=a.eps_high,
-            dual_clip=a.dual_clip, agg=a.loss_agg)
-        ent = loss_lib.aggregate(entropy, mb.mask, a.loss_agg)
+            dual_clip=a.dual_clip, agg_mode=a.loss_agg)
+        ent = loss_lib.entropy_loss(entropy, mb.mask, a.loss_agg)
         loss = pg_loss - a.entropy_coef * ent
+        m = {f"actor/{k}": v for k, v in pm.items()}
+        m["actor/approx_kl"] = pm["ppo_kl"]
         if self.use_ref and not a.kl_in_reward:
-            kl = loss_lib.aggregate(loss_lib.kl_penalty(logp, mb.ref_logp, a.kl_type), mb.mask, a.loss_agg)
+            kl = loss_lib.kl_loss(logp, mb.ref_logp, mb.mask, a.kl_type, a.loss_agg)
             loss = loss + a.kl_coef * kl
-            m = {**m, "actor/kl_loss": kl}
-        return loss, {**m, "actor/pg_loss": pg_loss, "actor/entropy": ent}
+            m["actor/kl_loss"] = kl
+        m["actor/entropy"] = jax.lax.stop_gradient(ent)
+        return loss, m
 
     def _critic_loss(self, params, mb: Batch):
         v = sequence_values(self.critic_graph, params, mb.tokens, mb.valid)
-        loss, m = loss_lib.value_loss(v, mb.values, mb.returns, mb.mask, clip=self.cfg.algo.value_clip)
-        return loss, {**m, "critic/value_loss": loss}
+        loss, m = loss_lib.value_loss(v, mb.values, mb.returns, mb.mask, clip=self.cfg.algo.value_clip,
+                                      agg_mode="token-mean")
+        return loss, {"critic/value_loss": m["vf_loss"], "critic/vf_clipfrac": m["vf_clipfrac"],
+                      "critic/vpred_mean": m["vpred_mean"]}
 
     def update(self, state: TrainState, batch: Batch) -> tuple[TrainState, dict]:
         self.trace_counts["update"] += 1
@@ -240,7 +235,7 @@ class StepPrograms:
 def check_batch_fits_mesh(cfg: Config, n_batch_shards: int) -> None:
     r, a = cfg.rollout, cfg.algo
     b = r.num_groups * r.group_size
-    kept = filter_lib.num_kept_groups(r.num_groups, a.filter_ratio) * r.group_size
+    kept = filter_lib.num_kept_groups(r.num_groups, a.filter_ratio, a.filter_rounding) * r.group_size
     for what, n in (("rollout batch P*N", b), ("kept trajectories", kept), ("algo.mini_batch_size", a.mini_batch_size)):
         if n % n_batch_shards:
             raise ConfigError(f"{what} = {n} is not divisible by the {n_batch_shards} devices of the mesh's "
@@ -251,10 +246,5 @@ def val_seeds(cfg: Config) -> np.ndarray:
     return cfg.train.val_seed + np.arange(cfg.train.val_size)
 
 
-def _timer():
-    t0 = time.perf_counter()
-    return lambda: time.perf_counter() - t0
-
-
 __all__ = ["Batch", "StepPrograms", "TrainState", "check_batch_fits_mesh", "make_optimizer", "sequence_logprobs",
-           "sequence_values", "val_seeds", "dataclasses", "math", "Path"]
+           "sequence_values", "val_seeds"]

@@ -1,0 +1,145 @@
+"""The training program end to end on the tiny CPU config: PPO and GRPO run, logs and checkpoints
+are written, a resumed run continues with exactly the metrics of an uninterrupted one, 8 devices give
+the numbers of 1 device, and bad input fails early with a clear message and nothing overwritten."""
+
+from __future__ import annotations
+
+import json
+import math
+import subprocess
+import sys
+from pathlib import Path
+
+import jax
+import numpy as np
+import pytest
+
+from ragen_jax.config import ConfigError, load_config
+from ragen_jax.training.loop import Trainer
+
+ROOT = Path(__file__).resolve().parents[3]
+# Smaller than configs/tiny_cpu.py so each run is a few seconds after compilation.
+FAST = ["--config.train.iterations=3", "--config.train.val_every=2", "--config.train.val_size=4",
+        "--config.train.save_every=1", "--config.rollout.num_groups=2", "--config.rollout.group_size=4",
+        "--config.algo.filter_ratio=0.5", "--config.algo.mini_batch_size=2", "--config.prompt.max_turns=2",
+        "--config.prompt.max_response_tokens=8", "--config.rollout.max_context=512", "--config.train.log_samples=1",
+        "--config.mesh.data=1"]
+
+
+def _cfg(*extra):
+    return load_config("tiny_cpu.py", [*FAST, *extra])
+
+
+def _strip_timing(hist):
+    return [{k: v for k, v in h.items() if not k.startswith("timing/")} for h in hist]
+
+
+@pytest.fixture(scope="module")
+def ppo_run(tmp_path_factory):
+    wd = tmp_path_factory.mktemp("ppo")
+    trainer = Trainer(_cfg(), wd, quiet=True)
+    hist = trainer.train()
+    return wd, hist
+
+
+def test_ppo_run_logs_checkpoints_and_finite_metrics(ppo_run):
+    wd, hist = ppo_run
+    assert [h["step"] for h in hist] == [1, 2, 3]
+    for h in hist:
+        for k in ("train/success", "train/reward_mean", "train/format_ok", "rollout/in_group_std",
+                  "rollout/chosen_in_group_std", "actor/entropy", "actor/grad_norm", "critic/grad_norm",
+                  "actor/pg_clipfrac_low", "actor/pg_clipfrac_high", "actor/approx_kl", "critic/value_loss",
+                  "response_length/mean", "timing/rollout_s", "timing/update_s", "echo_trap/score"):
+            assert k in h and math.isfinite(h[k]), k
+    assert list((wd / "tb").glob("events.out.tfevents.*"))
+    rows = [json.loads(x) for x in (wd / "metrics.jsonl").read_text().splitlines()]
+    assert any("val/Sokoban/success" in r for r in rows)  # validation at 0 and 2
+    steps = sorted(int(p.name) for p in (wd / "checkpoints").iterdir() if p.name.isdigit())
+    assert steps[-1] == 3
+    assert json.loads((wd / "config.json").read_text())["algo"]["adv_estimator"] == "gae"
+
+
+def test_resume_continues_exactly(ppo_run, tmp_path):
+    _, full = ppo_run
+    wd = tmp_path / "resume"
+    first = Trainer(_cfg("--config.train.iterations=2"), wd, quiet=True).train()
+    # "Rerunning the same command" with more iterations resumes from the checkpoint at 2.
+    rest = Trainer(_cfg(), wd, quiet=True).train()
+    assert [h["step"] for h in first + rest] == [1, 2, 3]
+    got, want = _strip_timing(first + rest), _strip_timing(full)
+    for g, w in zip(got, want):
+        assert g.keys() == w.keys()
+        for k in g:
+            np.testing.assert_allclose(g[k], w[k], rtol=1e-5, atol=1e-6, err_msg=k)
+
+
+def test_grpo_without_critic_runs(tmp_path):
+    cfg = _cfg("--config.algo.adv_estimator=grpo", "--config.algo.reward_norm=mean_std", "--config.model.critic=none",
+               "--config.train.iterations=1", "--config.train.val_every=0")
+    hist = Trainer(cfg, tmp_path / "grpo", quiet=True).train()
+    assert len(hist) == 1 and math.isfinite(hist[0]["actor/pg_loss"])
+    assert "critic/value_loss" not in hist[0]
+
+
+def test_eight_devices_match_one_device(tmp_path):
+    if jax.device_count() < 8:
+        pytest.skip("needs 8 (simulated) devices")
+    over = ("--config.train.iterations=1", "--config.train.val_every=0", "--config.algo.mini_batch_size=4",
+            "--config.train.log_samples=0")
+    one = Trainer(_cfg(*over, "--config.mesh.data=1"), tmp_path / "one", quiet=True)
+    eight = Trainer(_cfg(*over, "--config.mesh.data=2", "--config.mesh.fsdp=2", "--config.mesh.tensor=2"),
+                    tmp_path / "eight", quiet=True)
+    h1, h8 = one.train()[0], eight.train()[0]
+    for k in ("train/reward_mean", "actor/pg_loss", "actor/entropy", "critic/value_loss", "actor/grad_norm"):
+        np.testing.assert_allclose(h8[k], h1[k], rtol=2e-4, atol=1e-5, err_msg=k)
+    p1 = jax.tree.leaves(jax.device_get(one.state.actor))
+    p8 = jax.tree.leaves(jax.device_get(eight.state.actor))
+    for a, b in zip(p1, p8):
+        np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-6)
+
+
+# ------------------------------------------------------------------------------------ bad input
+def test_bad_input_fails_before_anything_is_written(tmp_path, ppo_run):
+    with pytest.raises(ConfigError, match="unknown config key 'algo.epsilon'"):
+        _cfg("--config.algo.epsilon=0.2")
+    with pytest.raises(ConfigError, match="algo.eps_high expects a number"):
+        _cfg("--config.algo.eps_high=wide")
+    with pytest.raises(ConfigError, match="fewer than algo.mini_batch_size"):
+        _cfg("--config.algo.mini_batch_size=64")
+    with pytest.raises(ConfigError, match="is not a directory"):
+        load_config("sokoban.py", ["--config.model.path=/nonexistent/qwen"])
+    with pytest.raises(ConfigError, match="model.path is required"):
+        load_config("sokoban.py")
+    wd = tmp_path / "mesh"
+    with pytest.raises(ConfigError, match="not divisible"):
+        Trainer(_cfg("--config.mesh.data=8", "--config.rollout.group_size=3", "--config.algo.mini_batch_size=3"), wd)
+    assert not wd.exists() or not any(wd.iterdir())
+
+    # A run directory with a different config is refused; its files are untouched.
+    src, _ = ppo_run
+    before = (src / "config.json").read_text()
+    with pytest.raises(ConfigError, match="different config"):
+        Trainer(_cfg("--config.algo.eps_high=0.3"), src, quiet=True)
+    assert (src / "config.json").read_text() == before
+
+
+def test_corrupt_checkpoint_is_reported(tmp_path):
+    wd = tmp_path / "corrupt"
+    Trainer(_cfg("--config.train.iterations=1", "--config.train.val_every=0"), wd, quiet=True).train()
+    step_dir = wd / "checkpoints" / "1"
+    for f in step_dir.rglob("*"):
+        if f.is_file() and f.stat().st_size > 0 and "state" in str(f):
+            f.write_bytes(b"garbage")
+    from ragen_jax.training.checkpoint import CheckpointError
+
+    with pytest.raises(CheckpointError, match="cannot be restored"):
+        Trainer(_cfg("--config.train.iterations=2", "--config.train.val_every=0"), wd, quiet=True)
+
+
+def test_launch_cli_reports_config_errors_in_one_line(tmp_path):
+    r = subprocess.run([sys.executable, str(ROOT / "launch" / "tpu_train.py"), "--config", "tiny_cpu.py",
+                        "--workdir", str(tmp_path / "w"), "--config.algo.bogus=1"],
+                       capture_output=True, text=True, cwd=ROOT, timeout=120)
+    assert r.returncode == 2
+    assert r.stderr.strip().startswith("error: unknown config key 'algo.bogus'")
+    assert len(r.stderr.strip().splitlines()) == 1
