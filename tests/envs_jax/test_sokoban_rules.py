@@ -37,12 +37,17 @@ def rooms(draw, num_boxes):
     flat = [(1 + c // 4) * W + 1 + c % 4 for c in cells]
     player, boxes = flat[0], flat[1:1 + num_boxes]
     targets = flat[1 + num_boxes:1 + 2 * num_boxes]
-    if draw(st.booleans()):  # often put a target right next to a box so episodes can be won
+    first_action = None
+    if draw(st.booleans()):  # often: player, box 0 and its target in a line, so pushes and wins happen
+        a = draw(st.integers(0, 3))
+        d = (-W, W, -1, 1)[a]
         b = boxes[0]
-        for nb in (b - 1, b + 1, b - W, b + W):
-            if nb in flat[1 + 2 * num_boxes:] and 0 < nb % W < W - 1 and 0 < nb // W < H - 1:
-                targets = [nb] + targets[1:]
-                break
+        line = (b - d, b + d)
+        if all(0 < c % W < W - 1 and 0 < c // W < H - 1 and c not in boxes for c in line):
+            player = line[0]
+            targets = [line[1]] + [t for t in targets[1:] if t not in line]
+            targets += [c for c in flat[1 + num_boxes:] if c not in (player, *targets, *boxes)][: num_boxes - len(targets)]
+            first_action = a
     used = {player, *boxes, *targets}
     walls_in = [c for c in flat[1 + 2 * num_boxes:] if c not in used][:n_walls]
     walls = np.ones((H, W), bool)
@@ -53,6 +58,8 @@ def rooms(draw, num_boxes):
     for t in targets:
         tg[t // W, t % W] = True
     actions = draw(st.lists(st.integers(0, 3), min_size=N_ACTIONS, max_size=N_ACTIONS))
+    if first_action is not None and draw(st.booleans()):
+        actions[0] = first_action
     return walls, tg, np.array(boxes, np.int32), player, np.array(actions, np.int32)
 
 
