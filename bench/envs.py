@@ -57,6 +57,9 @@ REFERENCE_SPEEDS = {
     "Bandit": {"resets_per_s": 87000, "steps_per_s": 771000},
 }
 
+# The reference's reverse-play DFS depth (RAGEN config/envs.yaml; SokobanConfig's default is 300).
+REFERENCE_SEARCH_DEPTH = {"Sokoban": 300, "LargerSokoban": 10}
+
 
 # ---------------------------------------------------------------------------------------------------
 # Setup shared by the benchmark and its smoke test
@@ -264,7 +267,7 @@ def bench_resets(setup: Setup, batch: int, repeats: int = 3, numpy_max_rooms: in
 
     def host_rooms(rng):
         for _ in range(n_np):
-            npe.generate_sokoban_room(rng, cfg.dim_room, cfg.num_boxes)
+            npe.generate_sokoban_room(rng, cfg.dim_room, cfg.num_boxes, REFERENCE_SEARCH_DEPTH[setup.name])
 
     tn = Timing()
     for r in range(_reps(repeats, n_np * 100)):
@@ -389,8 +392,9 @@ def main(argv=None) -> dict:
                                       "vmapped, lax.scan of inner_steps per jitted call; ended episodes restored",
                       numpy_step_definition="tokenizer.decode(answer) + re parse + Python env step + segment text "
                                             "+ tokenizer.encode, one env at a time",
-                      numpy_reset_definition="gym-sokoban-like host generator (DFS reverse play, depth 300, "
-                                             "4 tries) + RAGEN player jitter, bench/numpy_envs.py"),
+                      numpy_reset_definition="gym-sokoban-like host generator (DFS reverse play, depth 300 "
+                                             "for Sokoban and 10 for LargerSokoban as in RAGEN's envs.yaml, "
+                                             "4 tries then start over) + RAGEN player jitter, bench/numpy_envs.py"),
         steps=rows,
         resets=resets,
         breakdown=breakdown,

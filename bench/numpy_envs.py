@@ -220,7 +220,9 @@ def generate_sokoban_room(rng: random.Random, dim_room=(6, 6), num_boxes: int = 
     """A solvable room by the reference's method (host-side): topology, placement, reverse search, jitter."""
     h, w = dim_room
     num_steps = int(1.7 * (h + w))
-    for _ in range(tries):
+    # gym-sokoban raises after `tries` zero-score topologies and RAGEN's reset catches that and
+    # starts over with a new seed; the same, as a loop.
+    for attempt in range(1000 * tries):
         floor = _topology(rng, h, w, num_steps, p_change)
         cells = [tuple(x) for x in np.argwhere(floor)]
         if len(cells) <= num_boxes + 1:
@@ -231,7 +233,7 @@ def generate_sokoban_room(rng: random.Random, dim_room=(6, 6), num_boxes: int = 
         if score > 0:
             break
     else:
-        raise RuntimeError("room generation failed: every try scored 0")
+        raise RuntimeError(f"room generation failed: {1000 * tries} topologies all scored 0")
     # RAGEN's add_random_player_movement: up to 3 non-pushing moves to unvisited free cells.
     disp = sum(abs(b[0] - t[0]) + abs(b[1] - t[1]) for b, t in zip(boxes, targets))
     if rng.random() <= (0.8 if disp == 1 else 0.5):
