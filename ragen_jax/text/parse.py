@@ -117,11 +117,6 @@ def _whitespace_cover(buf: jax.Array) -> jax.Array:
     return w1 | w2 | w3 | shift(w2, 1) | shift(w3, 1) | shift(w3, 2)
 
 
-def _scan(x: jax.Array, kind: str, reverse: bool = False) -> jax.Array:
-    """Inclusive prefix sum / max / min."""
-    return {"sum": jax.lax.cumsum, "max": jax.lax.cummax, "min": jax.lax.cummin}[kind](x, reverse=reverse)
-
-
 def _first(mask: jax.Array) -> jax.Array:
     """Index of the first True, or len(mask) if none."""
     n = mask.shape[0]
@@ -231,71 +226,68 @@ class Parser:
         n = buf.shape[0]
         k = self.max_actions_per_turn
         pos = jnp.arange(n, dtype=jnp.int32)
-        big = jnp.int32(n)
 
-        def ext(x, fill):  # append one entry so that index n is valid
-            return jnp.concatenate([x, jnp.full((1,), fill, x.dtype)])
+        def shift(x, d, fill):  # x[i - d]
+            return jnp.concatenate([jnp.full((d,), fill, x.dtype), x[: n - d]])
 
-        at_answer = ext(_occurs(buf, b"<answer>"), False)
-        at_close_answer = _occurs(buf, b"</answer>")
+        def unshift(x, d, fill):  # x[i + d]
+            return jnp.concatenate([x[d:], jnp.full((d,), fill, x.dtype)])
+
+        solid = ~_whitespace_cover(buf)
+        at_answer = _occurs(buf, b"<answer>")
+
+        # "||" separators, left to right and non-overlapping: even offsets in a run of pipes.
+        # Computed on the whole buffer: runs inside the answer are bounded by its tags' > and <.
+        pipe = buf == ord("|")
+        run_start = jax.lax.cummax(jnp.where(pipe, -1, pos)) + 1
+        sep = pipe & unshift(pipe, 1, False) & ((pos - run_start) % 2 == 0)
+        sep_byte = sep | shift(sep, 1, False)
+
+        if self.think:
+            p = _first(_occurs(buf, b"<think>"))
+            # The ">" of a "</think>" that starts at or after the end of the first "<think>".
+            close_end = shift(_occurs(buf, b"</think>") & (pos >= p + 7), 7, False)
+        else:
+            close_end = jnp.zeros((n,), bool)
+        # Nearest solid (non-whitespace) byte before / after each i, with two flags packed in
+        # the low bits so that no gather is needed: bit 1 = it ends a qualifying "</think>",
+        # bit 0 = it is a separator byte. Gathers and scatters are the slow ops under vmap.
+        key = 4 * pos + 2 * close_end.astype(jnp.int32) + sep_byte.astype(jnp.int32)
+        prev_key = shift(jax.lax.cummax(jnp.where(solid, key, -1)), 1, -1)
+        next_key = unshift(jax.lax.cummin(jnp.where(solid, key, 4 * n), reverse=True), 1, 4 * n)
+        prev_pos, next_pos = prev_key >> 2, next_key >> 2  # -1 / n when there is none
 
         # --- the regex match: answer = bytes [a, z) --------------------------------------------
         if self.think:
-            covered = _whitespace_cover(buf)
-            # next_solid[i]: first index >= i that is not part of a whitespace character.
-            next_solid = ext(_scan(jnp.where(covered, big, pos), "min", reverse=True), big)
-            p = _first(_occurs(buf, b"<think>"))
-            close_think = _occurs(buf, b"</think>") & (pos >= p + 7)
-            after = next_solid[jnp.minimum(pos + 8, n)]
-            t = _first(close_think & at_answer[after])
-            a = next_solid[jnp.minimum(t + 8, n)] + 8
-            found_open = t < n
+            # "<answer>" whose previous solid byte ends "</think>": only whitespace in between.
+            # The first such "<answer>" belongs to the first qualifying "</think>".
+            q = _first(at_answer & (prev_key >= 0) & ((prev_key & 2) != 0))
         else:
-            covered = None
-            p = _first(at_answer[:n])
-            a = p + 8
-            found_open = p < n
-        z = _first(at_close_answer & (pos >= a))
-        ok = found_open & (z < n)
+            q = _first(at_answer)
+        a = q + 8
+        z = _first(_occurs(buf, b"</answer>") & (pos >= a))
+        ok = (q < n) & (z < n)
         in_answer = ok & (pos >= a) & (pos < z)
 
-        # --- split on "||" (left to right, non-overlapping) --------------------------------------
-        pipe = buf == ord("|")
-        run_start = _scan(jnp.where(pipe, -1, pos), "max") + 1  # first pipe of the run at i
-        next_pipe = jnp.concatenate([pipe[1:], jnp.zeros((1,), bool)])
-        sep = pipe & next_pipe & ((pos - run_start) % 2 == 0) & in_answer
-        sep_byte = sep | jnp.concatenate([jnp.zeros((1,), bool), sep[:-1]])
-        piece = _scan(sep.astype(jnp.int32), "sum")
-
         # --- strip, drop empty pieces, keep the first k ------------------------------------------
-        if covered is None:
-            covered = _whitespace_cover(buf)
-        content = in_answer & ~sep_byte & ~covered
-        prev_c = _scan(jnp.where(content, pos, -1), "max")
-        prev_c = jnp.concatenate([jnp.full((1,), -1, jnp.int32), prev_c[:-1]])
-        next_c = _scan(jnp.where(content, pos, big), "min", reverse=True)
-        next_c = jnp.concatenate([next_c[1:], jnp.full((1,), big, jnp.int32)])
-        piece_ext = ext(piece, jnp.iinfo(jnp.int32).max)
-        first_of_piece = content & ((prev_c < 0) | (piece[jnp.maximum(prev_c, 0)] != piece))
-        last_of_piece = content & (piece_ext[next_c] != piece)
-        rank = _scan(first_of_piece.astype(jnp.int32), "sum") - 1
+        content = in_answer & solid & ~sep_byte
+        first_of_piece = content & ((prev_pos < a) | ((prev_key & 1) != 0))
+        last_of_piece = content & ((next_pos >= z) | ((next_key & 1) != 0))
+        rank = jnp.cumsum(first_of_piece.astype(jnp.int32)) - 1  # of the piece, at its bytes
         kept = jnp.minimum(rank[-1] + 1, k)  # number of kept (non-empty) pieces
-        slot_first = jnp.where(first_of_piece & (rank < k), rank, k)
-        slot_last = jnp.where(last_of_piece & (rank < k), rank, k)
-        starts = jnp.zeros((k,), jnp.int32).at[slot_first].set(pos, mode="drop")
-        ends = jnp.zeros((k,), jnp.int32).at[slot_last].set(pos + 1, mode="drop")
+        slots = jnp.arange(k, dtype=jnp.int32)[:, None]
+        starts = jnp.min(jnp.where(first_of_piece & (rank == slots), pos, n), axis=1)  # [k]
+        ends = jnp.max(jnp.where(last_of_piece & (rank == slots), pos + 1, 0), axis=1)
 
         # --- compare each kept piece with every action name, case-insensitively -----------------
         if self._fold_kelvin:
             kelvin = _occurs(buf, bytes(_KELVIN))
-            dropped = jnp.concatenate([jnp.zeros((1,), bool), kelvin[:-1]]) | jnp.concatenate(
-                [jnp.zeros((2,), bool), kelvin[:-2]]
-            )
-            keep = ~dropped
-            folded_pos = ext(_scan(keep.astype(jnp.int32), "sum") - keep, jnp.sum(keep))
+            keep = ~(shift(kelvin, 1, False) | shift(kelvin, 2, False))
+            folded = jnp.cumsum(keep.astype(jnp.int32)) - keep  # index in the folded text
             vals = jnp.where(kelvin, jnp.uint8(ord("k")), buf)
-            text = jnp.zeros((n,), jnp.uint8).at[jnp.where(keep, folded_pos[:n], n)].set(vals, mode="drop")
-            starts, ends = folded_pos[starts], folded_pos[ends]
+            text = jnp.zeros((n,), jnp.uint8).at[jnp.where(keep, folded, n)].set(vals, mode="drop")
+            folded = jnp.concatenate([folded, jnp.sum(keep, keepdims=True, dtype=jnp.int32)])
+            starts, ends = folded[starts], folded[ends]
         else:
             text = buf
         name_bytes = jnp.asarray(self._name_bytes)  # [A, Ln], lowercase
