@@ -28,16 +28,21 @@ The reference (behaviour spec section 3) does, on the decoded assistant text:
    think parts can only start the answer later still, so there is no match at all. No-think mode:
    first `<answer>`, then the first `</answer>` after it.
 4. `split("||")` is left to right and non-overlapping: in a run of `|` the separators start at
-   even offsets from the run start (an odd run leaves one literal `|`). Pieces are numbered by
-   counting separators; a piece's stripped extent runs from its first to its last byte that is
-   neither separator nor whitespace; non-empty pieces are ranked and the first
-   `max_actions_per_turn` kept.
+   even offsets from the run start (an odd run leaves one literal `|`). A piece's stripped extent
+   runs from its first to its last byte that is neither separator nor whitespace ("content"). A
+   content byte starts a non-empty piece iff the nearest non-whitespace byte before it is a
+   separator or lies before the answer; it ends one iff the nearest non-whitespace byte after it
+   is a separator or the `</answer>`. Counting piece starts ranks the non-empty pieces; the first
+   `max_actions_per_turn` are kept.
 5. Case-insensitive match: action names must be ASCII. The only non-ASCII character whose
    `.lower()` is ASCII is U+212A KELVIN SIGN (-> "k"); when some name contains a "k" the pieces
    are compared in a folded byte stream where that 3-byte character counts as "k".
 
-Everything is O(bytes): a handful of elementwise ops, prefix scans and one or two scatters per
-row; no data-dependent shapes, no host round trips; `parse` is vmappable.
+Cost: O(bytes) per row, with no data-dependent shapes and no host round trips; `parse` is
+vmappable. Per row: elementwise ops, three prefix max/min scans, two prefix sums, one scatter
+(the decode) and no gathers over the buffer (under vmap, gathers and scatters are the slow ops;
+the flags each step needs are packed into the low bits of the scanned positions). Measured on the
+shared 2-core CPU: 128 rows x 401 tokens (51,328-byte buffers) in about 0.4-0.8 s CPU time.
 """
 
 from __future__ import annotations
@@ -159,7 +164,7 @@ class Parser:
         self._lookup = {n: i for i, n in enumerate(lowered)}
 
         table, lengths = token_bytes_table(tokenizer)
-        lengths = np.asarray(lengths, np.int32)
+        lengths = np.asarray(lengths)
         self.vocab_size = int(lengths.shape[0])
         self.token_max_bytes = int(max(1, lengths.max()))
         # Flat byte store (about 1 MB) instead of the [V, Lmax] table (about 19 MB): it is a
@@ -169,7 +174,8 @@ class Parser:
         flat = np.concatenate([np.asarray(table)[mask], np.zeros(self.token_max_bytes, np.uint8)])
         self._flat = flat
         self._offsets = offsets
-        self._lengths = lengths
+        # uint8 when it fits: a smaller constant in every program that parses.
+        self._lengths = lengths.astype(np.uint8 if self.token_max_bytes < 256 else np.int32)
 
         name_len = max(len(n) for n in lowered)
         self._name_bytes = np.zeros((len(names), name_len), np.uint8)
@@ -208,7 +214,7 @@ class Parser:
         n = t * lm
         ok = (jnp.arange(t) < length) & (ids >= 0) & (ids < self.vocab_size)
         safe = jnp.where(ok, ids, 0)
-        tok_len = jnp.where(ok, jnp.asarray(self._lengths)[safe], 0)
+        tok_len = jnp.where(ok, jnp.asarray(self._lengths)[safe].astype(jnp.int32), 0)
         start = jnp.cumsum(tok_len) - tok_len
         j = jnp.arange(lm, dtype=jnp.int32)
         src = jnp.asarray(self._offsets)[safe][:, None] + j[None, :]
