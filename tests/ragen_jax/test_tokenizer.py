@@ -137,3 +137,24 @@ def test_missing_dir_errors(tmp_path):
         load_tokenizer(tmp_path)
     with pytest.raises(ValueError, match="vocab_size"):
         token_bytes_table(load_tokenizer(), vocab_size=0)
+
+
+def test_cache_build_is_atomic_and_race_safe(tmp_path, monkeypatch):
+    """A second builder that loses the rename race leaves the first cache intact and no temp dirs;
+    a fresh cache dir is found through $RAGEN_JAX_CACHE."""
+    from tokenizers import Tokenizer, models
+
+    def tiny_backend(_):
+        return Tokenizer(models.BPE(vocab={"a": 0, "b": 1, "ab": 2}, merges=[("a", "b")]))
+
+    monkeypatch.setattr(tkz, "_build_backend", tiny_backend)
+    target = tmp_path / "tokenizer" / "v"
+    tkz._build_into_cache(tkz._tiktoken_path(), target)
+    first = (target / "tokenizer.json").read_bytes()
+    tkz._build_into_cache(tkz._tiktoken_path(), target)  # loses the race: rename onto a full dir
+    assert (target / "tokenizer.json").read_bytes() == first
+    assert sorted(p.name for p in target.parent.iterdir()) == ["v"]
+
+    monkeypatch.setenv("RAGEN_JAX_CACHE", str(tmp_path / "fresh"))
+    d = tkz.default_tokenizer_dir()
+    assert d.parent == tmp_path / "fresh" / "tokenizer" and (d / "tokenizer.json").is_file()
