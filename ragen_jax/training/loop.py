@@ -19,6 +19,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 from flax import nnx
+from jax.sharding import NamedSharding, PartitionSpec
 
 import envs_jax
 from ragen_jax.config import Config, ConfigError
@@ -99,14 +100,15 @@ class Trainer:
         self.ref = actor if cfg.algo.kl_coef > 0 else None  # the frozen initial policy (same arrays, never updated)
         actor_opt = make_optimizer(cfg.optim.actor_lr, cfg.optim)
         critic_opt = make_optimizer(cfg.optim.critic_lr, cfg.optim)
+        replicated = NamedSharding(self.mesh, PartitionSpec())
         state = TrainState(
-            iteration=jnp.zeros((), jnp.int32),
-            key=jax.random.PRNGKey(cfg.train.seed),
+            iteration=jax.device_put(jnp.zeros((), jnp.int32), replicated),
+            key=jax.device_put(jax.random.PRNGKey(cfg.train.seed), replicated),
             actor=actor,
             actor_opt=put(actor_opt.init(actor)),
             critic=critic,
             critic_opt=put(critic_opt.init(critic)) if critic_graph is not None else {},
-            skipped_updates=jnp.zeros((), jnp.int32),
+            skipped_updates=jax.device_put(jnp.zeros((), jnp.int32), replicated),
         )
         self.programs = StepPrograms(cfg, self.policy_graph, critic_graph, actor_opt, critic_opt)
         state_shardings = jax.tree.map(lambda x: x.sharding, state)

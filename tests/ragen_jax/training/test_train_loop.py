@@ -92,10 +92,14 @@ def test_eight_devices_match_one_device(tmp_path):
     h1, h8 = one.train()[0], eight.train()[0]
     for k in ("train/reward_mean", "actor/pg_loss", "actor/entropy", "critic/value_loss", "actor/grad_norm"):
         np.testing.assert_allclose(h8[k], h1[k], rtol=2e-4, atol=1e-5, err_msg=k)
+    # Updated params agree to a small fraction of one Adam step (lr 1e-4): float reassociation across
+    # shards can move a near-zero gradient, which Adam's normalisation turns into a visible change.
     p1 = jax.tree.leaves(jax.device_get(one.state.actor))
     p8 = jax.tree.leaves(jax.device_get(eight.state.actor))
-    for a, b in zip(p1, p8):
-        np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-6)
+    p0 = jax.tree.leaves(jax.device_get(Trainer(_cfg(*over, "--config.mesh.data=1"), tmp_path / "init", quiet=True).state.actor))
+    for a, b, c in zip(p1, p8, p0):
+        np.testing.assert_allclose(a, b, atol=5e-6)
+        assert np.abs(a - c).max() > 1e-5  # the update really moved the parameters
 
 
 # ------------------------------------------------------------------------------------ bad input
