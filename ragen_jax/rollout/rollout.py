@@ -70,10 +70,18 @@ class Rollout:
     its rollouts. `key` drives sampling and env randomness (e.g. FrozenLake slips), differently per row.
     `mesh`: optional; the batch axis is sharded over `batch_axes` of the mesh (params keep the
     shardings they arrive with), giving the same numbers as one device.
+    `teacher`: optional `(state, turn, key) -> (ids int32 [max_response_tokens], length)` written in
+    place of sampling (per row, vmapped; `turn` is 1-based). With a teacher the policy is never run
+    (`model` may be None, `params` is ignored): this makes solver demonstrations in exactly the
+    conversation format of the rollout (the supervised warm start).
     """
 
-    def __init__(self, model, text_env, config: RolloutConfig, *, mesh=None, batch_axes=("data", "fsdp")):
-        self.graphdef, _ = nnx.split(model)
+    def __init__(self, model, text_env, config: RolloutConfig, *, mesh=None, batch_axes=("data", "fsdp"),
+                 teacher=None):
+        self.teacher = teacher
+        if model is None and teacher is None:
+            raise ValueError("Rollout needs a model (or a teacher for demonstrations)")
+        self.graphdef = nnx.split(model)[0] if model is not None else None
         self.text_env = text_env
         self.config = config
         self.mesh = mesh
@@ -111,6 +119,17 @@ class Rollout:
         self._jitted = jax.jit(self._run)
 
     # ------------------------------------------------------------------------------------------
+    def _teach(self, state, turn, key, active, budget):
+        keys = jax.random.split(key, self.config.batch_size)
+        ids, n = jax.vmap(self.teacher, in_axes=(0, None, 0))(state, turn, keys)
+        ids = jnp.asarray(ids, jnp.int32)
+        if ids.shape[1] != self.max_new:
+            raise ValueError(f"teacher must return ids of length max_response_tokens={self.max_new}, got {ids.shape[1]}")
+        n = jnp.where(active, jnp.minimum(jnp.asarray(n, jnp.int32), budget), 0)
+        ids = jnp.where(jnp.arange(self.max_new)[None, :] < n[:, None], ids, ENDOFTEXT)
+        return sampler.SampleOutput(tokens=ids, logprobs=jnp.zeros(ids.shape, jnp.float32), lengths=n,
+                                    cache=None, stopped_by=jnp.zeros_like(n))
+
     def __call__(self, params, key, group_seeds) -> Trajectories:
         group_seeds = jnp.asarray(group_seeds, jnp.int32)
         if group_seeds.shape != (self.config.num_groups,):
@@ -129,7 +148,7 @@ class Rollout:
         self.trace_count += 1  # runs only while tracing: counts compilations
         cfg, te = self.config, self.text_env
         env, env_params = te.env, te.env_params
-        model = nnx.merge(self.graphdef, params)
+        model = nnx.merge(self.graphdef, params) if self.teacher is None else None
         n_grp, n_per = cfg.num_groups, cfg.group_size
         b, t_max = cfg.batch_size, cfg.max_context
         rows = jnp.arange(b)
@@ -139,11 +158,13 @@ class Rollout:
         _, state = jax.vmap(env.reset_env, in_axes=(0, None))(reset_keys, env_params)
         state = jax.tree.map(self._shard, state)
 
-        cache = init_cache(model, b, t_max, cfg.cache_dtype)
-        if hasattr(cache, "k"):
-            cache = cache.replace(k=self._shard(cache.k, 1), v=self._shard(cache.v, 1), end=self._shard(cache.end))
         prefix = jnp.broadcast_to(jnp.asarray(self.prefix), (b, len(self.prefix)))
-        _, cache = model(prefix, jnp.ones(prefix.shape, bool), cache)
+        cache = None
+        if model is not None:
+            cache = init_cache(model, b, t_max, cfg.cache_dtype)
+            if hasattr(cache, "k"):
+                cache = cache.replace(k=self._shard(cache.k, 1), v=self._shard(cache.v, 1), end=self._shard(cache.end))
+            _, cache = model(prefix, jnp.ones(prefix.shape, bool), cache)
         tokens = jnp.full((b, t_max), ENDOFTEXT, jnp.int32).at[:, : len(self.prefix)].set(prefix)
 
         zeros_i = jnp.zeros((b,), jnp.int32)
@@ -191,14 +212,17 @@ class Rollout:
             budget = jnp.clip(room, 0, max_new)
 
             tokens = _write_rows(c["tokens"], c["pos"], seg, seg_len)
-            valid = jnp.arange(seg.shape[1])[None, :] < seg_len[:, None]
-            logits, cache = sampler.prefill(model, c["cache"], seg, valid)
             gen_start = c["pos"] + seg_len
-            out = sampler.decode(
-                model, cache, logits, k_sample, max_new_tokens=max_new, budget=budget, active=active,
-                temperature=cfg.temperature, top_p=cfg.top_p, top_k=cfg.top_k, greedy=cfg.greedy,
-                use_top_p=(cfg.top_p < 1.0) and not cfg.greedy, stop_ids=(IM_END, ENDOFTEXT),
-                stop_table=stop_table)
+            if self.teacher is None:
+                valid = jnp.arange(seg.shape[1])[None, :] < seg_len[:, None]
+                logits, cache = sampler.prefill(model, c["cache"], seg, valid)
+                out = sampler.decode(
+                    model, cache, logits, k_sample, max_new_tokens=max_new, budget=budget, active=active,
+                    temperature=cfg.temperature, top_p=cfg.top_p, top_k=cfg.top_k, greedy=cfg.greedy,
+                    use_top_p=(cfg.top_p < 1.0) and not cfg.greedy, stop_ids=(IM_END, ENDOFTEXT),
+                    stop_table=stop_table)
+            else:
+                out = self._teach(st, turn + 1, k_sample, active, budget)
             n_gen = out.lengths
             tokens = _write_rows(tokens, gen_start, out.tokens, n_gen)
             loss_mask = _write_rows(c["loss_mask"], gen_start, jnp.ones(out.tokens.shape, bool), n_gen)

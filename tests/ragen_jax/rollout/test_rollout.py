@@ -195,3 +195,19 @@ def test_bad_settings_are_rejected(tok):
     ro = Rollout(ScriptedPolicy(np.zeros((2, 1, 1))), te, RolloutConfig(num_groups=2, group_size=1, max_context=512))
     with pytest.raises(ValueError, match="group_seeds"):
         ro(None, jax.random.PRNGKey(0), np.array([1, 2, 3]))
+
+
+def test_teacher_mode_writes_the_teacher_tokens_without_a_model(tok):
+    te = _text_env(tok, "Sokoban", max_turns=2, max_response_tokens=16)
+    ids = tok.encode(" go</think><answer>Up || Left</answer>", add_special_tokens=False) + [IM_END]
+    table = jnp.asarray(ids + [0] * (16 - len(ids)), jnp.int32)
+
+    def teacher(state, turn, key):
+        return table, jnp.int32(len(ids))
+
+    cfg = RolloutConfig(num_groups=1, group_size=2, max_context=512)
+    traj = Rollout(None, te, cfg, teacher=teacher)(None, jax.random.PRNGKey(0), np.array([4]))
+    for r in range(2):
+        turns = int(traj.num_turns[r])
+        assert _sampled(traj, r) == ids * turns
+        assert int(traj.num_format_errors[r]) == 0 and int(traj.num_actions[r]) == 2 * turns
