@@ -204,6 +204,29 @@ class TrainConfig:
 
 
 @dataclass
+class SFTConfig:
+    """Supervised warm start on solver demonstrations (launch/sft.py)."""
+
+    num_demos: int = 1024  # demonstration episodes (reference: 1k BFS-solver trajectories)
+    demo_seed: int = 50000  # demos use seeds demo_seed.. (disjoint from training and validation seeds)
+    epochs: int = 2
+    batch_size: int = 32  # trajectories per optimizer step
+    lr: float = 1e-5
+    # Bandit demonstrations choose the high-risk arm with this probability; 0.5 teaches only the
+    # format, leaving the risk preference for RL to discover.
+    bandit_high_prob: float = 0.5
+    save_every: int = 100  # optimizer steps between checkpoints
+
+    def validate(self):
+        _positive("sft.num_demos", self.num_demos)
+        _positive("sft.epochs", self.epochs)
+        _positive("sft.batch_size", self.batch_size)
+        _positive("sft.lr", self.lr)
+        if not 0 <= self.bandit_high_prob <= 1:
+            raise ConfigError(f"sft.bandit_high_prob must be in [0, 1], got {self.bandit_high_prob!r}")
+
+
+@dataclass
 class Config:
     model: ModelConfig = field(default_factory=ModelConfig)
     env: EnvConfig = field(default_factory=EnvConfig)
@@ -213,6 +236,7 @@ class Config:
     optim: OptimConfig = field(default_factory=OptimConfig)
     mesh: MeshConfig = field(default_factory=MeshConfig)
     train: TrainConfig = field(default_factory=TrainConfig)
+    sft: SFTConfig = field(default_factory=SFTConfig)
 
     def validate(self) -> "Config":
         for f in dataclasses.fields(self):
