@@ -76,3 +76,31 @@ def save_run_config(workdir: Path, config_dict: dict) -> None:
     tmp = path.with_suffix(".json.tmp")
     tmp.write_text(json.dumps(config_dict, indent=2, sort_keys=True, default=str))
     tmp.replace(path)
+
+
+POLICY_DIR = "policy"
+
+
+def save_policy(workdir: str | Path, params: Any) -> Path:
+    """Export the policy parameters alone (`<workdir>/policy`), e.g. the SFT warm start for RL."""
+    path = Path(workdir).expanduser().resolve() / POLICY_DIR
+    ckptr = ocp.StandardCheckpointer()
+    ckptr.save(path, params, force=True)
+    ckptr.wait_until_finished()
+    return path
+
+
+def load_policy_params(source: str | Path, like: Any) -> Any:
+    """Policy parameters from `<source>/policy` (an SFT or RL export), restored into `like`'s
+    structure, shapes and shardings. Raises CheckpointError naming the path on any mismatch."""
+    src = Path(source).expanduser().resolve()
+    path = src / POLICY_DIR if (src / POLICY_DIR).is_dir() else src
+    if not path.is_dir():
+        raise CheckpointError(f"no policy export at {path} (expected a directory written by save_policy)")
+    abstract = jax.tree.map(ocp.utils.to_shape_dtype_struct, like)
+    try:
+        return ocp.StandardCheckpointer().restore(path, abstract)
+    except Exception as e:
+        raise CheckpointError(f"policy export {path} cannot be restored ({type(e).__name__}: "
+                              f"{str(e).splitlines()[0] if str(e) else 'no detail'}); it may come from a "
+                              "different model shape") from None

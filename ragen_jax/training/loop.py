@@ -86,6 +86,7 @@ class Trainer:
 
         policy, self.tokenizer = build_policy(cfg)
         self.policy_graph, actor = nnx.split(policy)
+        self.policy = policy
         critic_graph, critic = None, {}
         if cfg.model.critic == "separate" and cfg.algo.adv_estimator == "gae":
             critic_model = critic_from_policy(policy, nnx.Rngs(cfg.train.seed + 1))
@@ -96,7 +97,15 @@ class Trainer:
         def put(tree):
             return jax.device_put(tree, param_shardings(tree, self.mesh)) if tree else tree
 
-        actor, critic = put(actor), put(critic)
+        actor = put(actor)
+        if cfg.model.init_from:
+            from ragen_jax.training.checkpoint import load_policy_params
+
+            actor = load_policy_params(cfg.model.init_from, actor)  # e.g. the SFT warm start
+            if critic_graph is not None:  # the critic's trunk starts from the same weights
+                critic_model = critic_from_policy(nnx.merge(self.policy_graph, actor), nnx.Rngs(cfg.train.seed + 1))
+                critic_graph, critic = nnx.split(critic_model)
+        critic = put(critic)
         self.ref = actor if cfg.algo.kl_coef > 0 else None  # the frozen initial policy (same arrays, never updated)
         actor_opt = make_optimizer(cfg.optim.actor_lr, cfg.optim)
         critic_opt = make_optimizer(cfg.optim.critic_lr, cfg.optim)
