@@ -24,7 +24,7 @@ from jax.sharding import NamedSharding, PartitionSpec
 import envs_jax
 from ragen_jax.config import Config, ConfigError
 from ragen_jax.rollout import Rollout, RolloutConfig, format_trajectory, group_seeds_for_iteration, rollout_metrics
-from ragen_jax.training.checkpoint import Checkpointer, save_run_config
+from ragen_jax.training.checkpoint import Checkpointer, save_policy, save_run_config
 from ragen_jax.training.logger import EchoTrapMonitor, Logger
 from ragen_jax.training.trainer import StepPrograms, TrainState, check_batch_fits_mesh, make_optimizer, val_seeds
 
@@ -264,6 +264,8 @@ class Trainer:
                     self._log_validation(step)
                 if step % cfg.train.save_every == 0 or step == cfg.train.iterations:
                     self.save()
+            # Policy export for eval and later runs (every process takes part: it is a collective save).
+            save_policy(self.workdir, self.state.actor)
         finally:
             self.ckpt.wait()
             self.logger.close()
