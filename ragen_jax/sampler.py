@@ -391,7 +391,7 @@ def decode(
     top_p = jnp.asarray(top_p, jnp.float32)
     stop_arr = jnp.asarray(stop_ids, jnp.int32) if stop_ids else None
     w = stop_table.patterns.shape[1] - 1 if stop_table is not None else 0
-    head = None if (top_k or use_top_p) else _head_weight(model)
+    head = _head_weight(model) if (greedy or not (top_k or use_top_p)) else None
 
     def sample_logits(logits, step):
         return _sample(logits, jax.random.fold_in(key, step), temperature, top_p, greedy=greedy, top_k=top_k, use_top_p=use_top_p)
