@@ -53,8 +53,11 @@ class ModelConfig:
     # Critic: "separate" (a copy of the base model + value head, the reference default), "shared"
     # (value head on the policy trunk) or "none" (GRPO-family estimators need no critic).
     critic: str = "separate"
-    # Start the policy from this orbax checkpoint or HF directory (e.g. the SFT warm start).
+    # Start the policy from a policy export (`<run dir>/policy`, e.g. the SFT warm start).
     init_from: Optional[str] = None
+    # "full": Qwen's 151,936 ids. "task": a small model vocabulary of just the ids the task's texts
+    # use, mapped inside the compiled programs (random-init models only; the CPU demo).
+    vocab: str = "full"
 
     def validate(self):
         if self.path is None and not self.random_init:
@@ -65,6 +68,7 @@ class ModelConfig:
         _choice("model.dtype", self.dtype, ("float32", "bfloat16"))
         _choice("model.param_dtype", self.param_dtype, ("float32", "bfloat16"))
         _choice("model.critic", self.critic, ("separate", "shared", "none"))
+        _choice("model.vocab", self.vocab, ("full", "task"))
         if self.cache_dtype is not None:
             _choice("model.cache_dtype", self.cache_dtype, ("float32", "bfloat16"))
 

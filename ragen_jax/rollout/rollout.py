@@ -70,6 +70,7 @@ class Rollout:
     its rollouts. `key` drives sampling and env randomness (e.g. FrozenLake slips), differently per row.
     `mesh`: optional; the batch axis is sharded over `batch_axes` of the mesh (params keep the
     shardings they arrive with), giving the same numbers as one device.
+    `vocab`: optional `VocabMap` for a model with its own small vocabulary (the CPU demo).
     `teacher`: optional `(state, turn, key) -> (ids int32 [max_response_tokens], length)` written in
     place of sampling (per row, vmapped; `turn` is 1-based). With a teacher the policy is never run
     (`model` may be None, `params` is ignored): this makes solver demonstrations in exactly the
@@ -77,8 +78,9 @@ class Rollout:
     """
 
     def __init__(self, model, text_env, config: RolloutConfig, *, mesh=None, batch_axes=("data", "fsdp"),
-                 teacher=None):
+                 teacher=None, vocab=None):
         self.teacher = teacher
+        self.vocab = vocab  # optional VocabMap: a small-vocabulary model inside the Qwen id space
         if model is None and teacher is None:
             raise ValueError("Rollout needs a model (or a teacher for demonstrations)")
         self.graphdef = nnx.split(model)[0] if model is not None else None
@@ -149,6 +151,8 @@ class Rollout:
         cfg, te = self.config, self.text_env
         env, env_params = te.env, te.env_params
         model = nnx.merge(self.graphdef, params) if self.teacher is None else None
+        if model is not None and self.vocab is not None:
+            model = self.vocab.wrap(model)
         n_grp, n_per = cfg.num_groups, cfg.group_size
         b, t_max = cfg.batch_size, cfg.max_context
         rows = jnp.arange(b)

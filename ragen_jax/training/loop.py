@@ -44,31 +44,81 @@ def _flatten(d: dict, prefix="") -> dict:
     return out
 
 
-def build_policy(cfg: Config):
-    """The policy model (and its tokenizer) from the config: a local HF directory or a random preset."""
-    from ragen_jax.models import Qwen2, Qwen2Config
-    from ragen_jax.models.qwen2.weights import from_pretrained
+def load_task_tokenizer(cfg: Config):
+    """The model directory's own tokenizer when it has one, else the offline-built Qwen2.5 tokenizer."""
     from ragen_jax.tokenizer import load_tokenizer
 
     m = cfg.model
+    tok_files = ("tokenizer.json", "tokenizer_config.json")
+    if m.path is not None and any((Path(m.path) / f).exists() for f in tok_files):
+        return load_tokenizer(m.path)
+    return load_tokenizer()
+
+
+def build_text_envs(cfg: Config, tokenizer) -> dict:
+    """TextEnv per environment used by the run: the training env first, then validation envs."""
+    from ragen_jax.text import PromptConfig, TextEnv
+
+    p = cfg.prompt
+    prompt = PromptConfig(think=p.think, max_turns=p.max_turns, max_actions_per_turn=p.max_actions_per_turn,
+                          max_response_words=p.max_response_words, max_response_tokens=p.max_response_tokens)
+    out = {}
+    for name in (cfg.env.name, *cfg.env.val_envs):
+        env, params = envs_jax.make(name, **(cfg.env.overrides if name == cfg.env.name else {}))
+        out[name] = TextEnv(env, params, tokenizer, prompt)
+    return out
+
+
+# Texts the task vocabulary must be able to express beyond what the environments render: the
+# answer format, separators and the demonstrations' templated thoughts.
+TASK_VOCAB_TEXTS = (
+    "<think></think><answer></answer>", " <think> </think> <answer> </answer> ", "</think>\n<answer>",
+    " || ", "||", " | ", ", ", ". ", "\n", " ",
+)
+
+
+def build_vocab(cfg: Config, text_envs: dict, tokenizer):
+    """A VocabMap for model.vocab='task' (small model vocabulary), else None (full Qwen vocabulary)."""
+    if cfg.model.vocab != "task":
+        return None
+    from ragen_jax.models.vocab_map import VocabMap
+
+    names = set()
+    for te in text_envs.values():
+        names.update(te.action_names)
+    texts = list(TASK_VOCAB_TEXTS)
+    for n in sorted(names):
+        texts += [n, " " + n, n.lower(), " " + n.lower(), n.upper(), " " + n.upper()]
+    try:
+        from ragen_jax.sft.teachers import teacher_texts  # the demonstrations' fixed texts
+
+        texts += list(teacher_texts())
+    except ImportError:
+        pass
+    return VocabMap.for_text_envs(list(text_envs.values()), tokenizer, extra_texts=texts)
+
+
+def build_policy(cfg: Config, vocab=None):
+    """The policy model from the config: a local HF directory or a random preset (own vocab if mapped)."""
+    from ragen_jax.models import Qwen2, Qwen2Config
+    from ragen_jax.models.qwen2.weights import from_pretrained
+
+    m = cfg.model
     if m.path is not None:
-        policy = from_pretrained(m.path, dtype=m.dtype, param_dtype=m.param_dtype)
-        tok_files = ("tokenizer.json", "tokenizer_config.json")
-        tokenizer = load_tokenizer(m.path if any((Path(m.path) / f).exists() for f in tok_files) else None)
-    else:
-        qcfg = Qwen2Config.from_preset(m.preset)
-        qcfg = qcfg.replace(dtype=m.dtype, param_dtype=m.param_dtype, remat=m.remat) if hasattr(qcfg, "replace") \
-            else qcfg
-        policy = Qwen2(qcfg, rngs=nnx.Rngs(cfg.train.seed))
-        tokenizer = load_tokenizer()
-    return policy, tokenizer
+        if vocab is not None:
+            raise ConfigError("model.vocab='task' needs a randomly initialised model (model.random_init=true)")
+        return from_pretrained(m.path, dtype=m.dtype, param_dtype=m.param_dtype)
+    overrides = dict(dtype=m.dtype, param_dtype=m.param_dtype, remat=m.remat)
+    if vocab is not None:
+        overrides["vocab_size"] = vocab.size
+    qcfg = Qwen2Config.from_preset(m.preset).replace(**overrides)
+    return Qwen2(qcfg, rngs=nnx.Rngs(cfg.train.seed))
 
 
 class Trainer:
     def __init__(self, cfg: Config, workdir: str | Path, *, quiet: bool = False, devices=None):
         from ragen_jax.models import critic_from_policy
         from ragen_jax.models.qwen2.sharding import make_mesh, param_shardings
-        from ragen_jax.text import PromptConfig, TextEnv
 
         self.cfg = cfg.validate()
         self.workdir = Path(workdir).expanduser().resolve()
@@ -84,7 +134,11 @@ class Trainer:
         n_batch_shards = self.mesh.shape["data"] * self.mesh.shape["fsdp"]
         check_batch_fits_mesh(cfg, n_batch_shards)
 
-        policy, self.tokenizer = build_policy(cfg)
+        self.tokenizer = load_task_tokenizer(cfg)
+        self.text_envs = build_text_envs(cfg, self.tokenizer)
+        self.text_env = self.text_envs[cfg.env.name]
+        self.vocab = build_vocab(cfg, self.text_envs, self.tokenizer)
+        policy = build_policy(cfg, self.vocab)
         self.policy_graph, actor = nnx.split(policy)
         self.policy = policy
         critic_graph, critic = None, {}
@@ -119,22 +173,16 @@ class Trainer:
             critic_opt=put(critic_opt.init(critic)) if critic_graph is not None else {},
             skipped_updates=jax.device_put(jnp.zeros((), jnp.int32), replicated),
         )
-        self.programs = StepPrograms(cfg, self.policy_graph, critic_graph, actor_opt, critic_opt)
+        self.programs = StepPrograms(cfg, self.policy_graph, critic_graph, actor_opt, critic_opt, vocab=self.vocab)
         state_shardings = jax.tree.map(lambda x: x.sharding, state)
         self._prepare = jax.jit(self.programs.prepare)
         self._update = jax.jit(self.programs.update, out_shardings=(state_shardings, None))
 
         # Rollouts: training (P x N) and validation (val_size states x 1, lower temperature).
-        p = cfg.prompt
-        self.prompt_cfg = PromptConfig(think=p.think, max_turns=p.max_turns, max_actions_per_turn=p.max_actions_per_turn,
-                                       max_response_words=p.max_response_words,
-                                       max_response_tokens=p.max_response_tokens)
-        env, env_params = envs_jax.make(cfg.env.name, **cfg.env.overrides)
-        self.text_env = TextEnv(env, env_params, self.tokenizer, self.prompt_cfg)
         r = cfg.rollout
         self.rollout = Rollout(policy, self.text_env, RolloutConfig(
             num_groups=r.num_groups, group_size=r.group_size, max_context=r.max_context, temperature=r.temperature,
-            top_p=r.top_p, top_k=r.top_k, cache_dtype=cfg.model.cache_dtype), mesh=self.mesh)
+            top_p=r.top_p, top_k=r.top_k, cache_dtype=cfg.model.cache_dtype), mesh=self.mesh, vocab=self.vocab)
         self.val_rollouts = {}
         if cfg.train.val_every > 0:
             val_cfg = RolloutConfig(num_groups=cfg.train.val_size, group_size=1, max_context=r.max_context,
@@ -142,10 +190,8 @@ class Trainer:
             if cfg.train.val_size % n_batch_shards:
                 raise ConfigError(f"train.val_size={cfg.train.val_size} is not divisible by the {n_batch_shards} "
                                   "data-parallel devices of the mesh")
-            for name in (cfg.env.name, *cfg.env.val_envs):
-                e, ep = envs_jax.make(name, **(cfg.env.overrides if name == cfg.env.name else {}))
-                te = self.text_env if name == cfg.env.name else TextEnv(e, ep, self.tokenizer, self.prompt_cfg)
-                self.val_rollouts[name] = Rollout(policy, te, val_cfg, mesh=self.mesh)
+            for name, te in self.text_envs.items():
+                self.val_rollouts[name] = Rollout(policy, te, val_cfg, mesh=self.mesh, vocab=self.vocab)
 
         self.ckpt = Checkpointer(self.workdir / "checkpoints", keep=cfg.train.keep_checkpoints)
         self.state = state
@@ -235,6 +281,8 @@ class Trainer:
         self.workdir.mkdir(parents=True, exist_ok=True)
         if jax.process_index() == 0:
             save_run_config(self.workdir, json.loads(json.dumps(cfg.to_dict(), default=str)))
+            if self.vocab is not None:
+                self.vocab.save(self.workdir / "vocab.json")
         self.logger = Logger(self.workdir)
         history = []
         start = self.iteration

@@ -73,16 +73,21 @@ def _lr_at(step, lr: float, warmup: int):
 
 
 # ----------------------------------------------------------------------------------- forward helpers
-def sequence_logprobs(graphdef, params, tokens, valid, chunk: int = 128):
-    """Per-target log-probs and entropies [K, T-1], never materialising [K, T, V] logits."""
+def sequence_logprobs(graphdef, params, tokens, valid, chunk: int = 128, vocab=None):
+    """Per-target log-probs and entropies [K, T-1], never materialising [K, T, V] logits.
+
+    `vocab`: optional VocabMap of a small-vocabulary model; tokens stay Qwen ids outside the model.
+    """
     model = nnx.merge(graphdef, params)
-    hidden, _ = model(tokens, valid, None)
-    return loss_lib.token_logprobs_and_entropy(hidden[:, :-1], tokens[:, 1:], model.logits, chunk=chunk)
+    ids = tokens if vocab is None else vocab.model_ids(tokens)
+    hidden, _ = model(ids, valid, None)
+    return loss_lib.token_logprobs_and_entropy(hidden[:, :-1], ids[:, 1:], model.logits, chunk=chunk)
 
 
-def sequence_values(graphdef, params, tokens, valid):
+def sequence_values(graphdef, params, tokens, valid, vocab=None):
     """Critic values aligned on targets: V at position t is the value before sampling token t+1."""
-    return nnx.merge(graphdef, params)(tokens, valid)[:, :-1].astype(jnp.float32)
+    ids = tokens if vocab is None else vocab.model_ids(tokens)
+    return nnx.merge(graphdef, params)(ids, valid)[:, :-1].astype(jnp.float32)
 
 
 def _in_minibatches(fn, n_rows: int, mb: int, *arrays):
@@ -96,8 +101,9 @@ def _in_minibatches(fn, n_rows: int, mb: int, *arrays):
 class StepPrograms:
     """The compiled `prepare` and `update` programs of one config (built once per run)."""
 
-    def __init__(self, cfg: Config, actor_graph, critic_graph, actor_opt, critic_opt):
+    def __init__(self, cfg: Config, actor_graph, critic_graph, actor_opt, critic_opt, vocab=None):
         self.cfg = cfg
+        self.vocab = vocab
         self.actor_graph, self.critic_graph = actor_graph, critic_graph
         self.actor_opt, self.critic_opt = actor_opt, critic_opt
         self.has_critic = critic_graph is not None
@@ -124,15 +130,15 @@ class StepPrograms:
         mask = t.loss_mask[:, 1:] & (f.row_weight[:, None] > 0)
         mb = min(a.mini_batch_size, k)
 
-        logp_fn = functools.partial(sequence_logprobs, self.actor_graph, actor)
+        logp_fn = functools.partial(sequence_logprobs, self.actor_graph, actor, vocab=self.vocab)
         old_logp, _ = _in_minibatches(lambda x, v: logp_fn(x, v), k, mb, t.tokens, valid)
         ref_logp = jnp.zeros_like(old_logp)
         if self.use_ref:
-            ref_fn = functools.partial(sequence_logprobs, self.actor_graph, ref)
+            ref_fn = functools.partial(sequence_logprobs, self.actor_graph, ref, vocab=self.vocab)
             ref_logp, _ = _in_minibatches(lambda x, v: ref_fn(x, v), k, mb, t.tokens, valid)
         values = jnp.zeros_like(old_logp)
         if self.has_critic:
-            val_fn = functools.partial(sequence_values, self.critic_graph, critic)
+            val_fn = functools.partial(sequence_values, self.critic_graph, critic, vocab=self.vocab)
             values = _in_minibatches(lambda x, v: val_fn(x, v), k, mb, t.tokens, valid)
         values = jnp.where(mask, values, 0.0)
 
@@ -162,7 +168,7 @@ class StepPrograms:
     # -- update: epochs x mini-batches ---------------------------------------------------------
     def _actor_loss(self, params, mb: Batch):
         a = self.cfg.algo
-        logp, entropy = sequence_logprobs(self.actor_graph, params, mb.tokens, mb.valid)
+        logp, entropy = sequence_logprobs(self.actor_graph, params, mb.tokens, mb.valid, vocab=self.vocab)
         pg_loss, pm = loss_lib.ppo_policy_loss(
             logp, mb.old_logp, mb.advantages, mb.mask, eps_low=a.eps_low, eps_high=a.eps_high,
             dual_clip=a.dual_clip, agg_mode=a.loss_agg)
@@ -178,7 +184,7 @@ class StepPrograms:
         return loss, m
 
     def _critic_loss(self, params, mb: Batch):
-        v = sequence_values(self.critic_graph, params, mb.tokens, mb.valid)
+        v = sequence_values(self.critic_graph, params, mb.tokens, mb.valid, vocab=self.vocab)
         loss, m = loss_lib.value_loss(v, mb.values, mb.returns, mb.mask, clip=self.cfg.algo.value_clip,
                                       agg_mode="token-mean")
         return loss, {"critic/value_loss": m["vf_loss"], "critic/vf_clipfrac": m["vf_clipfrac"],

@@ -1,0 +1,107 @@
+"""A small model vocabulary inside the Qwen id space (the CPU demo's speed trick).
+
+A tiny policy with Qwen2.5's 151,936-entry vocabulary spends nearly all of its time in the output
+layer and in sampling over it. `VocabMap` lists the Qwen ids the task can ever need (every id the
+environments' text tables, the chat scaffolding and the demonstrations use, plus the 256 single-byte
+tokens so any text stays expressible) and gives the model its own vocabulary of just those. The map
+is applied INSIDE the compiled programs, at the model boundary only:
+
+    model input  = to_model[qwen_ids]          (embedding of the model's own id)
+    model output = logits over the small vocabulary; a sampled index i is the Qwen id to_qwen[i]
+
+Everything else (rendering, parsing, the loss mask, the tokens stored in trajectories, checkpoints
+of the conversation) stays in Qwen ids, so rendering and parsing remain exact. A Qwen id outside
+the map never occurs in text the task produces; if one is fed anyway it reads as <|endoftext|>.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Iterable, Sequence
+
+import jax.numpy as jnp
+import numpy as np
+
+ENDOFTEXT = 151643
+IM_START = 151644
+IM_END = 151645
+QWEN_VOCAB = 151936
+
+
+class VocabMap:
+    def __init__(self, qwen_ids: Iterable[int], qwen_vocab: int = QWEN_VOCAB):
+        ids = sorted({int(i) for i in qwen_ids} | {ENDOFTEXT, IM_START, IM_END})
+        if ids[0] < 0 or ids[-1] >= qwen_vocab:
+            raise ValueError(f"vocabulary map ids must lie in [0, {qwen_vocab}), got {ids[0]}..{ids[-1]}")
+        self.to_qwen = np.asarray(ids, np.int32)
+        self.qwen_vocab = qwen_vocab
+        lut = np.full((qwen_vocab,), ids.index(ENDOFTEXT), np.int32)
+        lut[self.to_qwen] = np.arange(len(ids), dtype=np.int32)
+        self.to_model = lut
+
+    @property
+    def size(self) -> int:
+        return int(self.to_qwen.shape[0])
+
+    def model_ids(self, qwen_ids):
+        """Qwen ids -> model ids (jittable)."""
+        return jnp.asarray(self.to_model)[jnp.clip(jnp.asarray(qwen_ids, jnp.int32), 0, self.qwen_vocab - 1)]
+
+    def qwen_ids(self, model_ids):
+        """Model ids (e.g. sampled indices) -> Qwen ids (jittable)."""
+        return jnp.asarray(self.to_qwen)[jnp.asarray(model_ids, jnp.int32)]
+
+    def wrap(self, model) -> "MappedModel":
+        return MappedModel(model, self)
+
+    # ---- building ------------------------------------------------------------------------------
+    @classmethod
+    def for_text_envs(cls, text_envs: Sequence, tokenizer, extra_ids: Iterable[int] = (),
+                      extra_texts: Iterable[str] = ()) -> "VocabMap":
+        """Every id the given TextEnvs can render, the single-byte tokens, and any extras."""
+        from ragen_jax.tokenizer import token_bytes_table
+
+        ids: set[int] = set(int(i) for i in extra_ids)
+        for te in text_envs:
+            ids.update(int(i) for i in np.asarray(te.prefix_ids).ravel())
+            ids.update(int(i) for i in np.asarray(te.forced_prefix_ids).ravel())
+            for table in (te._grid, te._turns, te._tails, te._rewards):
+                ids.update(int(i) for i in np.unique(np.asarray(table.ids)))
+        for text in extra_texts:
+            ids.update(tokenizer.encode(text, add_special_tokens=False))
+        _, lengths = token_bytes_table(tokenizer)
+        ids.update(int(i) for i in np.nonzero(np.asarray(lengths) == 1)[0])
+        return cls(ids)
+
+    def save(self, path: str | Path) -> None:
+        Path(path).write_text(json.dumps({"qwen_vocab": self.qwen_vocab, "ids": self.to_qwen.tolist()}))
+
+    @classmethod
+    def load(cls, path: str | Path) -> "VocabMap":
+        d = json.loads(Path(path).read_text())
+        return cls(d["ids"], d.get("qwen_vocab", QWEN_VOCAB))
+
+
+class MappedModel:
+    """The model protocol (`__call__`, `logits`, `cfg`) over Qwen ids, for a small-vocabulary model.
+
+    Created inside the traced function around the merged model; `output_ids` tells the sampler
+    which Qwen id a sampled logit index stands for.
+    """
+
+    def __init__(self, model, vmap: VocabMap):
+        self.model, self.vmap = model, vmap
+        self.cfg = model.cfg
+
+    def __call__(self, tokens, valid, cache=None):
+        return self.model(self.vmap.model_ids(tokens), valid, cache)
+
+    def logits(self, hidden):
+        return self.model.logits(hidden)
+
+    def output_ids(self, index):
+        return self.vmap.qwen_ids(index)
+
+    def target_ids(self, qwen_ids):
+        return self.vmap.model_ids(qwen_ids)
