@@ -1,0 +1,263 @@
+"""Solver teachers: the assistant's turn of a perfect (or optimal) player, as token ids, inside jit.
+
+A teacher is `teacher(state, turn, key) -> (ids int32 [max_response_tokens], length)`, the contract
+of `Rollout(None, text_env, cfg, teacher=teacher)` (see ragen_jax/rollout/rollout.py): the ids
+continue the forced `<think>` (or `<answer>` in no-think mode) of the turn's segment, so the
+demonstrations are in exactly the conversation format the policy later samples in:
+
+    think:     " I push the box toward the target.</think><answer>Up || Left</answer><|im_end|>"
+    no-think:  "Up || Left</answer><|im_end|>"
+
+The thought is short and fixed per environment: the demonstrations teach the format and the
+actions, not a reasoning style (the reference's SFT warm start rendered solver moves the same way).
+
+Token ids come from small host-built tables (`AnswerTable`): the tokenizer's encoding of
+"{thought}</think><answer>{first action}", of " || {action}" for each action, and of
+"</answer>" + <|im_end|>. Concatenating them gives exactly the tokenizer's own encoding of the
+whole answer because Qwen's pre-tokenizer always splits at these joints (a letter run ends at the
+following space or `<`); the table checks that on every joint type when it is built, so a
+tokenizer for which it does not hold fails loudly instead of producing drifting ids.
+
+Teachers per environment:
+- Sokoban (all variants): BFS from the CURRENT state every turn (re-solving is simpler and robust
+  to anything that happened in between); the turn names the next min(actions per turn, solution
+  length, actions left) moves.
+- FrozenLake: the finite-horizon value-iteration policy. That policy is optimal only with feedback
+  after every action (slips make the next cell random), but a turn's actions run without feedback
+  in between, so a teacher naming several actions would act blindly after the first slip. It
+  therefore names ONE action per turn: the optimal action for the current cell, planned with the
+  actions it can really still take, min(actions left, turns left) (one per turn).
+- Bandit: the high-risk arm with probability `high_prob`, else the low-risk arm, drawn from the
+  turn's key (a Bandit episode is one turn, so this is one draw per episode).
+"""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from ragen_jax.text import render
+from ragen_jax.tokenizer import ENDOFTEXT, IM_END
+
+ANSWER_SEP = " || "
+THINK_CLOSE = "</think>"
+ANSWER_OPEN, ANSWER_CLOSE = "<answer>", "</answer>"
+IM_END_TEXT = "<|im_end|>"
+
+THOUGHTS = {
+    "sokoban": " I push the box toward the target.",
+    "frozenlake": " I avoid the holes and head for the goal.",
+    "bandit": " I choose an arm by what its name suggests.",
+}
+
+
+def _encode(tokenizer, texts):
+    return [list(x) for x in tokenizer(list(texts), add_special_tokens=False)["input_ids"]]
+
+
+def _pad_rows(rows, pad=ENDOFTEXT):
+    width = max(1, max(len(r) for r in rows))
+    out = np.full((len(rows), width), pad, np.int32)
+    for i, r in enumerate(rows):
+        out[i, : len(r)] = r
+    return out, np.asarray([len(r) for r in rows], np.int32)
+
+
+class AnswerTable:
+    """Host tables that assemble one assistant answer in-graph with static shapes.
+
+    Args:
+      tokenizer: the Qwen2.5 tokenizer.
+      action_names: the env's action names, in action-index order.
+      think: think mode (thought + `</think><answer>` before the actions) or no-think (actions only).
+      thought: the fixed thought text (think mode), e.g. " I push the box toward the target.".
+      max_tokens: the static output length (the rollout's max_response_tokens).
+      max_actions: the most actions per answer wanted; lowered to the most that ALWAYS fit in
+        max_tokens (with the longest action names). `self.max_actions` is the value used.
+    """
+
+    def __init__(self, tokenizer, action_names, *, think: bool, thought: str = "", max_tokens: int,
+                 max_actions: int):
+        names = tuple(action_names)
+        if not names:
+            raise ValueError("action_names is empty: a teacher needs at least one action")
+        if max_actions < 1:
+            raise ValueError(f"max_actions must be >= 1, got {max_actions}")
+        if ANSWER_SEP.strip() in "".join(names) or any(n != n.strip() or not n for n in names):
+            raise ValueError(f"action names {names!r} cannot be written in an answer (empty, padded or containing '||')")
+        self.names, self.think, self.thought = names, bool(think), thought if think else ""
+        self.head_text = f"{thought}{THINK_CLOSE}{ANSWER_OPEN}" if think else ""
+        self.tail_text = ANSWER_CLOSE + IM_END_TEXT
+        first = _encode(tokenizer, [self.head_text + n for n in names])
+        rest = _encode(tokenizer, [ANSWER_SEP + n for n in names])
+        tail = _encode(tokenizer, [ANSWER_CLOSE])[0] + [IM_END]
+        self._check_joints(tokenizer, first, rest, tail)
+        self.first, self.first_len = _pad_rows(first)
+        self.rest, self.rest_len = _pad_rows(rest)
+        self.tail = np.asarray(tail, np.int32)
+        self.max_tokens = int(max_tokens)
+
+        def worst(k):  # longest possible answer with k actions
+            return int(self.first_len.max()) + (k - 1) * int(self.rest_len.max()) + len(self.tail)
+
+        fit = [k for k in range(1, max_actions + 1) if worst(k) <= self.max_tokens]
+        if not fit:
+            raise ValueError(f"max_response_tokens={self.max_tokens} cannot hold even a one-action teacher "
+                             f"answer ({worst(1)} tokens: {self.text((0,))!r}); raise prompt.max_response_tokens")
+        self.max_actions = fit[-1]
+
+    def _check_joints(self, tokenizer, first, rest, tail):
+        """Pieces concatenated == the tokenizer's encoding of the whole text, on every kind of joint:
+        head|action, action|separator, separator|action, action|`</answer>` (all pairs, plus all
+        second/third pairs behind the first action)."""
+        n = len(self.names)
+        combos = [(a,) for a in range(n)] + [(a, b) for a in range(n) for b in range(n)]
+        combos += [(0, b, c) for b in range(n) for c in range(n)]
+        whole = _encode(tokenizer, [self.text(c)[: -len(IM_END_TEXT)] for c in combos])
+        for c, want in zip(combos, whole):
+            got = first[c[0]] + sum((rest[a] for a in c[1:]), []) + tail[:-1]
+            if got != want:
+                raise ValueError(f"the tokenizer does not split the teacher answer {self.text(c)!r} at the piece "
+                                 "joints, so table-built ids would differ from its own encoding")
+
+    # -- host --------------------------------------------------------------------------------
+    def text(self, actions) -> str:
+        """The intended answer text (after the forced prefix) for a sequence of action indices."""
+        return self.head_text + ANSWER_SEP.join(self.names[int(a)] for a in actions) + self.tail_text
+
+    # -- in-graph ------------------------------------------------------------------------------
+    def ids(self, actions, num):
+        """(ids int32 [max_tokens], length) naming `actions[:num]` (jittable, vmappable).
+
+        actions: int32 [>= max_actions] action indices (entries past `num` are ignored);
+        num: how many to name, clipped to [1, max_actions].
+        """
+        k = self.max_actions
+        actions = jnp.clip(jnp.asarray(actions, jnp.int32)[:k], 0, len(self.names) - 1)
+        num = jnp.clip(jnp.asarray(num, jnp.int32), 1, k)
+        first, rest = jnp.asarray(self.first), jnp.asarray(self.rest)
+        first_len, rest_len = jnp.asarray(self.first_len), jnp.asarray(self.rest_len)
+        pieces = [(first[actions[0]], first_len[actions[0]])]
+        if k > 1:
+            more = actions[1:]
+            pieces.append((rest[more], jnp.where(jnp.arange(1, k) < num, rest_len[more], 0)))
+        pieces.append((jnp.asarray(self.tail), len(self.tail)))
+        return render.concat(pieces, self.max_tokens, ENDOFTEXT)
+
+
+# ---------------------------------------------------------------------------------- teachers
+class _Teacher:
+    family = ""
+    # Which demonstrations make the SFT data by default (see SFTTrainer): the reference's warm
+    # start used solver trajectories, i.e. solutions.
+    keep_only_successful = False
+
+    def __init__(self, text_env, *, thought: str | None = None, max_actions: int | None = None):
+        pc = text_env.config
+        self.text_env, self.env, self.env_params = text_env, text_env.env, text_env.env_params
+        want = text_env.max_actions_per_turn if max_actions is None else int(max_actions)
+        self.table = AnswerTable(text_env.tokenizer, text_env.action_names, think=pc.think,
+                                 thought=THOUGHTS[self.family] if thought is None else thought,
+                                 max_tokens=pc.max_response_tokens, max_actions=min(want, text_env.max_actions_per_turn))
+        self.actions_per_turn = self.table.max_actions
+        self.max_turns = int(text_env.max_turns)
+        steps = getattr(self.env_params, "max_steps_in_episode", text_env.max_actions_per_episode)
+        self.max_actions_per_episode = min(int(text_env.max_actions_per_episode), int(steps))
+
+    def actions_left(self, state):
+        return jnp.maximum(self.max_actions_per_episode - jnp.asarray(state.time, jnp.int32), 0)
+
+
+class SokobanTeacher(_Teacher):
+    """BFS solution from the current state; the next min(actions per turn, left) moves each turn."""
+
+    family = "sokoban"
+    keep_only_successful = True
+
+    def __call__(self, state, turn, key):
+        sol = self.env.solve(state, self.env_params)
+        k = self.actions_per_turn
+        acts = sol.actions[:k]
+        # Unsolvable (or already solved): no solver move exists; name a random one so the turn is
+        # still well formed (such demos fail and are dropped by default).
+        fallback = jax.random.randint(key, (k,), 0, len(self.table.names), jnp.int32)
+        has_plan = sol.length > 0
+        acts = jnp.where(has_plan & (acts >= 0), acts, fallback)
+        num = jnp.where(has_plan, jnp.minimum(sol.length, self.actions_left(state)), 1)
+        return self.table.ids(acts, num)
+
+
+class FrozenLakeTeacher(_Teacher):
+    """One value-iteration-optimal action per turn (see the module docstring for why one)."""
+
+    family = "frozenlake"
+
+    def horizon(self, state, turn):
+        """Actions the agent can still take: one per remaining turn, at most the actions left."""
+        turns_left = self.max_turns - jnp.asarray(turn, jnp.int32) + 1
+        steps = int(self.env_params.max_steps_in_episode)
+        return jnp.clip(jnp.minimum(self.actions_left(state), turns_left), 1, steps)
+
+    def action(self, state, turn):
+        policy, _ = self.env.solve(state, self.env_params)
+        return policy[self.horizon(state, turn), state.pos]
+
+    def __call__(self, state, turn, key):
+        return self.table.ids(jnp.full((self.actions_per_turn,), self.action(state, turn)), 1)
+
+
+class BanditTeacher(_Teacher):
+    """The high-risk arm with probability `high_prob`, else the low-risk one."""
+
+    family = "bandit"
+
+    def __init__(self, text_env, *, high_prob: float = 0.5, **kw):
+        super().__init__(text_env, **kw)
+        if not 0.0 <= float(high_prob) <= 1.0:
+            raise ValueError(f"high_prob must be in [0, 1], got {high_prob!r}")
+        self.high_prob = float(high_prob)
+
+    def __call__(self, state, turn, key):
+        from envs_jax.bandit import HIGH, LOW
+
+        arm = jnp.where(jax.random.bernoulli(key, self.high_prob), HIGH, LOW).astype(jnp.int32)
+        return self.table.ids(jnp.full((self.actions_per_turn,), arm), 1)
+
+
+_REGISTRY = {
+    "Sokoban": SokobanTeacher,
+    "LargerSokoban": SokobanTeacher,
+    "NewSymbolsSokoban": SokobanTeacher,
+    "FrozenLake": FrozenLakeTeacher,
+    "Bandit": BanditTeacher,
+    "BanditTest": BanditTeacher,
+}
+
+
+def _env_class(cls):
+    if cls is SokobanTeacher:
+        from envs_jax.sokoban.env import SokobanEnv
+
+        return SokobanEnv
+    from envs_jax.bandit import Bandit
+    from envs_jax.frozen_lake import FrozenLake
+
+    return FrozenLake if cls is FrozenLakeTeacher else Bandit
+
+
+def get_teacher(env_name: str, text_env, **kw):
+    """The teacher for a registered environment name. kw: `thought`, `max_actions`, and for the
+    Bandit `high_prob` (ignored by the others)."""
+    if env_name not in _REGISTRY:
+        raise ValueError(f"no solver teacher for environment {env_name!r}; valid: {', '.join(_REGISTRY)}")
+    cls = _REGISTRY[env_name]
+    want_env = _env_class(cls)
+    if not isinstance(text_env.env, want_env):
+        raise ValueError(f"the {env_name} teacher needs a {want_env.__name__} TextEnv, got {type(text_env.env).__name__}")
+    if cls is not BanditTeacher:
+        kw.pop("high_prob", None)
+    return cls(text_env, **kw)
+
+
+__all__ = ["AnswerTable", "BanditTeacher", "FrozenLakeTeacher", "SokobanTeacher", "THOUGHTS", "get_teacher"]
