@@ -1,0 +1,122 @@
+"""Evaluate a policy on fixed initial states of several environments (behaviour spec section 7).
+
+    python launch/eval.py --model runs/sokoban                       # a training/SFT run directory
+    python launch/eval.py --model /models/Qwen2.5-0.5B-Instruct --envs Sokoban,FrozenLake
+    python launch/eval.py --model preset:tiny --envs Bandit --num-states 2 --max-response-tokens 4
+
+Prints one table row per environment (success, reward, validity, pass@k, ...) and writes eval.json
+(default: RUN_DIR/eval.json for a run directory, else ./eval.json). Defaults follow the reference's
+validation: 256 states from seed 123, one rollout each, temperature 0.5. For a run directory the
+prompt settings and context budget default to the run's own. Errors: one line on stderr, exit 2.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import time
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+
+def parse_args(argv=None):
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--model", required=True, help="run directory, Hugging Face model directory, or preset:NAME")
+    p.add_argument("--envs", default=None,
+                   help="comma-separated env names (default: Sokoban,NewSymbolsSokoban,LargerSokoban,FrozenLake,"
+                        "Bandit,BanditTest)")
+    p.add_argument("--num-states", type=int, default=256, help="initial states per env (seeds seed-start..)")
+    p.add_argument("--seed-start", type=int, default=123)
+    p.add_argument("--rollouts-per-state", type=int, default=1, help="k of pass@k")
+    p.add_argument("--temperature", type=float, default=0.5)
+    p.add_argument("--greedy", action="store_true", help="argmax decoding instead of sampling")
+    p.add_argument("--seed", type=int, default=0, help="sampling key")
+    p.add_argument("--max-turns", type=int, default=None, help="default: the run's, else 5 (Bandit: always 1)")
+    p.add_argument("--max-actions-per-turn", type=int, default=None, help="default: the run's, else 5")
+    p.add_argument("--max-response-tokens", type=int, default=None, help="per-turn budget; default: the run's, else 400")
+    p.add_argument("--max-context", type=int, default=None, help="whole-conversation budget; default: the run's, else 3600")
+    p.add_argument("--no-think", action="store_true", help="force <answer> instead of <think> (no-think ablation)")
+    p.add_argument("--dtype", choices=("float32", "bfloat16"), default=None,
+                   help="compute dtype for an HF directory or preset (default float32; a run uses its own)")
+    p.add_argument("--transcripts", type=int, default=0, help="sample conversations per env to print and save")
+    p.add_argument("--out", default=None, help="eval.json path")
+    return p.parse_args(argv)
+
+
+def _err(msg: str) -> int:
+    print(f"error: {' '.join(str(msg).split())}", file=sys.stderr)
+    return 2
+
+
+def main(argv=None) -> int:
+    args = parse_args(argv)
+    from ragen_jax.evaluation import DEFAULT_SUITE, EvalError, check_env_names
+
+    try:  # cheap checks first: a typo must not cost a model load
+        envs = check_env_names(args.envs.split(",") if args.envs else DEFAULT_SUITE)
+        if not os.path.isdir(os.path.expanduser(args.model)) and not args.model.startswith("preset:"):
+            raise EvalError(f"model directory {args.model} does not exist (give a run directory, a Hugging Face "
+                            "model directory or preset:NAME)")
+    except EvalError as e:
+        return _err(e)
+
+    import dataclasses
+
+    from absl import logging as absl_logging
+
+    absl_logging.set_verbosity(absl_logging.ERROR)  # orbax's restore chatter
+    from ragen_jax.evaluation import evaluate, format_table, load_source, write_eval_json
+
+    try:
+        loaded, run_cfg = load_source(args.model, dtype=args.dtype)
+    except (EvalError, ValueError, FileNotFoundError) as e:
+        return _err(e)
+    prompt = loaded.prompt
+    changes = {k: v for k, v in (("max_turns", args.max_turns), ("max_actions_per_turn", args.max_actions_per_turn),
+                                 ("max_response_tokens", args.max_response_tokens)) if v is not None}
+    if args.no_think:
+        changes["think"] = False
+    prompt = dataclasses.replace(prompt, **changes)
+    max_context = args.max_context or (run_cfg.rollout.max_context if run_cfg is not None else 3600)
+    cache_dtype = run_cfg.model.cache_dtype if run_cfg is not None else None
+
+    def progress(name, stage, m):
+        if stage == "start":
+            progress.t0 = time.perf_counter()
+            print(f"[{envs.index(name) + 1}/{len(envs)}] {name}: {args.num_states} states x "
+                  f"{args.rollouts_per_state} ...", file=sys.stderr, flush=True)
+        else:
+            print(f"[{envs.index(name) + 1}/{len(envs)}] {name}: success {m['success']:.3f} "
+                  f"({time.perf_counter() - progress.t0:.1f} s incl. compile)", file=sys.stderr, flush=True)
+
+    import jax
+
+    try:
+        results = evaluate(loaded.policy, loaded.params, loaded.tokenizer, envs, num_states=args.num_states,
+                           seed_start=args.seed_start, rollouts_per_state=args.rollouts_per_state,
+                           temperature=args.temperature, greedy=args.greedy, prompt=prompt, max_context=max_context,
+                           transcripts=args.transcripts, key=jax.random.PRNGKey(args.seed),
+                           cache_dtype=cache_dtype, progress=progress)
+    except (EvalError, ValueError) as e:
+        return _err(e)
+
+    print(format_table(results))
+    for name, m in results.items():
+        for i, text in enumerate(m.get("transcripts", ())):
+            print(f"\n===== {name} transcript {i} =====\n{text}")
+    if args.out is not None:
+        out = args.out
+    else:
+        out = os.path.join(args.model, "eval.json") if run_cfg is not None else "eval.json"
+    settings = dict(model=args.model, envs=list(envs), num_states=args.num_states, seed_start=args.seed_start,
+                    rollouts_per_state=args.rollouts_per_state, temperature=args.temperature, greedy=args.greedy,
+                    seed=args.seed, max_context=max_context, prompt=dataclasses.asdict(prompt),
+                    device=str(jax.devices()[0].platform))
+    path = write_eval_json(results, out, settings)
+    print(f"wrote {path}", file=sys.stderr)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

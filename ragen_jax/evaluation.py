@@ -1,0 +1,393 @@
+"""Evaluation: a policy on a suite of environments with fixed initial states (behaviour spec section 7).
+
+    policy, params, tokenizer, prompt = load_for_eval("runs/sokoban")     # or an HF dir, or "preset:tiny"
+    results = evaluate(policy, params, tokenizer, ("Sokoban", "FrozenLake"), prompt=prompt)
+    print(format_table(results)); write_eval_json(results, "eval.json")
+
+Per environment, one compiled `Rollout` with P = num_states initial states (seeds seed_start ..) and
+N = rollouts_per_state episodes each. The compiled rollouts are cached per (policy graph, tokenizer,
+env, settings), so evaluating new parameters of the same policy (the Trainer's validation, or a
+sweep over checkpoints) never recompiles: the evaluation is a pure function of `params`, and nothing
+leaves the device until the rollout is over.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+import time
+import weakref
+from pathlib import Path
+from typing import Any, Callable, NamedTuple, Optional, Sequence
+
+import jax
+import numpy as np
+from flax import nnx
+
+import envs_jax
+from ragen_jax.config import Config, ConfigError, PromptSettings, config_from_dict
+from ragen_jax.rollout import Rollout, RolloutConfig, format_trajectory, rollout_metrics
+
+DEFAULT_SUITE = ("Sokoban", "NewSymbolsSokoban", "LargerSokoban", "FrozenLake", "Bandit", "BanditTest")
+# Single turn, single action (configs/bandit.py), whatever the prompt settings of the other envs say.
+BANDIT_ENVS = ("Bandit", "BanditTest")
+# The per-env numbers of the table, in column order (pass@k is inserted after format_ok).
+TABLE_METRICS = ("success", "reward_mean", "action_is_valid", "action_is_effective", "num_actions",
+                 "response_length", "format_ok")
+
+
+class EvalError(ValueError):
+    """A problem with the evaluation's input, as one readable sentence."""
+
+
+class LoadedPolicy(NamedTuple):
+    policy: Any  # flax.nnx module (its graph; the numbers are `params`)
+    params: Any  # nnx.State of the policy
+    tokenizer: Any
+    prompt: PromptSettings  # the run's prompt settings (defaults for an HF dir or a preset)
+
+
+# ------------------------------------------------------------------------------------- loading
+def _is_run_dir(p: Path) -> bool:
+    """A Trainer/SFT run directory: its config.json is a ragen_jax Config (not an HF model config)."""
+    if (p / "policy").is_dir() or (p / "checkpoints").is_dir():
+        return True
+    try:
+        d = json.loads((p / "config.json").read_text())
+    except (OSError, ValueError):
+        return False
+    return isinstance(d, dict) and isinstance(d.get("model"), dict) and "algo" in d
+
+
+def _qwen_config(cfg: Config):
+    from ragen_jax.models import Qwen2Config
+    from ragen_jax.models.qwen2.weights import read_config
+
+    m = cfg.model
+    if m.path is not None:
+        if not Path(m.path).expanduser().is_dir():
+            raise EvalError(f"the run's base model directory {m.path!r} (model.path in its config.json) does not "
+                            "exist here; it is needed for the model's shapes and tokenizer")
+        return read_config(str(Path(m.path).expanduser()), dtype=m.dtype, param_dtype=m.param_dtype)
+    return Qwen2Config.from_preset(m.preset).replace(dtype=m.dtype, param_dtype=m.param_dtype)
+
+
+def _abstract_policy(qcfg):
+    """The policy's graph and a ShapeDtypeStruct tree of its state, without allocating weights."""
+    from ragen_jax.models import Qwen2
+
+    abstract = nnx.eval_shape(lambda: Qwen2(qcfg, rngs=nnx.Rngs(0)))
+    graphdef, state = nnx.split(abstract)
+    device = jax.sharding.SingleDeviceSharding(jax.devices()[0])
+    # Orbax restores onto the shardings of the target; a single device unless the caller re-places.
+    like = jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=device), state)
+    return graphdef, like
+
+
+def _restore_actor_from_checkpoints(ckpt_dir: Path, like):
+    """The actor (policy params) of the latest complete training checkpoint, nothing else restored."""
+    import orbax.checkpoint as ocp
+
+    from ragen_jax.training.checkpoint import CheckpointError
+
+    mngr = ocp.CheckpointManager(ckpt_dir.resolve(), options=ocp.CheckpointManagerOptions(create=False))
+    step = mngr.latest_step()
+    if step is None:
+        raise CheckpointError(f"{ckpt_dir} holds no complete checkpoint")
+    try:
+        # A partial restore: the optimizer states and the critic are never read (memory: 1x the policy).
+        item = {"actor": like}
+        restore_args = jax.tree.map(
+            lambda x: ocp.ArrayRestoreArgs(sharding=x.sharding, global_shape=x.shape, dtype=x.dtype), item)
+        out = mngr.restore(step, args=ocp.args.Composite(
+            state=ocp.args.PyTreeRestore(item=item, restore_args=restore_args, partial_restore=True)))
+    except Exception as e:  # orbax raises many types; the user needs the path and the reason
+        raise CheckpointError(f"checkpoint {ckpt_dir / str(step)} cannot be restored ({type(e).__name__}: "
+                              f"{str(e).splitlines()[0] if str(e) else 'no detail'}); it may be corrupt or "
+                              "from a different model") from None
+    finally:
+        mngr.close()
+    return out["state"]["actor"]
+
+
+def _load_run_dir(p: Path, config: Optional[Config]):
+    from ragen_jax.tokenizer import load_tokenizer
+    from ragen_jax.training.checkpoint import POLICY_DIR, load_policy_params
+
+    if config is None:
+        try:
+            config = config_from_dict(json.loads((p / "config.json").read_text()))
+        except FileNotFoundError:
+            raise EvalError(f"{p} has no config.json; a run directory needs the config its Trainer wrote") from None
+        except (ValueError, TypeError) as e:
+            raise EvalError(f"{p / 'config.json'} is not a readable run config ({e})") from None
+    qcfg = _qwen_config(config)
+    graphdef, like = _abstract_policy(qcfg)
+    if (p / POLICY_DIR).is_dir():
+        params = load_policy_params(p, like)
+    elif (p / "checkpoints").is_dir():
+        params = _restore_actor_from_checkpoints(p / "checkpoints", like)
+    else:
+        raise EvalError(f"{p} has neither a policy export ({POLICY_DIR}/) nor checkpoints/; was the run started?")
+    m = config.model
+    tok_dir = None
+    if m.path is not None and any((Path(m.path).expanduser() / f).is_file()
+                                  for f in ("tokenizer.json", "tokenizer_config.json")):
+        tok_dir = str(Path(m.path).expanduser())
+    policy = nnx.merge(graphdef, params)
+    return LoadedPolicy(policy, params, load_tokenizer(tok_dir), dataclasses.replace(config.prompt)), config
+
+
+def _load_hf_dir(p: Path, config: Optional[Config], dtype: Optional[str] = None):
+    from ragen_jax.models.qwen2.weights import from_pretrained
+    from ragen_jax.tokenizer import load_tokenizer
+
+    param_dtype = dtype
+    if dtype is None:
+        dtype = config.model.dtype if config is not None else "float32"
+        param_dtype = config.model.param_dtype if config is not None else dtype
+    policy = from_pretrained(str(p), dtype=dtype, param_dtype=param_dtype)
+    has_tok = any((p / f).is_file() for f in ("tokenizer.json", "tokenizer_config.json"))
+    tokenizer = load_tokenizer(str(p) if has_tok else None)
+    prompt = dataclasses.replace(config.prompt) if config is not None else PromptSettings()
+    return LoadedPolicy(policy, nnx.state(policy), tokenizer, prompt), None
+
+
+def _load_preset(name: str, config: Optional[Config], dtype: Optional[str] = None, seed: int = 0):
+    from ragen_jax.models import Qwen2, Qwen2Config
+    from ragen_jax.tokenizer import load_tokenizer
+
+    try:
+        qcfg = Qwen2Config.from_preset(name)
+    except ValueError as e:
+        raise EvalError(str(e)) from None
+    if config is not None:
+        qcfg = qcfg.replace(dtype=config.model.dtype, param_dtype=config.model.param_dtype)
+    if dtype is not None:
+        qcfg = qcfg.replace(dtype=dtype, param_dtype=dtype)
+    policy = Qwen2(qcfg, rngs=nnx.Rngs(seed))
+    prompt = dataclasses.replace(config.prompt) if config is not None else PromptSettings()
+    return LoadedPolicy(policy, nnx.state(policy), load_tokenizer(), prompt), None
+
+
+def load_source(source: str | Path, config: Optional[Config] = None, *,
+                dtype: Optional[str] = None) -> tuple[LoadedPolicy, Optional[Config]]:
+    """`load_for_eval`, plus the run's Config when `source` is a run directory (else None)."""
+    from ragen_jax.training.checkpoint import CheckpointError
+
+    s = str(source)
+    if s.startswith("preset:"):
+        return _load_preset(s[len("preset:"):], config, dtype)
+    p = Path(s).expanduser()
+    if not p.exists():
+        raise EvalError(f"model directory {s} does not exist (give a run directory, a Hugging Face model "
+                        "directory or preset:NAME)")
+    if not p.is_dir():
+        raise EvalError(f"{s} is not a directory (give a run directory, a Hugging Face model directory or preset:NAME)")
+    try:
+        if _is_run_dir(p):
+            return _load_run_dir(p, config)
+        if (p / "config.json").is_file():
+            return _load_hf_dir(p, config, dtype)
+    except CheckpointError as e:
+        raise EvalError(str(e)) from None
+    except (FileNotFoundError, ConfigError) as e:
+        raise EvalError(str(e)) from None
+    raise EvalError(f"{s} is neither a run directory (config.json + policy/ or checkpoints/) nor a Hugging Face "
+                    "model directory (config.json + safetensors)")
+
+
+def load_for_eval(source: str | Path, config: Optional[Config] = None, *, dtype: Optional[str] = None) -> LoadedPolicy:
+    """(policy, params, tokenizer, prompt settings) from one of:
+
+    * a training/SFT run directory (config.json written by the Trainer and the `policy/` export, or
+      only `checkpoints/`: then the actor of the latest complete checkpoint is restored alone),
+    * a Hugging Face model directory (config.json + safetensors; its tokenizer if it has one, else
+      the built-in Qwen2.5 tokenizer),
+    * `preset:NAME` (e.g. `preset:tiny`): a randomly initialised model, for smoke tests.
+
+    `config`: optional Config whose model dtypes and prompt settings are used (for a run directory it
+    replaces the saved config). `dtype` ("float32"/"bfloat16"): compute and storage dtype for an HF
+    directory or a preset (a run directory keeps its own). Raises EvalError with one sentence for
+    any unusable source.
+    """
+    return load_source(source, config, dtype=dtype)[0]
+
+
+# ------------------------------------------------------------------------------------- evaluation
+def _prompt_config(settings, env_name: str):
+    from ragen_jax.text import PromptConfig
+
+    s = settings if settings is not None else PromptSettings()
+    fields = {f: getattr(s, f) for f in ("think", "max_turns", "max_actions_per_turn", "max_response_words",
+                                        "max_response_tokens")}
+    if env_name in BANDIT_ENVS:
+        fields.update(max_turns=1, max_actions_per_turn=1)
+    return PromptConfig(**fields)
+
+
+def check_env_names(envs: Sequence[str]) -> tuple[str, ...]:
+    """The names as registered (case-insensitive match); EvalError naming the valid ones otherwise."""
+    valid = envs_jax.registered_envs()
+    by_lower = {v.lower(): v for v in valid}
+    out = []
+    for e in envs:
+        name = by_lower.get(str(e).strip().lower())
+        if name is None:
+            raise EvalError(f"unknown environment {e!r}; valid: {', '.join(valid)}")
+        out.append(name)
+    if not out:
+        raise EvalError(f"no environments to evaluate; valid: {', '.join(valid)}")
+    return tuple(out)
+
+
+# Compiled rollouts per policy module (weak: a dropped policy drops its programs), keyed by everything
+# that shapes the compiled program.
+_ROLLOUTS: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
+
+
+def get_rollout(policy, tokenizer, env_name: str, *, num_states: int, rollouts_per_state: int, temperature: float,
+                greedy: bool, prompt=None, max_context: int = 3600, env_overrides: Optional[dict] = None,
+                mesh=None, cache_dtype: Optional[str] = None) -> Rollout:
+    """The cached compiled evaluation rollout of one env (built on first use)."""
+    from ragen_jax.text import TextEnv
+
+    pc = _prompt_config(prompt, env_name)
+    overrides = dict(env_overrides or {})
+    rc = RolloutConfig(num_groups=num_states, group_size=rollouts_per_state, max_context=max_context,
+                       temperature=temperature, greedy=greedy, cache_dtype=cache_dtype)
+    key = (id(tokenizer), env_name, tuple(sorted(overrides.items())), pc, rc, id(mesh) if mesh is not None else None)
+    per_policy = _ROLLOUTS.setdefault(policy, {})
+    if key not in per_policy:
+        env, env_params = envs_jax.make(env_name, **overrides)
+        per_policy[key] = (Rollout(policy, TextEnv(env, env_params, tokenizer, pc), rc, mesh=mesh), tokenizer, mesh)
+    return per_policy[key][0]
+
+
+def episode_metrics(traj, rollouts_per_state: int, env_name: str = "") -> dict:
+    """Per-env evaluation numbers from one rollout's trajectories (host floats)."""
+    m = rollout_metrics(traj, rollouts_per_state)
+    success = np.asarray(jax.device_get(traj.success), bool)
+    out = {k: m[k] for k in TABLE_METRICS}
+    out[f"pass@{rollouts_per_state}"] = float(success.reshape(-1, rollouts_per_state).any(axis=1).mean())
+    for k in ("num_turns", "truncated", "reward_std"):
+        out[k] = m[k]
+    out["num_episodes"] = int(success.size)
+    out["num_states"] = int(success.size // rollouts_per_state)
+    if env_name in BANDIT_ENVS:
+        out["high_arm_rate"] = out["success"]  # Bandit's success is "chose the high-risk arm"
+    return out
+
+
+def evaluate(policy, params, tokenizer, envs: Sequence[str] = DEFAULT_SUITE, *, num_states: int = 256,
+             seed_start: int = 123, rollouts_per_state: int = 1, temperature: float = 0.5, greedy: bool = False,
+             prompt=None, max_context: int = 3600, transcripts: int = 0, mesh=None, key=None,
+             env_overrides: Optional[dict] = None, cache_dtype: Optional[str] = None,
+             progress: Optional[Callable[[str, str, Optional[dict]], None]] = None) -> dict:
+    """Evaluate `params` of `policy` on each env of `envs`; returns {env: metrics}.
+
+    Initial states are the fixed seeds seed_start .. seed_start + num_states - 1 (the reference's
+    validation set: 256 states from 123, one rollout each, temperature 0.5). `key` (default
+    PRNGKey(0)) drives sampling and env randomness, the same for every env. `prompt`: PromptSettings
+    (or any object with think, max_turns, max_actions_per_turn, max_response_words,
+    max_response_tokens); Bandit envs always get one turn with one action. `env_overrides`:
+    {env name: parameter overrides for envs_jax.make}. `transcripts`: that many sample conversations
+    per env (format_trajectory) under "transcripts". `progress(env, "start"|"done", metrics)` is
+    called around each env. Metrics per env: success, reward_mean, action_is_valid,
+    action_is_effective, num_actions, response_length, format_ok, pass@k (k = rollouts_per_state:
+    the fraction of states with at least one success), num_turns, truncated, reward_std,
+    num_episodes, num_states, seconds; Bandit envs also high_arm_rate (= success).
+    """
+    names = check_env_names(envs)
+    for what, v in (("num_states", num_states), ("rollouts_per_state", rollouts_per_state),
+                    ("max_context", max_context)):
+        if isinstance(v, bool) or not isinstance(v, (int, np.integer)) or v < 1:
+            raise EvalError(f"{what} must be a positive integer, got {v!r}")
+    if transcripts < 0:
+        raise EvalError(f"transcripts must be >= 0, got {transcripts!r}")
+    if not greedy and not temperature > 0:
+        raise EvalError(f"temperature must be > 0 when sampling (or use greedy), got {temperature!r}")
+    key = jax.random.PRNGKey(0) if key is None else key
+    seeds = np.arange(seed_start, seed_start + num_states, dtype=np.int64)
+    if seeds[-1] > np.iinfo(np.int32).max or seeds[0] < 0:
+        raise EvalError(f"seeds {seed_start}..{seeds[-1]} do not fit in int32")
+    results = {}
+    for name in names:
+        if progress is not None:
+            progress(name, "start", None)
+        try:
+            ro = get_rollout(policy, tokenizer, name, num_states=num_states, rollouts_per_state=rollouts_per_state,
+                             temperature=temperature, greedy=greedy, prompt=prompt, max_context=max_context,
+                             env_overrides=(env_overrides or {}).get(name), mesh=mesh, cache_dtype=cache_dtype)
+        except ValueError as e:  # settings that cannot work for this env (context too small, mesh, ...)
+            raise EvalError(f"{name}: {e}") from None
+        t0 = time.perf_counter()
+        traj = jax.device_get(ro(params, key, seeds.astype(np.int32)))
+        m = episode_metrics(traj, rollouts_per_state, name)
+        m["seconds"] = time.perf_counter() - t0
+        if transcripts:
+            m["transcripts"] = [format_trajectory(traj, r, tokenizer)
+                                for r in range(min(transcripts, num_states * rollouts_per_state))]
+        results[name] = m
+        if progress is not None:
+            progress(name, "done", m)
+    return results
+
+
+# ------------------------------------------------------------------------------------- output
+def _jsonable(x):
+    if isinstance(x, dict):
+        return {str(k): _jsonable(v) for k, v in x.items()}
+    if isinstance(x, (list, tuple)):
+        return [_jsonable(v) for v in x]
+    if isinstance(x, (np.integer,)):
+        return int(x)
+    if isinstance(x, (np.floating, float)):
+        return float(x) if math.isfinite(float(x)) else None
+    if isinstance(x, np.ndarray):
+        return _jsonable(x.tolist())
+    if dataclasses.is_dataclass(x) and not isinstance(x, type):
+        return _jsonable(dataclasses.asdict(x))
+    return x
+
+
+def write_eval_json(results: dict, path: str | Path, settings: Optional[dict] = None) -> Path:
+    """Write {"settings": ..., "results": {env: metrics}} (atomically: a temp file, then a rename)."""
+    path = Path(path).expanduser()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    doc = {"settings": _jsonable(settings or {}), "results": _jsonable(results)}
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(json.dumps(doc, indent=2, sort_keys=False) + "\n")
+    tmp.replace(path)
+    return path
+
+
+def format_table(results: dict) -> str:
+    """A fixed-width table, one row per env, one column per metric (pass@k included)."""
+    if not results:
+        return "(no environments evaluated)"
+    pass_keys = sorted({k for m in results.values() for k in m if k.startswith("pass@")})
+    cols = list(TABLE_METRICS) + pass_keys + ["num_episodes"]
+    headers = {"success": "success", "reward_mean": "reward", "action_is_valid": "valid",
+               "action_is_effective": "effective", "num_actions": "actions", "response_length": "resp_len",
+               "format_ok": "format_ok", "num_episodes": "episodes"}
+    name_w = max(len("env"), *(len(n) for n in results))
+    widths = [max(len(headers.get(c, c)), 9) for c in cols]
+
+    def cell(v, w):
+        if v is None:
+            return "-".rjust(w)
+        if isinstance(v, (int, np.integer)) and not isinstance(v, bool):
+            return str(int(v)).rjust(w)
+        return f"{float(v):.3f}".rjust(w)
+
+    lines = ["env".ljust(name_w) + "  " + "  ".join(headers.get(c, c).rjust(w) for c, w in zip(cols, widths))]
+    lines.append("-" * len(lines[0]))
+    for name, m in results.items():
+        lines.append(name.ljust(name_w) + "  " + "  ".join(cell(m.get(c), w) for c, w in zip(cols, widths)))
+    return "\n".join(lines)
+
+
+__all__ = ["BANDIT_ENVS", "DEFAULT_SUITE", "EvalError", "LoadedPolicy", "check_env_names", "episode_metrics",
+           "evaluate", "format_table", "get_rollout", "load_for_eval", "load_source", "write_eval_json"]
