@@ -110,61 +110,19 @@ def prefill(model, cache, tokens: jax.Array, valid: jax.Array):
 # --------------------------------------------------------------------------------------------------
 # sampling
 #
-# Greedy and plain temperature sampling never materialise [B, V] logits inside the decode loop: the
-# vocabulary head is evaluated chunk by chunk (a [B, C1] block stays in cache) and reduced on the
-# fly to a running max / first argmax and to the log-mass of every C2-wide sub-chunk. A sample is
-# then drawn exactly by inverse CDF in two levels: a sub-chunk from the sub-chunk masses, then a
-# token inside it from C2 recomputed logits. This costs one uniform per level per row instead of
-# V Gumbel draws, and no full-vocabulary argmax (XLA:CPU's variadic argmax reduce is ~10x slower
-# than max). top-k / top-p need the whole distribution and use materialised logits.
+# Greedy and plain temperature sampling read the [B, V] logits chunk by chunk (a [B, C1] block stays
+# in cache) and reduce them on the fly to a running max / first argmax and to the log-mass of every
+# C2-wide sub-chunk. A sample is then drawn exactly by inverse CDF in two levels: a sub-chunk from
+# the sub-chunk masses, then a token inside it. This costs one uniform per level per row instead of
+# V Gumbel draws (threefry noise for 64 x 151,936 logits costs more than the whole model step on a
+# CPU), and no `jnp.argmax` (XLA:CPU's variadic (value, index) reduce is several times slower than
+# max + first-index-of-max). Measured per decode step, batch 64, tiny shape: categorical + argmax
+# ~8x the cost of the head matmul; this path ~2x. Fusing the head matmul into the chunk loop was tried: no gain
+# for hidden 64, and 2x slower for hidden 896 (XLA copies every dynamic slice of the head matrix).
+# top-k / top-p need sorted values and use `lax.top_k` / a sort.
 
 _C2 = 128  # sub-chunk width (divides 151,936 and 152,064)
 _CHUNK_BYTES = 1 << 20  # target size of one f32 [B, C1] logits block
-
-
-class _LogitsSource:
-    """Logits of one batch of positions, evaluated lazily: `chunk(start, n)` -> [B, n] and
-    `rows(idx [B, k])` -> [B, k] float32 (raw, before temperature)."""
-
-    def __init__(self, chunk, rows, batch: int, vocab: int):
-        self.chunk, self.rows, self.batch, self.vocab = chunk, rows, batch, vocab
-
-    @classmethod
-    def from_logits(cls, logits):
-        logits = logits.astype(jnp.float32)
-        return cls(
-            lambda s, n: jax.lax.dynamic_slice_in_dim(logits, s, n, axis=1),
-            lambda idx: jnp.take_along_axis(logits, idx, axis=1),
-            logits.shape[0],
-            logits.shape[1],
-        )
-
-    @classmethod
-    def from_head(cls, hidden, weight, vocab_major: bool):
-        """hidden [B,H] against the head matrix ([V,H] if vocab_major else [H,V]), like Qwen2.logits."""
-        w_dtype = hidden.dtype
-        if vocab_major:
-
-            def chunk(s, n):
-                w = jax.lax.dynamic_slice_in_dim(weight, s, n, axis=0).astype(w_dtype)
-                return jnp.einsum("bh,vh->bv", hidden, w, preferred_element_type=jnp.float32)
-
-            def rows(idx):
-                return jnp.einsum("bh,bkh->bk", hidden, weight[idx].astype(w_dtype), preferred_element_type=jnp.float32)
-
-            vocab = weight.shape[0]
-        else:
-
-            def chunk(s, n):
-                w = jax.lax.dynamic_slice_in_dim(weight, s, n, axis=1).astype(w_dtype)
-                return jnp.einsum("bh,hv->bv", hidden, w, preferred_element_type=jnp.float32)
-
-            def rows(idx):
-                w = jnp.take(weight, idx, axis=1).astype(w_dtype)  # [H, B, k]
-                return jnp.einsum("bh,hbk->bk", hidden, w, preferred_element_type=jnp.float32)
-
-            vocab = weight.shape[1]
-        return cls(chunk, rows, hidden.shape[0], vocab)
 
 
 def _chunk_sizes(batch: int, vocab: int, c1: int | None, c2: int | None):
@@ -180,9 +138,10 @@ def _chunk_sizes(batch: int, vocab: int, c1: int | None, c2: int | None):
     return c1, c2
 
 
-def _select(src: _LogitsSource, key, temperature, *, greedy: bool, c1: int | None = None, c2: int | None = None):
+def _select(logits, key, temperature, *, greedy: bool, c1: int | None = None, c2: int | None = None):
     """Greedy or exact categorical choice from softmax(logits / temperature); (token, logprob)."""
-    b, v = src.batch, src.vocab
+    logits = logits.astype(jnp.float32)
+    b, v = logits.shape
     c1, c2 = _chunk_sizes(b, v, c1, c2)
     n_chunks = -(-v // c1)
     n_sub = v // c2
@@ -194,7 +153,7 @@ def _select(src: _LogitsSource, key, temperature, *, greedy: bool, c1: int | Non
         # its part that an earlier chunk already covered is masked out.
         start = jnp.minimum(i * c1, v - c1)
         pos = start + jnp.arange(c1, dtype=jnp.int32)
-        x = src.chunk(start, c1) / temperature
+        x = jax.lax.dynamic_slice_in_dim(logits, start, c1, axis=1) / temperature
         x = jnp.where(pos[None, :] >= i * c1, x, neg_inf)
         cmax = jnp.max(x, axis=1)
         cidx = jnp.min(jnp.where(x == cmax[:, None], pos[None, :], v), axis=1)
@@ -223,7 +182,7 @@ def _select(src: _LogitsSource, key, temperature, *, greedy: bool, c1: int | Non
     cdf = jnp.cumsum(jnp.exp(sub_lse - total[:, None]), axis=1)
     j = jnp.minimum(jnp.sum(cdf < u1 * cdf[:, -1:], axis=1), n_sub - 1)
     idx = j[:, None] * c2 + jnp.arange(c2, dtype=jnp.int32)[None, :]
-    x = src.rows(idx) / temperature
+    x = jnp.take_along_axis(logits, idx, axis=1) / temperature
     cdf = jnp.cumsum(jnp.exp(x - total[:, None]), axis=1)
     k = jnp.minimum(jnp.sum(cdf < u2 * cdf[:, -1:], axis=1), c2 - 1)
     tok = jnp.take_along_axis(idx, k[:, None], axis=1)[:, 0]
@@ -234,7 +193,7 @@ def _select(src: _LogitsSource, key, temperature, *, greedy: bool, c1: int | Non
 def _sample(logits, key, temperature, top_p, *, greedy: bool, top_k: int, use_top_p: bool):
     """One token per row from [B,V] logits; returns (token [B] int32, logprob [B] f32)."""
     if greedy or (top_k == 0 and not use_top_p):
-        return _select(_LogitsSource.from_logits(logits), key, temperature, greedy=greedy)
+        return _select(logits, key, temperature, greedy=greedy)
     scaled = logits.astype(jnp.float32) / temperature
     if top_k > 0:
         # lax.top_k is O(V) per row instead of a full-vocabulary sort.
@@ -253,21 +212,6 @@ def _sample(logits, key, temperature, top_p, *, greedy: bool, top_k: int, use_to
     lse = jax.nn.logsumexp(scaled, axis=-1)
     logp = jnp.take_along_axis(scaled, tok[:, None], axis=-1)[:, 0] - lse
     return tok, logp.astype(jnp.float32)
-
-
-def _head_weight(model):
-    """(weight, vocab_major) of a ragen_jax Qwen2's output head, or None for other models.
-
-    Reaching into the module lets decode fuse the head with sampling (see above); any other model
-    falls back to `model.logits`, which is correct but materialises [B, V] every step.
-    """
-    cfg = getattr(model, "cfg", None)
-    try:
-        if cfg.tie_word_embeddings:
-            return model.model.embed_tokens.embedding[...], True
-        return model.lm_head.kernel[...], False
-    except AttributeError:
-        return None
 
 
 def _nucleus_mask(sorted_vals, top_p):
@@ -391,16 +335,18 @@ def decode(
     top_p = jnp.asarray(top_p, jnp.float32)
     stop_arr = jnp.asarray(stop_ids, jnp.int32) if stop_ids else None
     w = stop_table.patterns.shape[1] - 1 if stop_table is not None else 0
-    head = _head_weight(model) if (greedy or not (top_k or use_top_p)) else None
+
+    # A model with its own small vocabulary (models.vocab_map.MappedModel) samples an index into its
+    # logits; `output_ids` turns it into the token id that is stored, fed back and stop-checked.
+    out_ids = getattr(model, "output_ids", None)
 
     def sample_logits(logits, step):
-        return _sample(logits, jax.random.fold_in(key, step), temperature, top_p, greedy=greedy, top_k=top_k, use_top_p=use_top_p)
+        tok, logp = _sample(logits, jax.random.fold_in(key, step), temperature, top_p, greedy=greedy, top_k=top_k,
+                            use_top_p=use_top_p)
+        return (tok if out_ids is None else out_ids(tok)), logp
 
     def sample_hidden(hidden, step):
-        if head is None:
-            return sample_logits(model.logits(hidden[:, None])[:, 0], step)
-        src = _LogitsSource.from_head(hidden, *head)
-        return _select(src, jax.random.fold_in(key, step), temperature, greedy=greedy)
+        return sample_logits(model.logits(hidden[:, None])[:, 0], step)
 
     def record(c: _Carry, tok, logp) -> _Carry:
         """Store the token each unfinished row sampled at step `c.step`; apply the stop rules."""

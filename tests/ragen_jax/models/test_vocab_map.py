@@ -1,0 +1,61 @@
+"""The small task vocabulary: exact id mapping, and the rollout's sampling log-probs equal the
+trainer's recomputed log-probs (both sides map Qwen ids the same way), with and without the map."""
+
+from __future__ import annotations
+
+import jax
+import numpy as np
+import pytest
+from flax import nnx
+
+import envs_jax
+from ragen_jax.models import Qwen2, Qwen2Config
+from ragen_jax.models.vocab_map import VocabMap
+from ragen_jax.rollout import Rollout, RolloutConfig
+from ragen_jax.text import PromptConfig, TextEnv
+from ragen_jax.tokenizer import ENDOFTEXT, IM_END, load_tokenizer, token_bytes_table
+from ragen_jax.training.trainer import sequence_logprobs
+
+
+@pytest.fixture(scope="module")
+def text_env():
+    tok = load_tokenizer()
+    env, params = envs_jax.make("FrozenLake")
+    return TextEnv(env, params, tok, PromptConfig(max_turns=2, max_response_tokens=10))
+
+
+def test_map_round_trips_and_covers_the_task(text_env):
+    tok = text_env.tokenizer
+    vm = VocabMap.for_text_envs([text_env], tok, extra_texts=["<answer> Left || Up </answer>"])
+    ids = vm.to_qwen
+    assert np.all(np.diff(ids) > 0) and {ENDOFTEXT, IM_END} <= set(ids.tolist())
+    np.testing.assert_array_equal(np.asarray(vm.qwen_ids(vm.model_ids(ids))), ids)
+    # Everything the env can render and the 256 single-byte tokens are inside; an outside id reads as pad.
+    _, lens = token_bytes_table(tok)
+    assert set(np.nonzero(lens == 1)[0].tolist()) <= set(ids.tolist())
+    assert set(np.asarray(text_env.prefix_ids).tolist()) <= set(ids.tolist())
+    outside = next(i for i in range(1000, 151000) if i not in set(ids.tolist()))
+    assert int(vm.qwen_ids(vm.model_ids(outside))) == ENDOFTEXT
+    assert vm.size < 3000  # small: that is the point
+
+
+@pytest.mark.parametrize("mapped", [False, True])
+def test_rollout_logprobs_equal_recomputed_logprobs(text_env, mapped):
+    vm = VocabMap.for_text_envs([text_env], text_env.tokenizer) if mapped else None
+    cfg = Qwen2Config.from_preset("tiny")
+    if mapped:
+        cfg = cfg.replace(vocab_size=vm.size)
+    model = Qwen2(cfg, rngs=nnx.Rngs(0))
+    ro = Rollout(model, text_env, RolloutConfig(num_groups=2, group_size=2, max_context=400, temperature=1.0),
+                 vocab=vm)
+    graphdef, params = nnx.split(model)
+    traj = ro(params, jax.random.PRNGKey(3), np.array([1, 2]))
+    t = traj.tokens
+    valid = np.arange(t.shape[1])[None, :] < np.asarray(traj.length)[:, None]
+    logp, _ = jax.jit(lambda p, x, v: sequence_logprobs(graphdef, p, x, v, vocab=vm))(params, t, valid)
+    mask = np.asarray(traj.loss_mask)[:, 1:]
+    assert mask.sum() > 0
+    np.testing.assert_allclose(np.asarray(logp)[mask], np.asarray(traj.logprobs)[:, 1:][mask], atol=2e-4)
+    if mapped:
+        sampled = np.asarray(t)[np.asarray(traj.loss_mask)]
+        assert set(sampled.tolist()) <= set(vm.to_qwen.tolist())
