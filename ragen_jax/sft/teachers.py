@@ -52,6 +52,13 @@ THOUGHTS = {
 }
 
 
+def teacher_texts() -> tuple[str, ...]:
+    """The fixed texts every teacher answer is made of (besides action names), so that a small task
+    vocabulary (`model.vocab='task'`, ragen_jax.training.loop.build_vocab) covers the demonstrations."""
+    heads = [f"{t}{THINK_CLOSE}{ANSWER_OPEN}" for t in THOUGHTS.values()]
+    return (*heads, THINK_CLOSE + ANSWER_OPEN, ANSWER_CLOSE, ANSWER_SEP)
+
+
 def _encode(tokenizer, texts):
     return [list(x) for x in tokenizer(list(texts), add_special_tokens=False)["input_ids"]]
 
@@ -260,4 +267,5 @@ def get_teacher(env_name: str, text_env, **kw):
     return cls(text_env, **kw)
 
 
-__all__ = ["AnswerTable", "BanditTeacher", "FrozenLakeTeacher", "SokobanTeacher", "THOUGHTS", "get_teacher"]
+__all__ = ["AnswerTable", "BanditTeacher", "FrozenLakeTeacher", "SokobanTeacher", "THOUGHTS", "get_teacher",
+           "teacher_texts"]

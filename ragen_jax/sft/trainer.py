@@ -1,0 +1,381 @@
+"""Supervised fine-tuning on solver demonstrations: the warm start RL can begin from.
+
+    trainer = SFTTrainer(load_config("sokoban.py", overrides), workdir)
+    trainer.train()          # demos -> validation -> epochs of SFT -> validation -> <workdir>/policy
+    # then: launch/tpu_train.py ... --config.model.init_from=<workdir>
+
+1. Demonstrations are made ON DEVICE by the compiled rollout in teacher mode (`Rollout(None, ...,
+   teacher=get_teacher(...))`), so they are in exactly the conversation format the policy later
+   samples in, loss mask included (1 on the assistant's tokens only). Seeds `sft.demo_seed + i`,
+   generated in chunks so memory stays bounded whatever `sft.num_demos` is.
+2. Which demos are trained on: Sokoban keeps only successful episodes (the reference fine-tuned on
+   BFS-solver SOLUTIONS; a failed Sokoban demo is a room the budget cannot solve, whose moves
+   would teach nothing useful). FrozenLake keeps all: the teacher's action in a given state does
+   not depend on later slips, so dropping unlucky episodes would only shrink and skew the data
+   toward easy maps. Bandit keeps all (a success filter would turn `sft.bandit_high_prob` into 1).
+3. Loss: mean negative log-likelihood of the assistant's tokens, token-mean per mini-batch, with
+   the RL update's alignment (column t is the log-prob of token t+1, mask = loss_mask[:, 1:]).
+   AdamW from `make_optimizer(sft.lr, optim)`, `sft.epochs` epochs of shuffled mini-batches of
+   `sft.batch_size` (the last partial batch of an epoch is dropped: one static shape, one
+   compilation), the batch sharded over the mesh's data axes.
+4. Orbax checkpoints every `sft.save_every` steps; rerunning the same command resumes (demos and
+   the epoch permutations are deterministic functions of the config, so they are regenerated
+   rather than stored). The final parameters are exported with `save_policy`.
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import math
+import time
+from pathlib import Path
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+from flax import nnx, struct
+from jax.sharding import NamedSharding, PartitionSpec
+
+from ragen_jax.config import Config, ConfigError
+from ragen_jax.rollout import Rollout, RolloutConfig, rollout_metrics
+from ragen_jax.sft.teachers import get_teacher
+from ragen_jax.training.checkpoint import Checkpointer, save_policy, save_run_config
+from ragen_jax.training.logger import Logger
+from ragen_jax.training.loop import _flatten, build_policy, build_text_envs, build_vocab, load_task_tokenizer
+from ragen_jax.training.trainer import make_optimizer, val_seeds
+
+# Config keys that may change when an SFT run is resumed (everything else must match the saved run).
+RESUMABLE_CHANGES = ("sft.epochs", "sft.save_every", "train.val_every", "train.keep_checkpoints",
+                     "train.log_samples")
+DEMO_FILTERS = ("auto", "success", "all")
+BATCH_AXES = ("data", "fsdp")
+
+
+@struct.dataclass
+class SFTState:
+    step: jax.Array  # int32: optimizer steps taken (also the data position: epoch = step // steps_per_epoch)
+    params: Any  # nnx.State of the policy
+    opt_state: Any
+
+
+@struct.dataclass
+class Demos:
+    """Demonstration episodes as host arrays, the time axis cut to the longest one (rounded up)."""
+
+    tokens: np.ndarray  # [N, T] int32
+    loss_mask: np.ndarray  # [N, T] bool: the teacher's (= assistant's) tokens
+    length: np.ndarray  # [N] int32
+
+    @property
+    def num(self) -> int:
+        return int(self.tokens.shape[0])
+
+
+# ----------------------------------------------------------------------------------- the loss
+def _chunk_logp_hit(logits_fn, h, y):
+    z = logits_fn(h).astype(jnp.float32)
+    picked = jnp.take_along_axis(z, y[..., None], axis=-1)[..., 0]
+    # Ties count as hits; the metric only says whether greedy decoding could reproduce the token.
+    return picked - jax.nn.logsumexp(z, axis=-1), picked >= jnp.max(z, axis=-1)
+
+
+def token_logprobs_and_hits(graphdef, params, tokens, valid, chunk: int = 128, vocab=None):
+    """`sequence_logprobs` (same alignment: column t is about token t+1) plus whether each target is
+    the argmax, for the token-accuracy metric at no extra logits pass. Like
+    `losses.token_logprobs_and_entropy`, the time axis is walked in checkpointed chunks so neither
+    pass holds [B, T, V] logits. `vocab`: the VocabMap of a small-vocabulary model (tokens stay Qwen ids)."""
+    model = nnx.merge(graphdef, params)
+    ids = tokens if vocab is None else vocab.model_ids(tokens)
+    hidden, _ = model(ids, valid, None)
+    hidden, targets = hidden[:, :-1], ids[:, 1:].astype(jnp.int32)
+    b, t, h = hidden.shape
+    c = min(chunk, t)
+    n = -(-t // c)
+    pad = n * c - t
+    if pad:
+        hidden = jnp.pad(hidden, ((0, 0), (0, pad), (0, 0)))
+        targets = jnp.pad(targets, ((0, 0), (0, pad)))
+    hs = hidden.reshape(b, n, c, h).swapaxes(0, 1)
+    ys = targets.reshape(b, n, c).swapaxes(0, 1)
+    body = jax.checkpoint(lambda xs: _chunk_logp_hit(model.logits, *xs))
+    logp, hit = jax.lax.map(body, (hs, ys))
+    return (logp.swapaxes(0, 1).reshape(b, n * c)[:, :t], hit.swapaxes(0, 1).reshape(b, n * c)[:, :t])
+
+
+def sft_loss(graphdef, params, tokens, loss_mask, length, vocab=None):
+    """(token-mean NLL over the assistant's tokens, metrics). tokens/loss_mask [B, T], length [B].
+    An all-zero mask gives loss 0 (and zero gradients), not a division by zero."""
+    t = tokens.shape[1]
+    valid = jnp.arange(t)[None, :] < length[:, None]
+    mask = (loss_mask[:, 1:] & valid[:, 1:]).astype(jnp.float32)
+    logp, hit = token_logprobs_and_hits(graphdef, params, tokens, valid, vocab=vocab)
+    n = jnp.maximum(jnp.sum(mask), 1.0)
+    loss = -jnp.sum(logp * mask) / n
+    return loss, {"sft/token_accuracy": jnp.sum(hit * mask) / n, "sft/tokens": jnp.sum(mask)}
+
+
+# ----------------------------------------------------------------------------------- trainer
+class SFTTrainer:
+    """Args:
+      cfg: the experiment config (`cfg.sft` drives this trainer; model/env/prompt/rollout/mesh as RL).
+      workdir: run directory (checkpoints/, tb/, metrics.jsonl, demos.json, policy/).
+      demo_chunk: demonstration episodes per compiled teacher rollout (bounds device memory).
+      demo_filter: "auto" (successful Sokoban demos only, all others; see the module docstring),
+        "success" or "all".
+    """
+
+    def __init__(self, cfg: Config, workdir: str | Path, *, quiet: bool = False, devices=None,
+                 demo_chunk: int = 256, demo_filter: str = "auto"):
+        from ragen_jax.models.qwen2.sharding import make_mesh, param_shardings
+
+        self.cfg = cfg.validate()
+        self.workdir = Path(workdir).expanduser().resolve()
+        self.quiet = quiet
+        if demo_filter not in DEMO_FILTERS:
+            raise ConfigError(f"demo_filter={demo_filter!r} is not valid; choose one of {', '.join(DEMO_FILTERS)}")
+        if not isinstance(demo_chunk, int) or demo_chunk < 1:
+            raise ConfigError(f"demo_chunk must be a positive integer, got {demo_chunk!r}")
+        self._check_workdir()
+
+        m = cfg.mesh
+        devices = list(devices if devices is not None else jax.devices())
+        sizes = (m.data, m.fsdp, m.tensor)
+        if -1 not in sizes and math.prod(sizes) < len(devices):
+            devices = devices[: math.prod(sizes)]  # an explicit smaller mesh uses the first devices
+        self.mesh = make_mesh(data=m.data, fsdp=m.fsdp, tensor=m.tensor, devices=devices)
+        self.n_shards = self.mesh.shape["data"] * self.mesh.shape["fsdp"]
+        if cfg.sft.batch_size % self.n_shards:
+            raise ConfigError(f"sft.batch_size = {cfg.sft.batch_size} is not divisible by the {self.n_shards} devices "
+                              "of the mesh's data x fsdp axes; change sft.batch_size or mesh.data/mesh.fsdp")
+        if cfg.train.val_every > 0 and cfg.train.val_size % self.n_shards:
+            raise ConfigError(f"train.val_size={cfg.train.val_size} is not divisible by the {self.n_shards} "
+                              "data-parallel devices of the mesh")
+
+        self.tokenizer = load_task_tokenizer(cfg)
+        self.text_envs = build_text_envs(cfg, self.tokenizer)
+        self.text_env = self.text_envs[cfg.env.name]
+        self.vocab = build_vocab(cfg, self.text_envs, self.tokenizer)
+        policy = build_policy(cfg, self.vocab)
+        self.teacher = get_teacher(cfg.env.name, self.text_env, high_prob=cfg.sft.bandit_high_prob)
+        self.keep_only_successful = (self.teacher.keep_only_successful if demo_filter == "auto"
+                                     else demo_filter == "success")
+        # Demo chunks: a multiple of the data-parallel devices (the rollout shards its batch).
+        chunk = min(demo_chunk, cfg.sft.num_demos)
+        self.demo_chunk = -(-chunk // self.n_shards) * self.n_shards
+        self.demo_rollout = Rollout(None, self.text_env, RolloutConfig(
+            num_groups=self.demo_chunk, group_size=1, max_context=cfg.rollout.max_context),
+            mesh=self.mesh, teacher=self.teacher)
+
+        self.graphdef, params = nnx.split(policy)
+        params = jax.device_put(params, param_shardings(params, self.mesh))
+        if cfg.model.init_from:
+            from ragen_jax.training.checkpoint import load_policy_params
+
+            params = load_policy_params(cfg.model.init_from, params)
+        self.tx = make_optimizer(cfg.sft.lr, cfg.optim)
+        opt_state = self.tx.init(params)
+        opt_state = jax.device_put(opt_state, param_shardings(opt_state, self.mesh))
+        replicated = NamedSharding(self.mesh, PartitionSpec())
+        state = SFTState(step=jax.device_put(jnp.zeros((), jnp.int32), replicated), params=params,
+                         opt_state=opt_state)
+        self.batch_sharding = NamedSharding(self.mesh, PartitionSpec(BATCH_AXES))
+        state_shardings = jax.tree.map(lambda x: x.sharding, state)
+        self.trace_count = 0
+        self._step = jax.jit(self._train_step, out_shardings=(state_shardings, None))
+        self._loss = jax.jit(functools.partial(sft_loss, self.graphdef, vocab=self.vocab))
+
+        self.val_rollouts = {}
+        if cfg.train.val_every > 0:
+            r = cfg.rollout
+            val_cfg = RolloutConfig(num_groups=cfg.train.val_size, group_size=1, max_context=r.max_context,
+                                    temperature=cfg.train.val_temperature, cache_dtype=cfg.model.cache_dtype)
+            for name, te in self.text_envs.items():
+                self.val_rollouts[name] = Rollout(policy, te, val_cfg, mesh=self.mesh, vocab=self.vocab)
+
+        self.ckpt = Checkpointer(self.workdir / "checkpoints", keep=cfg.train.keep_checkpoints)
+        self.state = state
+        latest = self.ckpt.latest_step()
+        if latest is not None:
+            self.state, _ = self.ckpt.restore(latest, state)  # raises CheckpointError naming the path
+        self.demos: Demos | None = None
+        self.demo_stats: dict = {}
+        self.logger = None
+
+    # ------------------------------------------------------------------------------------------
+    def _check_workdir(self):
+        saved = self.workdir / "config.json"
+        if saved.exists():
+            try:
+                old = _flatten(json.loads(saved.read_text()))
+            except json.JSONDecodeError:
+                raise ConfigError(f"{saved} is not valid JSON; this directory holds a broken run") from None
+            new = _flatten(json.loads(json.dumps(self.cfg.to_dict(), default=str)))
+            diff = sorted(k for k in set(old) | set(new) if old.get(k) != new.get(k) and k not in RESUMABLE_CHANGES)
+            if diff:
+                raise ConfigError(f"{self.workdir} holds a run with a different config ({', '.join(diff[:6])}"
+                                  f"{' ...' if len(diff) > 6 else ''}); use another --workdir to start a new run")
+
+    def _print(self, msg):
+        if not self.quiet and jax.process_index() == 0:
+            from tqdm import tqdm
+
+            tqdm.write(msg)
+
+    @property
+    def step(self) -> int:
+        return int(self.state.step)
+
+    # -- demonstrations --------------------------------------------------------------------------
+    def make_demos(self) -> Demos:
+        """Generate `sft.num_demos` teacher episodes on device; keep the training ones (see module doc)."""
+        from tqdm import tqdm
+
+        s = self.cfg.sft
+        c = self.demo_chunk
+        n_chunks = -(-s.num_demos // c)
+        parts = []
+        for i in tqdm(range(n_chunks), desc="demos", disable=self.quiet or jax.process_index() != 0,
+                      dynamic_ncols=True):
+            seeds = s.demo_seed + i * c + np.arange(c)
+            traj = self.demo_rollout(None, jax.random.fold_in(jax.random.PRNGKey(s.demo_seed), i), seeds)
+            parts.append(jax.device_get(traj))
+        traj = jax.tree.map(lambda *xs: np.concatenate(xs)[: s.num_demos], *parts)
+        stats = {f"demo/{k}": v for k, v in rollout_metrics(traj, 1).items()
+                 if k not in ("in_group_std", "in_group_std_max", "pass_at_n", "reward_std")}
+        keep = np.asarray(traj.success) if self.keep_only_successful else np.ones(s.num_demos, bool)
+        stats["demo/num_generated"] = float(s.num_demos)
+        stats["demo/num_kept"] = float(keep.sum())
+        if keep.sum() < s.batch_size:
+            raise ConfigError(f"only {int(keep.sum())} of {s.num_demos} demonstrations are usable"
+                              f"{' (successful)' if self.keep_only_successful else ''}, fewer than "
+                              f"sft.batch_size={s.batch_size}; raise sft.num_demos")
+        if self.vocab is not None:  # a small task vocabulary must express every demonstrated token
+            sampled = np.unique(np.asarray(traj.tokens)[np.asarray(traj.loss_mask)])
+            missing = sampled[self.vocab.to_qwen[self.vocab.to_model[sampled]] != sampled]
+            if missing.size:
+                raise ConfigError(f"model.vocab='task' lacks the demonstration tokens "
+                                  f"{self.tokenizer.convert_ids_to_tokens(missing[:8].tolist())}; "
+                                  "add their texts to the task vocabulary")
+        length = np.asarray(traj.length)[keep]
+        # Cut the time axis to the longest demo (rounded up to 64): one static training shape, and
+        # no compute on the empty tail of max_context.
+        t = int(min(traj.tokens.shape[1], -(-int(length.max()) // 64) * 64))
+        self.demos = Demos(tokens=np.asarray(traj.tokens)[keep, :t].astype(np.int32),
+                           loss_mask=np.asarray(traj.loss_mask)[keep, :t], length=length.astype(np.int32))
+        stats["demo/max_length"] = float(length.max())
+        self.demo_stats = stats
+        return self.demos
+
+    # -- the compiled step -----------------------------------------------------------------------
+    def _train_step(self, state: SFTState, tokens, loss_mask, length):
+        self.trace_count += 1  # runs only while tracing: counts compilations
+        loss_fn = lambda p: sft_loss(self.graphdef, p, tokens, loss_mask, length, self.vocab)  # noqa: E731
+        (loss, m), grads = jax.value_and_grad(loss_fn, has_aux=True)(state.params)
+        updates, opt_state = self.tx.update(grads, state.opt_state, state.params)
+        params = optax.apply_updates(state.params, updates)
+        m = {**m, "sft/loss": loss, "sft/grad_norm": optax.global_norm(grads)}
+        return state.replace(step=state.step + 1, params=params, opt_state=opt_state), m
+
+    def put_batch(self, idx):
+        d = self.demos
+        return tuple(jax.device_put(x[idx], self.batch_sharding) for x in (d.tokens, d.loss_mask, d.length))
+
+    def train_step(self, idx) -> dict:
+        """One optimizer step on demo rows `idx` (length sft.batch_size); returns host metrics."""
+        self.state, m = self._step(self.state, *self.put_batch(np.asarray(idx)))
+        return {k: float(v) for k, v in jax.device_get(m).items()}
+
+    def loss(self, idx) -> tuple[float, dict]:
+        """The SFT loss and metrics of demo rows `idx` at the current parameters (no update)."""
+        loss, m = self._loss(self.state.params, *self.put_batch(np.asarray(idx)))
+        return float(loss), {k: float(v) for k, v in jax.device_get(m).items()}
+
+    def steps_per_epoch(self) -> int:
+        return self.demos.num // self.cfg.sft.batch_size
+
+    def batch_indices(self, step: int) -> np.ndarray:
+        """Demo rows of optimizer step `step`: a fresh permutation per epoch (seeded by train.seed)."""
+        spe, b = self.steps_per_epoch(), self.cfg.sft.batch_size
+        epoch, k = divmod(int(step), spe)
+        perm = np.random.default_rng([self.cfg.train.seed, epoch]).permutation(self.demos.num)
+        return perm[k * b:(k + 1) * b]
+
+    # -- validation -------------------------------------------------------------------------------
+    def validate(self) -> dict:
+        out = {}
+        seeds = val_seeds(self.cfg)
+        for name, ro in self.val_rollouts.items():
+            t0 = time.perf_counter()
+            traj = ro(self.state.params, jax.random.PRNGKey(self.cfg.train.seed + 7), seeds)
+            m = rollout_metrics(traj, 1)
+            for k in ("success", "reward_mean", "action_is_valid", "action_is_effective", "num_actions",
+                      "response_length", "format_ok"):
+                out[f"val/{name}/{k}"] = m[k]
+            out[f"timing/val_{name}_s"] = time.perf_counter() - t0
+        return out
+
+    def _log_validation(self, step):
+        m = self.validate()
+        self.logger.scalars(step, m)
+        summary = ", ".join(f"{k.split('/')[1]} {v:.3f}" for k, v in m.items() if k.endswith("/success"))
+        self._print(f"validation @ step {step}: success {summary}")
+        return m
+
+    # -- the run -----------------------------------------------------------------------------------
+    def train(self, max_steps: int | None = None) -> list[dict]:
+        """Run (or resume) the SFT; `max_steps` stops early after that many steps of this call
+        (without the final export), as an interruption would. Returns the per-step metrics."""
+        from tqdm import tqdm
+
+        cfg = self.cfg
+        self.workdir.mkdir(parents=True, exist_ok=True)
+        if jax.process_index() == 0:
+            save_run_config(self.workdir, json.loads(json.dumps(cfg.to_dict(), default=str)))
+        self.logger = Logger(self.workdir)
+        history = []
+        try:
+            t0 = time.perf_counter()
+            self.make_demos()
+            start = self.step
+            self.demo_stats["timing/demos_s"] = time.perf_counter() - t0
+            self.logger.scalars(start, self.demo_stats)
+            if jax.process_index() == 0:
+                (self.workdir / "demos.json").write_text(json.dumps(self.demo_stats, indent=2, sort_keys=True))
+            d = self.demo_stats
+            self._print(f"demos: {int(d['demo/num_kept'])}/{int(d['demo/num_generated'])} kept, success "
+                        f"{d['demo/success']:.3f}, reward {d['demo/reward_mean']:.3f}, actions "
+                        f"{d['demo/num_actions']:.2f}, turns {d['demo/num_turns']:.2f}")
+            total = cfg.sft.epochs * self.steps_per_epoch()
+            if start > 0:
+                self._print(f"resuming {self.workdir} from step {start}")
+            if self.val_rollouts and start == 0:
+                history.append({"step": 0, **self._log_validation(0)})
+            end = total if max_steps is None else min(total, start + max_steps)
+            bar = tqdm(range(start, end), initial=start, total=total, desc="sft",
+                       disable=self.quiet or jax.process_index() != 0, dynamic_ncols=True)
+            for s in bar:
+                t1 = time.perf_counter()
+                metrics = self.train_step(self.batch_indices(s))
+                metrics["sft/epoch"] = s / self.steps_per_epoch()
+                metrics["timing/step_s"] = time.perf_counter() - t1
+                step = s + 1
+                self.logger.scalars(step, metrics)
+                bar.set_postfix(loss=f"{metrics['sft/loss']:.4f}", acc=f"{metrics['sft/token_accuracy']:.3f}")
+                history.append({"step": step, **metrics})
+                if step % cfg.sft.save_every == 0 or step == total:
+                    self.ckpt.save(step, self.state, extra={"step": step})
+            if self.step >= total:
+                if self.val_rollouts and end > start:
+                    history.append({"step": total, **self._log_validation(total)})
+                # Every process takes part: it is a collective save.
+                save_policy(self.workdir, self.state.params)
+        finally:
+            self.ckpt.wait()
+            self.logger.close()
+        return history
+
+
+__all__ = ["Demos", "SFTState", "SFTTrainer", "sft_loss", "token_logprobs_and_hits"]
