@@ -206,13 +206,18 @@ def main(argv=None):
             if "target_tok_s" in row:
                 line += f"  target {row['target_tok_s']}"
             print(line, flush=True)
+            _write(result, args.out)  # after every row: a long run that is cut short keeps its rows
         del model, tmodel
+    _write(result, args.out)
+    print(f"wrote {args.out}")
+    return 0
+
+
+def _write(result, path):
     result["machine"]["loadavg_end"] = list(os.getloadavg())
-    out = Path(args.out)
+    out = Path(path)
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(result, indent=2) + "\n")
-    print(f"wrote {out}")
-    return 0
 
 
 if __name__ == "__main__":
