@@ -1,0 +1,171 @@
+"""Solver teachers against independent truths: the tokenizer's own encoding and the reference parser
+(regex) for the answer texts, a plain-Python Sokoban + BFS for replayed demonstrations, a numpy value
+iteration for FrozenLake, and a binomial bound for the Bandit arm frequency."""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+import envs_jax
+from ragen_jax.rollout import Rollout, RolloutConfig
+from ragen_jax.sft import get_teacher
+from ragen_jax.sft.teachers import AnswerTable
+from ragen_jax.text import PromptConfig, TextEnv
+from ragen_jax.tokenizer import IM_END, load_tokenizer
+from envs_jax.frozen_lake import rows_from_state
+from tests.envs_jax.ref_frozen_lake import _dynamics
+from tests.envs_jax.ref_sokoban import RefSokoban, bfs_length, room_codes
+
+
+@pytest.fixture(scope="module")
+def tok():
+    return load_tokenizer()
+
+
+def _te(tok, name, **prompt):
+    env, params = envs_jax.make(name)
+    return TextEnv(env, params, tok, PromptConfig(**prompt))
+
+
+# ------------------------------------------------------------------------------------ answer texts
+@pytest.mark.parametrize("name,think", [("Sokoban", True), ("Sokoban", False), ("FrozenLake", True), ("Bandit", True)])
+def test_answer_ids_are_the_tokenizers_encoding_and_parse_back(tok, name, think):
+    prompt = dict(think=think, max_response_tokens=32)
+    if name == "Bandit":
+        prompt.update(max_turns=1, max_actions_per_turn=1)
+    te = _te(tok, name, **prompt)
+    table = get_teacher(name, te).table
+    assert table.max_actions == te.max_actions_per_turn  # 32 tokens hold 5 actions
+    # Every count the table supports (FrozenLake/Bandit teachers use 1, the table can write more).
+    rng = np.random.default_rng(0)
+    k = table.max_actions
+    acts = rng.integers(0, len(te.action_names), (48, k)).astype(np.int32)
+    nums = rng.integers(1, k + 1, 48).astype(np.int32)
+    ids, lengths = jax.jit(jax.vmap(table.ids))(acts, nums)
+    ids, lengths = np.asarray(ids), np.asarray(lengths)
+    for a, n, row, length in zip(acts, nums, ids, lengths):
+        want = [te.action_names[i] for i in a[:n]]
+        text = table.text(a[:n])
+        head = (table.thought + "</think><answer>") if think else ""
+        assert text == head + " || ".join(want) + "</answer><|im_end|>"
+        assert row[:length].tolist() == tok.encode(text[: -len("<|im_end|>")], add_special_tokens=False) + [IM_END]
+        assert tok.decode(row[:length].tolist(), skip_special_tokens=False) == text
+        parsed = te.parse_text(te.config.forced_prefix + text)
+        assert [te.action_names[i] for i in parsed.actions[: int(parsed.num_actions)]] == want[: te.max_actions_per_turn]
+        assert bool(parsed.format_ok) and not bool(parsed.has_invalid)
+
+
+def test_tables_fit_the_budget_or_fail_clearly(tok):
+    names = ("Up", "Down", "Left", "Right")
+    t = AnswerTable(tok, names, think=True, thought=" I push the box toward the target.", max_tokens=24, max_actions=5)
+    worst = int(t.first_len.max()) + (t.max_actions - 1) * int(t.rest_len.max()) + len(t.tail)
+    assert worst <= 24 < worst + int(t.rest_len.max())  # as many actions as always fit, no more
+    with pytest.raises(ValueError, match="max_response_tokens=8 cannot hold"):
+        AnswerTable(tok, names, think=True, thought=" I push the box toward the target.", max_tokens=8, max_actions=5)
+    te = _te(tok, "FrozenLake", max_response_tokens=32)
+    with pytest.raises(ValueError, match="no solver teacher for environment 'Countdown'"):
+        get_teacher("Countdown", te)
+    with pytest.raises(ValueError, match="the Sokoban teacher needs a SokobanEnv"):
+        get_teacher("Sokoban", te)
+
+
+# ------------------------------------------------------------------------------------ Sokoban
+def test_sokoban_demos_replay_to_bfs_optimal_solutions(tok):
+    te = _te(tok, "Sokoban", max_turns=3, max_response_tokens=32)
+    teacher = get_teacher("Sokoban", te)
+    seeds = np.arange(50000, 50008)
+    traj = jax.device_get(Rollout(None, te, RolloutConfig(num_groups=8, group_size=1, max_context=1024),
+                                  teacher=teacher)(None, jax.random.PRNGKey(0), seeds))
+    env, params = te.env, te.env_params
+    checked = 0
+    for r, seed in enumerate(seeds):
+        st = env.reset_env(jax.random.PRNGKey(int(seed)), params)[1]
+        fixed, state = room_codes(np.asarray(st.walls).tolist(), np.asarray(st.targets).tolist(),
+                                  np.asarray(st.boxes).tolist(), int(st.player))
+        optimal = bfs_length(fixed, state)
+        # Each turn's assistant text, decoded from the demo tokens (runs of loss mask 1).
+        n = int(traj.length[r])
+        ids, mask = traj.tokens[r, :n], traj.loss_mask[r, :n]
+        edges = np.flatnonzero(np.diff(np.concatenate([[0], mask.astype(int), [0]])))
+        turns = [tok.decode(ids[a:b].tolist(), skip_special_tokens=False) for a, b in zip(edges[::2], edges[1::2])]
+        assert len(turns) == int(traj.num_turns[r]) and int(mask.sum()) == int(traj.response_length[r])
+        ref = RefSokoban(fixed, state, num_boxes=1, max_steps=10)
+        total_reward, executed = 0.0, 0
+        for text in turns:
+            p = te.parse_text("<think>" + text)
+            assert bool(p.format_ok) and not bool(p.has_invalid)
+            for a in p.actions[: int(p.num_actions)]:
+                if ref.done:
+                    break
+                rew, _, _ = ref.step(int(a))
+                total_reward += rew
+                executed += 1
+        if optimal is not None and optimal <= 10:
+            checked += 1
+            assert ref.done and executed == optimal, (seed, executed, optimal)
+            assert bool(traj.success[r])
+            np.testing.assert_allclose(traj.reward[r], -0.1 * optimal + 1.0 + 10.0, atol=1e-4)
+            np.testing.assert_allclose(total_reward, -0.1 * optimal + 1.0 + 10.0, atol=1e-4)
+    assert checked >= 6
+
+
+# ------------------------------------------------------------------------------------ FrozenLake
+def _q_values(rows, k, slip=2.0 / 3.0):
+    """Q[cell, action] with k actions left (k >= 1), plain dynamic programming over the reference table."""
+    n = len(rows)
+    dyn = _dynamics(rows, slip)
+    flat = "".join(rows)
+    v = np.array([1.0 if ch == "G" else 0.0 for ch in flat])
+    for _ in range(k):
+        q = np.array([[sum(p * v[nr * n + nc] for p, (nr, nc) in dyn[(c, a)]) for a in range(4)] for c in range(n * n)])
+        v = np.where([ch == "G" for ch in flat], 1.0, np.where([ch == "H" for ch in flat], 0.0, q.max(axis=1)))
+    return q
+
+
+def test_frozen_lake_teacher_takes_an_optimal_action_for_the_actions_it_can_still_take(tok):
+    te = _te(tok, "FrozenLake", max_response_tokens=32)  # 5 turns, 10 actions
+    teacher = get_teacher("FrozenLake", te)
+    env, params = te.env, te.env_params
+    rng = np.random.default_rng(1)
+    cases = []
+    for seed in range(24):
+        st = env.reset_env(jax.random.PRNGKey(seed), params)[1]
+        free = np.flatnonzero(~np.asarray(st.hole).reshape(-1) & (np.arange(16) != int(st.goal)))
+        st = st.replace(pos=jnp.int32(rng.choice(free)), time=jnp.int32(rng.integers(0, 10)))
+        cases.append((st, int(rng.integers(1, 6))))
+    states = jax.tree.map(lambda *xs: jnp.stack(xs), *[c[0] for c in cases])
+    turns = jnp.asarray([c[1] for c in cases])
+    ids, lengths = jax.jit(jax.vmap(teacher, in_axes=(0, 0, None)))(states, turns, jax.random.PRNGKey(0))
+    for (st, turn), row, n in zip(cases, np.asarray(ids), np.asarray(lengths)):
+        p = te.parse_text("<think>" + tok.decode(row[:n].tolist(), skip_special_tokens=False))
+        assert int(p.num_actions) == 1  # one action per turn: no blind moves after a slip
+        rows = rows_from_state(st)
+        horizon = min(10 - int(st.time), 5 - turn + 1)
+        q = _q_values(rows, horizon)[int(st.pos)]
+        assert q[int(p.actions[0])] >= q.max() - 1e-6, (rows, int(st.pos), horizon, q, int(p.actions[0]))
+
+
+# ------------------------------------------------------------------------------------ Bandit
+def test_bandit_teacher_picks_the_high_arm_with_the_given_probability(tok):
+    te = _te(tok, "Bandit", max_turns=1, max_actions_per_turn=1, max_response_tokens=32)
+    st = te.env.reset_env(jax.random.PRNGKey(0), te.env_params)[1]
+    keys = jax.random.split(jax.random.PRNGKey(3), 4000)
+    for p_high in (0.0, 0.3, 1.0):
+        teacher = get_teacher("Bandit", te, high_prob=p_high)
+        ids, lengths = jax.jit(jax.vmap(teacher, in_axes=(None, None, 0)))(st, 1, keys)
+        ids, lengths = np.asarray(ids), np.asarray(lengths)
+        # Distinct rows decoded once; each must name exactly one arm.
+        rows, counts = np.unique(ids, axis=0, return_counts=True)
+        high = 0
+        for row, c in zip(rows, counts):
+            n = int(lengths[(ids == row).all(axis=1)][0])
+            parsed = te.parse_text("<think>" + tok.decode(row[:n].tolist(), skip_special_tokens=False))
+            assert int(parsed.num_actions) == 1
+            high += c * int(parsed.actions[0] == 1)  # action 1 = the high-risk arm
+        sigma = np.sqrt(4000 * p_high * (1 - p_high))
+        assert abs(high - 4000 * p_high) <= 5 * sigma + 1e-9
+    with pytest.raises(ValueError, match="high_prob must be in"):
+        get_teacher("Bandit", te, high_prob=1.5)
