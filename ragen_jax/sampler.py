@@ -117,8 +117,8 @@ def prefill(model, cache, tokens: jax.Array, valid: jax.Array):
 # V Gumbel draws (threefry noise for 64 x 151,936 logits costs more than the whole model step on a
 # CPU), and no `jnp.argmax` (XLA:CPU's variadic (value, index) reduce is several times slower than
 # max + first-index-of-max). Measured per decode step, batch 64, tiny shape: categorical + argmax
-# ~8x the cost of the head matmul; this path ~2x. Fusing the head matmul into the chunk loop was tried: no gain
-# for hidden 64, and 2x slower for hidden 896 (XLA copies every dynamic slice of the head matrix).
+# ~8x the cost of the head matmul; this path ~2x. Fusing the head matmul into the chunk loop was
+# tried: no gain for hidden 64, 2x slower for hidden 896 (XLA copies each slice of the head matrix).
 # top-k / top-p need sorted values and use `lax.top_k` / a sort.
 
 _C2 = 128  # sub-chunk width (divides 151,936 and 152,064)
@@ -183,7 +183,8 @@ def _select(logits, key, temperature, *, greedy: bool, c1: int | None = None, c2
     j = jnp.minimum(jnp.sum(cdf < u1 * cdf[:, -1:], axis=1), n_sub - 1)
     idx = j[:, None] * c2 + jnp.arange(c2, dtype=jnp.int32)[None, :]
     x = jnp.take_along_axis(logits, idx, axis=1) / temperature
-    cdf = jnp.cumsum(jnp.exp(x - total[:, None]), axis=1)
+    ref = jnp.take_along_axis(sub_lse, j[:, None], axis=1)  # scale by the sub-chunk's own mass
+    cdf = jnp.cumsum(jnp.exp(x - jnp.where(jnp.isfinite(ref), ref, total[:, None])), axis=1)
     k = jnp.minimum(jnp.sum(cdf < u2 * cdf[:, -1:], axis=1), c2 - 1)
     tok = jnp.take_along_axis(idx, k[:, None], axis=1)[:, 0]
     logp = jnp.take_along_axis(x, k[:, None], axis=1)[:, 0] - total
