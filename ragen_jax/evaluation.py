@@ -13,11 +13,11 @@ leaves the device until the rollout is over.
 
 from __future__ import annotations
 
+import collections
 import dataclasses
 import json
 import math
 import time
-import weakref
 from pathlib import Path
 from typing import Any, Callable, NamedTuple, Optional, Sequence
 
@@ -71,6 +71,14 @@ def _qwen_config(cfg: Config):
                             "exist here; it is needed for the model's shapes and tokenizer")
         return read_config(str(Path(m.path).expanduser()), dtype=m.dtype, param_dtype=m.param_dtype)
     return Qwen2Config.from_preset(m.preset).replace(dtype=m.dtype, param_dtype=m.param_dtype)
+
+
+def _committed(policy):
+    """The policy's params committed to the first device, as restored checkpoints are: jit keys its
+    compiled programs on committed-ness too, so every source then shares one compilation."""
+    params = jax.device_put(nnx.state(policy), jax.sharding.SingleDeviceSharding(jax.devices()[0]))
+    nnx.update(policy, params)  # the module holds the same arrays (no second copy alive)
+    return params
 
 
 def _abstract_policy(qcfg):
@@ -151,7 +159,7 @@ def _load_hf_dir(p: Path, config: Optional[Config], dtype: Optional[str] = None)
     has_tok = any((p / f).is_file() for f in ("tokenizer.json", "tokenizer_config.json"))
     tokenizer = load_tokenizer(str(p) if has_tok else None)
     prompt = dataclasses.replace(config.prompt) if config is not None else PromptSettings()
-    return LoadedPolicy(policy, nnx.state(policy), tokenizer, prompt), None
+    return LoadedPolicy(policy, _committed(policy), tokenizer, prompt), None
 
 
 def _load_preset(name: str, config: Optional[Config], dtype: Optional[str] = None, seed: int = 0):
@@ -168,7 +176,7 @@ def _load_preset(name: str, config: Optional[Config], dtype: Optional[str] = Non
         qcfg = qcfg.replace(dtype=dtype, param_dtype=dtype)
     policy = Qwen2(qcfg, rngs=nnx.Rngs(seed))
     prompt = dataclasses.replace(config.prompt) if config is not None else PromptSettings()
-    return LoadedPolicy(policy, nnx.state(policy), load_tokenizer(), prompt), None
+    return LoadedPolicy(policy, _committed(policy), load_tokenizer(), prompt), None
 
 
 def load_source(source: str | Path, config: Optional[Config] = None, *,
@@ -242,9 +250,11 @@ def check_env_names(envs: Sequence[str]) -> tuple[str, ...]:
     return tuple(out)
 
 
-# Compiled rollouts per policy module (weak: a dropped policy drops its programs), keyed by everything
-# that shapes the compiled program.
-_ROLLOUTS: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
+# Compiled rollouts keyed by everything that shapes the program. The policy enters by its graph
+# (nnx GraphDef: structure and static config, no numbers), so a freshly loaded checkpoint of the same
+# model reuses the compiled program. Bounded: the oldest entries go first.
+_ROLLOUTS: "collections.OrderedDict" = collections.OrderedDict()
+MAX_CACHED_ROLLOUTS = 32
 
 
 def get_rollout(policy, tokenizer, env_name: str, *, num_states: int, rollouts_per_state: int, temperature: float,
@@ -257,12 +267,19 @@ def get_rollout(policy, tokenizer, env_name: str, *, num_states: int, rollouts_p
     overrides = dict(env_overrides or {})
     rc = RolloutConfig(num_groups=num_states, group_size=rollouts_per_state, max_context=max_context,
                        temperature=temperature, greedy=greedy, cache_dtype=cache_dtype)
-    key = (id(tokenizer), env_name, tuple(sorted(overrides.items())), pc, rc, id(mesh) if mesh is not None else None)
-    per_policy = _ROLLOUTS.setdefault(policy, {})
-    if key not in per_policy:
-        env, env_params = envs_jax.make(env_name, **overrides)
-        per_policy[key] = (Rollout(policy, TextEnv(env, env_params, tokenizer, pc), rc, mesh=mesh), tokenizer, mesh)
-    return per_policy[key][0]
+    graphdef = nnx.split(policy)[0]
+    key = (graphdef, env_name, tuple(sorted(overrides.items())), pc, rc, id(tokenizer), id(mesh))
+    hit = _ROLLOUTS.get(key)
+    # ids are only unique among live objects: the entry keeps its tokenizer and mesh to compare.
+    if hit is not None and hit[1] is tokenizer and hit[2] is mesh:
+        _ROLLOUTS.move_to_end(key)
+        return hit[0]
+    env, env_params = envs_jax.make(env_name, **overrides)
+    ro = Rollout(policy, TextEnv(env, env_params, tokenizer, pc), rc, mesh=mesh)
+    _ROLLOUTS[key] = (ro, tokenizer, mesh)
+    while len(_ROLLOUTS) > MAX_CACHED_ROLLOUTS:
+        _ROLLOUTS.popitem(last=False)
+    return ro
 
 
 def episode_metrics(traj, rollouts_per_state: int, env_name: str = "") -> dict:

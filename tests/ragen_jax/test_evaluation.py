@@ -215,16 +215,15 @@ def _cli(*args, cwd=None):
                           cwd=cwd, env=dict(os.environ), timeout=300)
 
 
-def test_cli_writes_eval_json_equal_to_the_library(tiny, tmp_path):
-    # Same policy (preset:tiny = Rngs(0)), seeds, key and shapes as tiny_results' Bandit row.
+def test_cli_writes_eval_json_equal_to_the_library(tiny_results, tmp_path):
+    # Same policy (preset:tiny = Rngs(0)), seeds, key (seed 5 = KEY) and shapes as tiny_results' Bandit row.
     r = _cli("--model", "preset:tiny", "--envs", "bandit", "--num-states", "4", "--rollouts-per-state", "2",
              "--max-response-tokens", "8", "--max-context", "512", "--seed", "5", cwd=tmp_path)
     assert r.returncode == 0, r.stderr
     assert "[1/1] Bandit" in r.stderr
     doc = json.loads((tmp_path / "eval.json").read_text())
     assert doc["settings"]["envs"] == ["Bandit"] and doc["settings"]["num_states"] == 4
-    want = evaluate(tiny.policy, tiny.params, tiny.tokenizer, ("Bandit",), key=jax.random.PRNGKey(5),
-                    **SETTINGS)["Bandit"]
+    want = tiny_results["Bandit"]
     got = doc["results"]["Bandit"]
     for k in ("success", "reward_mean", "format_ok", "pass@2", "response_length", "num_episodes"):
         assert got[k] == pytest.approx(want[k]), k
