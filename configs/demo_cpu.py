@@ -1,0 +1,50 @@
+"""The CPU demo, Sokoban stages (launch/demo.py): a tiny Qwen2 with the real Qwen2.5 tokenizer.
+
+Stage 1 (launch/sft.py semantics): supervised warm start on BFS-solver demonstrations.
+Stage 2 (launch/tpu_train.py semantics, `model.init_from` = the SFT run): StarPO-S RL.
+launch/demo.py sets `model.init_from` for stage 2 and shrinks everything further under --quick.
+Every value that differs from the reference default (ragen_jax/config.py) is set here, with why.
+"""
+
+from ragen_jax.config import Config
+
+
+def get_config() -> Config:
+    cfg = Config()
+    cfg.env.name = "Sokoban"  # 6x6, one box: the paper's main task
+    # -- model: small enough to train on 2 CPU cores in minutes, same architecture as Qwen2.5.
+    cfg.model.random_init = True  # no pretrained checkpoint on a CPU box; the warm start replaces it
+    cfg.model.preset = "tiny"  # hidden 64, 2 layers, GQA 4/2 heads, tied embeddings
+    # Only the ~few hundred Qwen ids the task's texts use: the 151,936-row embedding/head would
+    # dominate compute and memory of a 64-wide model. Texts are still tokenised by Qwen2.5.
+    cfg.model.vocab = "task"
+    cfg.model.critic = "none"  # GRPO needs no critic: half the compute of PPO with a separate critic
+    # -- prompt: short answers. The templated demo thought + 5 actions fit in ~30 tokens, so a
+    # 400-token budget would only spend decode steps on padding.
+    cfg.prompt.max_turns = 5
+    cfg.prompt.max_actions_per_turn = 5
+    cfg.prompt.max_response_tokens = 40
+    cfg.rollout.max_context = 1280  # the 5-turn conversation at 40 tokens/turn fits with margin
+    # -- rollout: P x N smaller than the reference's 8 x 16 (CPU time), still groups for GRPO.
+    cfg.rollout.num_groups = 8
+    cfg.rollout.group_size = 8
+    # -- algorithm: GRPO with per-group mean/std normalisation (no critic to warm up in a short run).
+    cfg.algo.adv_estimator = "grpo"
+    cfg.algo.reward_norm = "mean_std"
+    cfg.algo.filter_ratio = 0.5  # keep 4 of 8 groups: fewer groups than the reference, so keep more
+    cfg.algo.mini_batch_size = 32  # 32 kept trajectories = one optimizer step per iteration
+    # A tiny randomly initialised model needs a far larger step than a pretrained 0.5B (1e-6).
+    cfg.optim.actor_lr = 5e-5
+    cfg.optim.critic_lr = 1e-4
+    cfg.mesh.data = 1  # one device (a real 2-core box has one; the tests simulate 8)
+    cfg.train.iterations = 20
+    cfg.train.val_every = 0  # launch/demo.py evaluates after each stage (one compiled eval rollout)
+    cfg.train.save_every = 10
+    cfg.train.log_samples = 1
+    # -- SFT: the reference warm-started on ~1k BFS solutions; a 64-wide model needs more epochs and lr.
+    cfg.sft.num_demos = 1024
+    cfg.sft.epochs = 8
+    cfg.sft.batch_size = 32
+    cfg.sft.lr = 3e-3
+    cfg.sft.save_every = 1000  # checkpoints only at the end: the demo is short and restartable
+    return cfg

@@ -1,0 +1,42 @@
+"""The CPU demo, Bandit stages (launch/demo.py): what only RL can teach.
+
+The warm start sees demonstrations that pull each arm half of the time (sft.bandit_high_prob=0.5):
+it learns the answer format, not which arm to prefer. RL (GRPO, single turn) must then discover
+that the high-risk arm has the higher expected value (0.25 vs 0.1) from noisy rewards.
+"""
+
+from ragen_jax.config import Config
+
+
+def get_config() -> Config:
+    cfg = Config()
+    cfg.env.name = "Bandit"
+    # The test arm names are evaluated too; listing them here also puts their ids in the task vocabulary.
+    cfg.env.val_envs = ("BanditTest",)
+    cfg.model.random_init = True  # see configs/demo_cpu.py
+    cfg.model.preset = "tiny"
+    cfg.model.vocab = "task"
+    cfg.model.critic = "none"  # GRPO: a single-turn bandit needs no critic
+    cfg.prompt.max_turns = 1  # Bandit is one turn, one action
+    cfg.prompt.max_actions_per_turn = 1
+    cfg.prompt.max_response_tokens = 24  # the templated thought + one arm name is ~16 tokens
+    cfg.rollout.max_context = 512  # the Bandit prompt is ~250 tokens
+    cfg.rollout.num_groups = 8
+    cfg.rollout.group_size = 16  # the reference's N: the noisy 0/1 jackpot needs many samples per group
+    cfg.algo.adv_estimator = "grpo"
+    cfg.algo.reward_norm = "mean_std"
+    cfg.algo.filter_ratio = 0.5  # 4 of 8 groups (64 trajectories)
+    cfg.algo.mini_batch_size = 64  # one optimizer step per iteration
+    cfg.optim.actor_lr = 1e-3  # tiny random-init model (reference 1e-6 is for a pretrained 0.5B)
+    cfg.mesh.data = 1  # one device
+    cfg.train.iterations = 40
+    cfg.train.val_every = 0  # launch/demo.py evaluates after each stage
+    cfg.train.save_every = 40
+    cfg.train.log_samples = 1
+    cfg.sft.num_demos = 512
+    cfg.sft.epochs = 4
+    cfg.sft.batch_size = 32
+    cfg.sft.lr = 3e-3
+    cfg.sft.bandit_high_prob = 0.5  # format only: RL must find the better arm
+    cfg.sft.save_every = 1000
+    return cfg

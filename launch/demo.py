@@ -1,0 +1,281 @@
+"""The CPU demo: warm start (SFT on solver demonstrations), then StarPO-S RL, on Bandit and Sokoban.
+
+    python launch/demo.py --workdir runs/demo            # the full demo (<= ~15 min on 2 CPU cores)
+    python launch/demo.py --workdir runs/demo_q --quick  # a 1-2 minute smoke run (learns little)
+    python launch/demo.py --workdir runs/demo --skip-bandit --sokoban.sft.epochs=8
+
+A tiny Qwen2-architecture policy (configs/demo_cpu.py, configs/demo_cpu_bandit.py) that reads and
+writes through the real Qwen2.5 tokenizer, with a small model vocabulary (`model.vocab=task`).
+
+1. Bandit (<workdir>/bandit/{sft,rl}): the warm start sees demonstrations that pull each arm half
+   of the time (format only); RL must then learn to prefer the arm with the higher expected value.
+   Evaluated on Bandit (the training arm names) and BanditTest (unseen names).
+2. Sokoban (<workdir>/sokoban/{sft,rl}): BFS-solver warm start, then RL; validation success after
+   each stage on the same fixed seeds (256 from seed 123, as the reference's validation).
+
+Writes <workdir>/eval.json ({"results": {stage: {env: metrics}}, "settings": ...}), curves_*.png
+(per stage, from its metrics.jsonl), demo_summary.json (seconds per stage, total, peak RSS) and
+prints a table per stage. Each stage also logs to TensorBoard in its own tb/ folder. Rerunning
+the same command resumes finished stages instantly (their runs are complete) and redoes the evals.
+Config overrides: --bandit.section.key=value / --sokoban.section.key=value (applied to both stages
+of that env). Errors: one line on stderr, exit 2.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import resource
+import sys
+import time
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+BANDIT_CONFIG = "demo_cpu_bandit.py"
+SOKOBAN_CONFIG = "demo_cpu.py"
+BANDIT_EVAL_ENVS = ("Bandit", "BanditTest")
+SOKOBAN_EVAL_ENVS = ("Sokoban",)
+EVAL_SEED_START = 123  # the reference's validation seeds
+EVAL_TEMPERATURE = 0.5  # the reference's validation temperature
+
+# --quick: every shape and count shrunk so the whole demo (compilations included) takes ~1-2 min.
+QUICK_BANDIT = ("sft.num_demos=32", "sft.epochs=1", "sft.batch_size=16", "rollout.num_groups=2",
+                "rollout.group_size=8", "algo.filter_ratio=1.0", "algo.mini_batch_size=16", "train.iterations=2",
+                "train.save_every=2")
+QUICK_SOKOBAN = ("sft.num_demos=32", "sft.epochs=1", "sft.batch_size=16", "prompt.max_turns=2",
+                 "rollout.max_context=640", "rollout.num_groups=2", "rollout.group_size=4", "algo.filter_ratio=1.0",
+                 "algo.mini_batch_size=8", "train.iterations=2", "train.save_every=2")
+QUICK_EVAL_STATES = 8
+EVAL_STATES = 256
+
+# Curves per stage kind: the issue's five RL curves, and the SFT loss curves.
+RL_CURVES = ("train/reward_mean", "train/success", "rollout/in_group_std", "actor/entropy", "actor/grad_norm")
+SFT_CURVES = ("sft/loss", "sft/token_accuracy", "sft/grad_norm")
+
+TARGETS = {  # the issue's goals (reported, not enforced)
+    "bandit/rl Bandit high_arm_rate": 0.9,
+    "sokoban/rl Sokoban success": 0.5,
+}
+
+
+def parse_args(argv=None):
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--workdir", required=True, help="demo directory (bandit/, sokoban/, eval.json, curves_*.png)")
+    p.add_argument("--quick", action="store_true", help="tiny counts and shapes: a 1-2 minute smoke run")
+    p.add_argument("--skip-bandit", action="store_true")
+    p.add_argument("--skip-sokoban", action="store_true")
+    p.add_argument("--eval-states", type=int, default=None,
+                   help=f"fixed evaluation states per env (default {EVAL_STATES}, --quick {QUICK_EVAL_STATES})")
+    p.add_argument("--quiet", action="store_true", help="no progress bars (stage lines are still printed)")
+    args, rest = p.parse_known_args(argv)
+    over = {"bandit": [], "sokoban": []}
+    for r in rest:
+        head = r.split(".", 1)[0]
+        if head in ("--bandit", "--sokoban") and "=" in r:
+            over[head[2:]].append(r.split(".", 1)[1])
+        else:
+            p.error(f"unrecognised argument {r!r}; config overrides look like --sokoban.section.key=value "
+                    "or --bandit.section.key=value")
+    if args.eval_states is not None and args.eval_states < 1:
+        p.error(f"--eval-states must be a positive integer, got {args.eval_states}")
+    return args, over
+
+
+def log(msg: str) -> None:
+    print(f"[demo {time.strftime('%H:%M:%S')}] {msg}", file=sys.stderr, flush=True)
+
+
+def peak_rss_mb() -> float:
+    # ru_maxrss is in KiB on Linux (bytes on macOS).
+    r = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    return r / (1024.0 * 1024.0) if sys.platform == "darwin" else r / 1024.0
+
+
+class StageEvaluator:
+    """Fixed-seed evaluation of one env family's policy after each stage.
+
+    The rollouts are built once from the SFT trainer (its policy graph, task vocabulary, text envs
+    and mesh) and reused for the RL stage's parameters, which have the same graph: one compilation
+    per env for the whole demo. Same seeds and sampling key after every stage, so the stages are
+    compared on identical initial states.
+    """
+
+    def __init__(self, trainer, envs, num_states: int, seed: int = 0):
+        from flax import nnx
+
+        from ragen_jax.rollout import Rollout, RolloutConfig
+
+        cfg = trainer.cfg
+        model = nnx.merge(trainer.graphdef, trainer.state.params)
+        rc = RolloutConfig(num_groups=num_states, group_size=1, max_context=cfg.rollout.max_context,
+                           temperature=EVAL_TEMPERATURE, cache_dtype=cfg.model.cache_dtype)
+        self.rollouts = {name: Rollout(model, trainer.text_envs[name], rc, mesh=trainer.mesh, vocab=trainer.vocab)
+                         for name in envs}
+        self.num_states = num_states
+        self.seed = seed
+
+    def __call__(self, params) -> dict:
+        import jax
+        import numpy as np
+
+        from ragen_jax.evaluation import episode_metrics
+
+        seeds = np.arange(EVAL_SEED_START, EVAL_SEED_START + self.num_states, dtype=np.int32)
+        out = {}
+        for name, ro in self.rollouts.items():
+            t0 = time.perf_counter()
+            traj = jax.device_get(ro(params, jax.random.PRNGKey(self.seed), seeds))
+            m = episode_metrics(traj, 1, name)
+            m["seconds"] = time.perf_counter() - t0
+            out[name] = m
+        return out
+
+
+def stage_configs(config_name: str, base_overrides, user_overrides, workdir: str):
+    """(SFT config, RL config): the same file and overrides; RL starts from the SFT export."""
+    from ragen_jax.config import load_config
+
+    over = list(base_overrides) + list(user_overrides)
+    sft_cfg = load_config(config_name, over)
+    rl_cfg = load_config(config_name, over + [f"model.init_from={os.path.join(workdir, 'sft')}"])
+    return sft_cfg, rl_cfg
+
+
+def run_family(family: str, config_name: str, envs, quick_over, user_over, args, timings: dict,
+               results: dict, curves: list) -> None:
+    from ragen_jax.sft.trainer import SFTTrainer
+    from ragen_jax.training.logger import plot_curves
+    from ragen_jax.training.loop import Trainer
+
+    root = os.path.join(os.path.abspath(args.workdir), family)
+    sft_cfg, rl_cfg = stage_configs(config_name, quick_over if args.quick else (), user_over, root)
+    n_states = args.eval_states or (QUICK_EVAL_STATES if args.quick else EVAL_STATES)
+
+    log(f"{family}: stage 1, SFT warm start ({sft_cfg.sft.num_demos} demos, {sft_cfg.sft.epochs} epochs) "
+        f"-> {root}/sft")
+    t0 = time.perf_counter()
+    sft = SFTTrainer(sft_cfg, os.path.join(root, "sft"), quiet=args.quiet)
+    hist = sft.train()
+    timings[f"{family}/sft"] = {"train_s": time.perf_counter() - t0}
+    if hist:
+        last = [h for h in hist if "sft/loss" in h]
+        if last:
+            log(f"{family}: SFT done, loss {last[-1]['sft/loss']:.4f}, token accuracy "
+                f"{last[-1]['sft/token_accuracy']:.3f}")
+
+    t0 = time.perf_counter()
+    evaluator = StageEvaluator(sft, envs, n_states)
+    results[f"{family}/sft"] = evaluator(sft.state.params)
+    timings[f"{family}/sft"]["eval_s"] = time.perf_counter() - t0
+    log(f"{family}: after SFT: " + summary_line(results[f"{family}/sft"]))
+    p = plot_curves(os.path.join(root, "sft"), SFT_CURVES, os.path.join(args.workdir, f"curves_{family}_sft.png"))
+    if p is not None:
+        curves.append(str(p))
+
+    log(f"{family}: stage 2, StarPO-S RL ({rl_cfg.algo.adv_estimator}, {rl_cfg.train.iterations} iterations of "
+        f"P={rl_cfg.rollout.num_groups} x N={rl_cfg.rollout.group_size}) -> {root}/rl")
+    t0 = time.perf_counter()
+    rl = Trainer(rl_cfg, os.path.join(root, "rl"), quiet=args.quiet)
+    rl.train()
+    timings[f"{family}/rl"] = {"train_s": time.perf_counter() - t0}
+    t0 = time.perf_counter()
+    results[f"{family}/rl"] = evaluator(rl.state.actor)
+    timings[f"{family}/rl"]["eval_s"] = time.perf_counter() - t0
+    log(f"{family}: after RL: " + summary_line(results[f"{family}/rl"]))
+    p = plot_curves(os.path.join(root, "rl"), RL_CURVES, os.path.join(args.workdir, f"curves_{family}_rl.png"))
+    if p is not None:
+        curves.append(str(p))
+
+
+def summary_line(res: dict) -> str:
+    return ", ".join(f"{env} success {m['success']:.3f} (format {m['format_ok']:.2f})" for env, m in res.items())
+
+
+def check_targets(results: dict) -> dict:
+    out = {}
+    for label, goal in TARGETS.items():
+        stage, env, metric = label.split(" ")
+        v = results.get(stage, {}).get(env, {}).get(metric)
+        if v is not None:
+            out[label] = {"value": v, "target": goal, "reached": bool(v >= goal)}
+    sok_sft = results.get("sokoban/sft", {}).get("Sokoban", {}).get("success")
+    sok_rl = results.get("sokoban/rl", {}).get("Sokoban", {}).get("success")
+    if sok_sft is not None and sok_rl is not None:
+        out["sokoban: RL does not lower success"] = {"value": sok_rl - sok_sft, "target": 0.0,
+                                                     "reached": bool(sok_rl >= sok_sft)}
+    return out
+
+
+def main(argv=None) -> int:
+    args, over = parse_args(argv)
+    if args.skip_bandit and args.skip_sokoban:
+        print("error: --skip-bandit and --skip-sokoban together leave nothing to run", file=sys.stderr)
+        return 2
+    t_start = time.perf_counter()
+    from absl import logging as absl_logging
+
+    absl_logging.set_verbosity(absl_logging.ERROR)  # orbax's checkpoint chatter
+    import jax
+
+    from ragen_jax.config import ConfigError
+    from ragen_jax.evaluation import format_table, write_eval_json
+
+    os.makedirs(args.workdir, exist_ok=True)
+    timings, results, curves = {}, {}, []
+    families = []
+    if not args.skip_bandit:
+        families.append(("bandit", BANDIT_CONFIG, BANDIT_EVAL_ENVS, QUICK_BANDIT, over["bandit"]))
+    if not args.skip_sokoban:
+        families.append(("sokoban", SOKOBAN_CONFIG, SOKOBAN_EVAL_ENVS, QUICK_SOKOBAN, over["sokoban"]))
+    log(f"{'quick' if args.quick else 'full'} demo on {jax.devices()[0].platform} ({len(jax.devices())} devices "
+        f"visible, using 1) -> {args.workdir}")
+    try:
+        for fam in families:
+            run_family(*fam, args=args, timings=timings, results=results, curves=curves)
+    except ConfigError as e:
+        print(f"error: {' '.join(str(e).split())}", file=sys.stderr)
+        return 2
+    except Exception as e:
+        if type(e).__name__ == "CheckpointError":
+            print(f"error: {' '.join(str(e).split())}", file=sys.stderr)
+            return 2
+        raise
+
+    total = time.perf_counter() - t_start
+    n_states = args.eval_states or (QUICK_EVAL_STATES if args.quick else EVAL_STATES)
+    settings = dict(quick=args.quick, num_states=n_states, seed_start=EVAL_SEED_START,
+                    temperature=EVAL_TEMPERATURE, rollouts_per_state=1, overrides=over,
+                    device=str(jax.devices()[0].platform))
+    eval_path = write_eval_json(results, os.path.join(args.workdir, "eval.json"), settings)
+    targets = check_targets(results)
+    summary = {
+        "quick": args.quick,
+        "stages": {k: {**v, "total_s": sum(v.values())} for k, v in timings.items()},
+        "total_s": total,
+        "peak_rss_mb": peak_rss_mb(),
+        "cpu_count": os.cpu_count(),
+        "targets": targets,
+        "curves": [os.path.basename(c) for c in curves],
+    }
+    with open(os.path.join(args.workdir, "demo_summary.json"), "w") as f:
+        json.dump(summary, f, indent=2)
+
+    for stage, res in results.items():
+        print(f"\n== {stage} ({n_states} fixed states, temperature {EVAL_TEMPERATURE}) ==")
+        print(format_table(res))
+    print("\n== time ==")
+    for stage, t in summary["stages"].items():
+        print(f"{stage:14s} train {t['train_s']:7.1f} s   eval {t['eval_s']:6.1f} s")
+    print(f"{'total':14s} {total:7.1f} s   peak RSS {summary['peak_rss_mb']:.0f} MiB")
+    if targets:
+        print("\n== targets ==")
+        for label, t in targets.items():
+            print(f"{label:40s} {t['value']:+.3f}  (target {t['target']:.2f})  "
+                  f"{'reached' if t['reached'] else 'NOT reached'}")
+    log(f"wrote {eval_path}, demo_summary.json and {len(curves)} curve PNGs in {args.workdir}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
