@@ -10,6 +10,7 @@ import numpy as np
 import pytest
 
 import envs_jax
+from ragen_jax.models.qwen2.sharding import make_mesh
 from ragen_jax.rollout import Rollout, RolloutConfig
 from ragen_jax.sft import get_teacher
 from ragen_jax.sft.teachers import AnswerTable
@@ -74,10 +75,12 @@ def test_tables_fit_the_budget_or_fail_clearly(tok):
 
 # ------------------------------------------------------------------------------------ Sokoban
 def test_sokoban_demos_replay_to_bfs_optimal_solutions(tok):
-    te = _te(tok, "Sokoban", max_turns=3, max_response_tokens=32)
+    # The demo rollout of tests/ragen_jax/sft/test_sft.py (same shapes and mesh: one compilation).
+    te = _te(tok, "Sokoban", max_turns=2, max_response_tokens=32)
     teacher = get_teacher("Sokoban", te)
     seeds = np.arange(50000, 50008)
-    traj = jax.device_get(Rollout(None, te, RolloutConfig(num_groups=8, group_size=1, max_context=1024),
+    mesh = make_mesh(data=1, devices=jax.devices()[:1])
+    traj = jax.device_get(Rollout(None, te, RolloutConfig(num_groups=8, group_size=1, max_context=512), mesh=mesh,
                                   teacher=teacher)(None, jax.random.PRNGKey(0), seeds))
     env, params = te.env, te.env_params
     checked = 0

@@ -1,0 +1,157 @@
+"""The SFT trainer on the tiny CPU model (task vocabulary): the loss is the token-mean NLL of the
+assistant's tokens computed from full logits, an empty mask moves nothing, a fixed batch is
+overfitted, the run logs/checkpoints/exports, RL starts from the export, and a resumed run ends with
+exactly the parameters of an uninterrupted one."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import math
+from pathlib import Path
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from flax import nnx
+
+from ragen_jax.config import ConfigError, load_config
+from ragen_jax.sft.trainer import SFTTrainer
+from ragen_jax.training.loop import Trainer
+
+ROOT = Path(__file__).resolve().parents[3]
+FAST = ["--config.model.vocab=task", "--config.prompt.max_turns=2", "--config.prompt.max_response_tokens=32",
+        "--config.rollout.max_context=512", "--config.sft.num_demos=8", "--config.sft.batch_size=4",
+        "--config.sft.epochs=3", "--config.sft.lr=3e-3", "--config.sft.save_every=2", "--config.train.val_size=2",
+        "--config.train.val_every=1", "--config.mesh.data=1"]
+
+
+def _cfg(*extra):
+    return load_config("tiny_cpu.py", [*FAST, *extra])
+
+
+def _leaves(tree):
+    return [np.asarray(x) for x in jax.tree.leaves(jax.device_get(tree))]
+
+
+@pytest.fixture(scope="module")
+def run(tmp_path_factory):
+    wd = tmp_path_factory.mktemp("sft")
+    tr = SFTTrainer(_cfg(), wd, quiet=True, demo_chunk=8)
+    hist = tr.train()
+    return wd, tr, hist
+
+
+def test_run_demos_logs_checkpoints_and_export(run):
+    wd, tr, hist = run
+    d = tr.demo_stats
+    # BFS teacher: every demo whose room is solvable within the budget succeeds; only successes are kept.
+    assert d["demo/num_generated"] == 8 and d["demo/num_kept"] == tr.demos.num >= 6
+    assert d["demo/format_ok"] == 1.0 and d["demo/action_is_valid"] == 1.0
+    assert bool(np.all(tr.demos.length <= tr.demos.tokens.shape[1]))
+    steps = [h["step"] for h in hist if "sft/loss" in h]
+    assert steps == list(range(1, 3 * (tr.demos.num // 4) + 1))
+    assert tr.trace_count == 1  # one compiled step for the whole run
+    for h in hist:
+        for k, v in h.items():
+            assert math.isfinite(v), k
+    vals = [h for h in hist if "val/Sokoban/success" in h]
+    assert [v["step"] for v in vals] == [0, steps[-1]]  # before and after training
+    rows = [json.loads(x) for x in (wd / "metrics.jsonl").read_text().splitlines()]
+    assert any("sft/token_accuracy" in r and "sft/grad_norm" in r for r in rows)
+    assert any("demo/success" in r for r in rows) and json.loads((wd / "demos.json").read_text())["demo/num_kept"] >= 6
+    assert list((wd / "tb").glob("events.out.tfevents.*"))
+    ck = sorted(int(p.name) for p in (wd / "checkpoints").iterdir() if p.name.isdigit())
+    assert ck[-1] == steps[-1]
+    assert (wd / "policy").is_dir()
+    # Learning on a handful of demos: the last epoch fits far better than the first step.
+    first, last = hist[1], hist[-2]
+    assert last["sft/loss"] < first["sft/loss"] - 1.0
+
+
+def test_loss_is_the_token_mean_nll_of_the_assistant_tokens(run):
+    _, tr, _ = run
+    idx = np.arange(4)
+    loss, m = tr.loss(idx)
+    tokens, mask, length = (np.asarray(x[idx]) for x in (tr.demos.tokens, tr.demos.loss_mask, tr.demos.length))
+    ids = tr.vocab.model_ids(tokens)
+    valid = np.arange(tokens.shape[1])[None] < length[:, None]
+
+    @jax.jit
+    def full_logits(params, ids, valid):  # [B, T, V] in full (small: the task vocabulary)
+        model = nnx.merge(tr.graphdef, params)
+        return model.logits(model(ids, valid, None)[0])
+
+    logits = np.asarray(full_logits(tr.state.params, ids, jnp.asarray(valid)), np.float64)
+    logp = logits - np.log(np.exp(logits - logits.max(-1, keepdims=True)).sum(-1, keepdims=True)) - logits.max(-1, keepdims=True)
+    ids = np.asarray(ids)
+    # Token t+1 is predicted at position t; only the teacher's (assistant's) tokens count.
+    tgt = np.take_along_axis(logp[:, :-1], ids[:, 1:, None], axis=-1)[..., 0]
+    w = mask[:, 1:] & valid[:, 1:]
+    assert w.sum() > 0 and w.sum() == mask.sum() - mask[:, 0].sum()
+    np.testing.assert_allclose(loss, -(tgt * w).sum() / w.sum(), rtol=2e-5)
+    hits = (np.argmax(logits[:, :-1], -1) == ids[:, 1:])
+    np.testing.assert_allclose(m["sft/token_accuracy"], (hits * w).sum() / w.sum(), atol=1e-6)
+    assert m["sft/tokens"] == w.sum()
+
+
+def test_empty_mask_gives_zero_loss_and_zero_gradients(run):
+    _, tr, hist = run
+    tokens, mask, length = tr.put_batch(np.arange(4))
+    # The training step itself (same compiled program): no assistant token, no loss, no gradient.
+    _, m = tr._step(tr.state, tokens, jnp.zeros_like(mask), length)
+    assert float(m["sft/loss"]) == 0.0 and float(m["sft/grad_norm"]) == 0.0 and float(m["sft/tokens"]) == 0.0
+    assert all(h["sft/grad_norm"] > 0 for h in hist if "sft/loss" in h)  # ... while real batches have one
+    assert tr.trace_count == 1
+
+
+def test_fixed_batch_is_overfitted(run):
+    _, tr, _ = run
+    idx = np.arange(4)
+    batch = tr.put_batch(idx)
+    state = tr.state
+    accs, losses = [], []
+    for _ in range(20):
+        state, m = tr._step(state, *batch)
+        accs.append(float(m["sft/token_accuracy"]))
+        losses.append(float(m["sft/loss"]))
+    assert losses[-1] < 0.5 * losses[0]
+    assert accs[-1] >= accs[0] + 0.2 and accs[-1] >= 0.6
+    assert tr.trace_count == 1
+
+
+def test_rl_trainer_starts_from_the_export(run, tmp_path):
+    wd, tr, _ = run
+    rl = Trainer(_cfg("--config.train.val_every=0", f"--config.model.init_from={wd}"), tmp_path / "rl", quiet=True)
+    for a, b in zip(_leaves(rl.state.actor), _leaves(tr.state.params)):
+        np.testing.assert_array_equal(a, b)
+
+
+def test_resume_ends_with_the_uninterrupted_parameters(run, tmp_path):
+    _, full, hist = run
+    wd = tmp_path / "resume"
+    over = ("--config.train.val_every=0",)
+    first = SFTTrainer(_cfg(*over), wd, quiet=True, demo_chunk=8).train(max_steps=3)  # "killed" after step 3
+    assert not (wd / "policy").exists()
+    second = SFTTrainer(_cfg(*over), wd, quiet=True, demo_chunk=8)
+    assert second.step == 2  # the last checkpoint (save_every=2)
+    rest = second.train()
+    assert [h["step"] for h in rest][0] == 3 and (wd / "policy").is_dir()
+    want = {h["step"]: h["sft/loss"] for h in hist if "sft/loss" in h}
+    for h in first + rest:
+        np.testing.assert_allclose(h["sft/loss"], want[h["step"]], rtol=1e-5)
+    for a, b in zip(_leaves(second.state.params), _leaves(full.state.params)):
+        np.testing.assert_allclose(a, b, atol=1e-6)
+
+
+def test_launcher_reports_bad_input_in_one_line(tmp_path, capsys):
+    spec = importlib.util.spec_from_file_location("sft_launch", ROOT / "launch" / "sft.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    assert mod.main(["--config", "tiny_cpu.py", "--workdir", str(tmp_path / "a"), "--config.sft.lr=fast"]) == 2
+    assert capsys.readouterr().err.strip() == "error: sft.lr expects a number, got 'fast'"
+    assert mod.main(["--config", "tiny_cpu.py", "--workdir", str(tmp_path / "b"), "--config.sft.batch_size=3"]) == 2
+    assert "sft.batch_size = 3 is not divisible by the 8 devices" in capsys.readouterr().err
+    with pytest.raises(ConfigError, match="demo_filter='best' is not valid"):
+        SFTTrainer(_cfg(), tmp_path / "c", demo_filter="best")
