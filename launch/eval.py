@@ -97,7 +97,7 @@ def main(argv=None) -> int:
                            seed_start=args.seed_start, rollouts_per_state=args.rollouts_per_state,
                            temperature=args.temperature, greedy=args.greedy, prompt=prompt, max_context=max_context,
                            transcripts=args.transcripts, key=jax.random.PRNGKey(args.seed),
-                           cache_dtype=cache_dtype, progress=progress)
+                           cache_dtype=cache_dtype, vocab=loaded.vocab, progress=progress)
     except (EvalError, ValueError) as e:
         return _err(e)
 

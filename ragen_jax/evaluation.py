@@ -19,7 +19,7 @@ import json
 import math
 import time
 from pathlib import Path
-from typing import Any, Callable, NamedTuple, Optional, Sequence
+from typing import Callable, Optional, Sequence
 
 import jax
 import numpy as np
@@ -41,11 +41,19 @@ class EvalError(ValueError):
     """A problem with the evaluation's input, as one readable sentence."""
 
 
-class LoadedPolicy(NamedTuple):
-    policy: Any  # flax.nnx module (its graph; the numbers are `params`)
-    params: Any  # nnx.State of the policy
-    tokenizer: Any
-    prompt: PromptSettings  # the run's prompt settings (defaults for an HF dir or a preset)
+class LoadedPolicy(tuple):
+    """(policy, params, tokenizer, prompt), plus `.vocab`: the run's VocabMap when its model has a
+    small task vocabulary (model.vocab='task'), else None; pass it on as `evaluate(..., vocab=)`."""
+
+    def __new__(cls, policy, params, tokenizer, prompt, vocab=None):
+        self = super().__new__(cls, (policy, params, tokenizer, prompt))
+        self.vocab = vocab
+        return self
+
+    policy = property(lambda self: self[0])  # flax.nnx module (its graph; the numbers are `params`)
+    params = property(lambda self: self[1])  # nnx.State of the policy
+    tokenizer = property(lambda self: self[2])
+    prompt = property(lambda self: self[3])  # PromptSettings: the run's (defaults for an HF dir or a preset)
 
 
 # ------------------------------------------------------------------------------------- loading
@@ -60,11 +68,14 @@ def _is_run_dir(p: Path) -> bool:
     return isinstance(d, dict) and isinstance(d.get("model"), dict) and "algo" in d
 
 
-def _qwen_config(cfg: Config):
+def _qwen_config(cfg: Config, vocab=None):
     from ragen_jax.models import Qwen2Config
     from ragen_jax.models.qwen2.weights import read_config
 
     m = cfg.model
+    if vocab is not None:  # a small task vocabulary exists only for random-init presets (build_policy)
+        return Qwen2Config.from_preset(m.preset).replace(dtype=m.dtype, param_dtype=m.param_dtype,
+                                                         vocab_size=vocab.size)
     if m.path is not None:
         if not Path(m.path).expanduser().is_dir():
             raise EvalError(f"the run's base model directory {m.path!r} (model.path in its config.json) does not "
@@ -120,7 +131,6 @@ def _restore_actor_from_checkpoints(ckpt_dir: Path, like):
 
 
 def _load_run_dir(p: Path, config: Optional[Config]):
-    from ragen_jax.tokenizer import load_tokenizer
     from ragen_jax.training.checkpoint import POLICY_DIR, load_policy_params
 
     if config is None:
@@ -130,7 +140,11 @@ def _load_run_dir(p: Path, config: Optional[Config]):
             raise EvalError(f"{p} has no config.json; a run directory needs the config its Trainer wrote") from None
         except (ValueError, TypeError) as e:
             raise EvalError(f"{p / 'config.json'} is not a readable run config ({e})") from None
-    qcfg = _qwen_config(config)
+    from ragen_jax.training.loop import load_task_tokenizer
+
+    tokenizer = load_task_tokenizer(config)
+    vocab = _run_vocab(p, config, tokenizer)
+    qcfg = _qwen_config(config, vocab)
     graphdef, like = _abstract_policy(qcfg)
     if (p / POLICY_DIR).is_dir():
         params = load_policy_params(p, like)
@@ -138,13 +152,23 @@ def _load_run_dir(p: Path, config: Optional[Config]):
         params = _restore_actor_from_checkpoints(p / "checkpoints", like)
     else:
         raise EvalError(f"{p} has neither a policy export ({POLICY_DIR}/) nor checkpoints/; was the run started?")
-    m = config.model
-    tok_dir = None
-    if m.path is not None and any((Path(m.path).expanduser() / f).is_file()
-                                  for f in ("tokenizer.json", "tokenizer_config.json")):
-        tok_dir = str(Path(m.path).expanduser())
     policy = nnx.merge(graphdef, params)
-    return LoadedPolicy(policy, params, load_tokenizer(tok_dir), dataclasses.replace(config.prompt)), config
+    return LoadedPolicy(policy, params, tokenizer, dataclasses.replace(config.prompt), vocab), config
+
+
+def _run_vocab(p: Path, config: Config, tokenizer):
+    """The run's task vocabulary: its vocab.json, else rebuilt from the config (deterministic)."""
+    if getattr(config.model, "vocab", "full") != "task":
+        return None
+    from ragen_jax.models.vocab_map import VocabMap
+    from ragen_jax.training.loop import build_text_envs, build_vocab
+
+    if (p / "vocab.json").is_file():
+        try:
+            return VocabMap.load(p / "vocab.json")
+        except (ValueError, KeyError, TypeError) as e:
+            raise EvalError(f"{p / 'vocab.json'} is not a readable vocabulary map ({e})") from None
+    return build_vocab(config, build_text_envs(config, tokenizer), tokenizer)
 
 
 def _load_hf_dir(p: Path, config: Optional[Config], dtype: Optional[str] = None):
@@ -259,7 +283,7 @@ MAX_CACHED_ROLLOUTS = 32
 
 def get_rollout(policy, tokenizer, env_name: str, *, num_states: int, rollouts_per_state: int, temperature: float,
                 greedy: bool, prompt=None, max_context: int = 3600, env_overrides: Optional[dict] = None,
-                mesh=None, cache_dtype: Optional[str] = None) -> Rollout:
+                mesh=None, cache_dtype: Optional[str] = None, vocab=None) -> Rollout:
     """The cached compiled evaluation rollout of one env (built on first use)."""
     from ragen_jax.text import TextEnv
 
@@ -268,15 +292,15 @@ def get_rollout(policy, tokenizer, env_name: str, *, num_states: int, rollouts_p
     rc = RolloutConfig(num_groups=num_states, group_size=rollouts_per_state, max_context=max_context,
                        temperature=temperature, greedy=greedy, cache_dtype=cache_dtype)
     graphdef = nnx.split(policy)[0]
-    key = (graphdef, env_name, tuple(sorted(overrides.items())), pc, rc, id(tokenizer), id(mesh))
+    key = (graphdef, env_name, repr(sorted(overrides.items())), pc, rc, id(tokenizer), id(mesh), id(vocab))
     hit = _ROLLOUTS.get(key)
-    # ids are only unique among live objects: the entry keeps its tokenizer and mesh to compare.
-    if hit is not None and hit[1] is tokenizer and hit[2] is mesh:
+    # ids are only unique among live objects: the entry keeps the objects themselves to compare.
+    if hit is not None and all(a is b for a, b in zip(hit[1], (tokenizer, mesh, vocab))):
         _ROLLOUTS.move_to_end(key)
         return hit[0]
     env, env_params = envs_jax.make(env_name, **overrides)
-    ro = Rollout(policy, TextEnv(env, env_params, tokenizer, pc), rc, mesh=mesh)
-    _ROLLOUTS[key] = (ro, tokenizer, mesh)
+    ro = Rollout(policy, TextEnv(env, env_params, tokenizer, pc), rc, mesh=mesh, vocab=vocab)
+    _ROLLOUTS[key] = (ro, (tokenizer, mesh, vocab))
     while len(_ROLLOUTS) > MAX_CACHED_ROLLOUTS:
         _ROLLOUTS.popitem(last=False)
     return ro
@@ -300,7 +324,7 @@ def episode_metrics(traj, rollouts_per_state: int, env_name: str = "") -> dict:
 def evaluate(policy, params, tokenizer, envs: Sequence[str] = DEFAULT_SUITE, *, num_states: int = 256,
              seed_start: int = 123, rollouts_per_state: int = 1, temperature: float = 0.5, greedy: bool = False,
              prompt=None, max_context: int = 3600, transcripts: int = 0, mesh=None, key=None,
-             env_overrides: Optional[dict] = None, cache_dtype: Optional[str] = None,
+             env_overrides: Optional[dict] = None, cache_dtype: Optional[str] = None, vocab=None,
              progress: Optional[Callable[[str, str, Optional[dict]], None]] = None) -> dict:
     """Evaluate `params` of `policy` on each env of `envs`; returns {env: metrics}.
 
@@ -309,7 +333,8 @@ def evaluate(policy, params, tokenizer, envs: Sequence[str] = DEFAULT_SUITE, *, 
     PRNGKey(0)) drives sampling and env randomness, the same for every env. `prompt`: PromptSettings
     (or any object with think, max_turns, max_actions_per_turn, max_response_words,
     max_response_tokens); Bandit envs always get one turn with one action. `env_overrides`:
-    {env name: parameter overrides for envs_jax.make}. `transcripts`: that many sample conversations
+    {env name: parameter overrides for envs_jax.make}. `vocab`: the VocabMap of a small-vocabulary
+    model (`LoadedPolicy.vocab`). `transcripts`: that many sample conversations
     per env (format_trajectory) under "transcripts". `progress(env, "start"|"done", metrics)` is
     called around each env. Metrics per env: success, reward_mean, action_is_valid,
     action_is_effective, num_actions, response_length, format_ok, pass@k (k = rollouts_per_state:
@@ -336,7 +361,8 @@ def evaluate(policy, params, tokenizer, envs: Sequence[str] = DEFAULT_SUITE, *, 
         try:
             ro = get_rollout(policy, tokenizer, name, num_states=num_states, rollouts_per_state=rollouts_per_state,
                              temperature=temperature, greedy=greedy, prompt=prompt, max_context=max_context,
-                             env_overrides=(env_overrides or {}).get(name), mesh=mesh, cache_dtype=cache_dtype)
+                             env_overrides=(env_overrides or {}).get(name), mesh=mesh, cache_dtype=cache_dtype,
+                             vocab=vocab)
         except ValueError as e:  # settings that cannot work for this env (context too small, mesh, ...)
             raise EvalError(f"{name}: {e}") from None
         t0 = time.perf_counter()
@@ -353,6 +379,12 @@ def evaluate(policy, params, tokenizer, envs: Sequence[str] = DEFAULT_SUITE, *, 
 
 
 # ------------------------------------------------------------------------------------- output
+def flat_metrics(results: dict, prefix: str = "val") -> dict[str, float]:
+    """{"{prefix}/{env}/{metric}": value} for the numeric metrics (the Trainer's validation log keys)."""
+    return {f"{prefix}/{env}/{k}": float(v) for env, m in results.items() for k, v in m.items()
+            if isinstance(v, (int, float, np.integer, np.floating)) and not isinstance(v, bool) and k != "seconds"}
+
+
 def _jsonable(x):
     if isinstance(x, dict):
         return {str(k): _jsonable(v) for k, v in x.items()}
@@ -407,4 +439,4 @@ def format_table(results: dict) -> str:
 
 
 __all__ = ["BANDIT_ENVS", "DEFAULT_SUITE", "EvalError", "LoadedPolicy", "check_env_names", "episode_metrics",
-           "evaluate", "format_table", "get_rollout", "load_for_eval", "load_source", "write_eval_json"]
+           "evaluate", "flat_metrics", "format_table", "get_rollout", "load_for_eval", "load_source", "write_eval_json"]

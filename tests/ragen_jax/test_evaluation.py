@@ -25,7 +25,7 @@ from flax import nnx
 import envs_jax
 from ragen_jax.config import PromptSettings, load_config
 from ragen_jax.evaluation import (
-    DEFAULT_SUITE, EvalError, evaluate, format_table, get_rollout, load_for_eval, load_source, write_eval_json)
+    DEFAULT_SUITE, EvalError, evaluate, flat_metrics, format_table, get_rollout, load_for_eval, load_source, write_eval_json)
 from ragen_jax.rollout import Rollout, RolloutConfig, rollout_metrics
 from ragen_jax.text import PromptConfig, TextEnv
 
@@ -148,6 +148,11 @@ def test_eval_json_and_table(tiny_results, tmp_path):
         for k, v in m.items():
             assert doc["results"][name][k] == (pytest.approx(v) if isinstance(v, float) else v), (name, k)
 
+    flat = flat_metrics(tiny_results)
+    assert flat["val/Bandit/success"] == tiny_results["Bandit"]["success"]
+    assert flat["val/FrozenLake/pass@2"] == tiny_results["FrozenLake"]["pass@2"]
+    assert not any(k.endswith(("/transcripts", "/seconds")) for k in flat)
+
     table = format_table(tiny_results).splitlines()
     header = table[0].split()
     assert header[0] == "env" and "pass@2" in header and "success" in header
@@ -162,21 +167,33 @@ def test_eval_json_and_table(tiny_results, tmp_path):
 
 
 # ------------------------------------------------------------------------------------ loading
-def test_run_directory_loads_trained_policy_and_evaluates(run_dir, tiny, tmp_path):
+def test_run_directory_loads_trained_policy_and_evaluates(run_dir, tmp_path):
     wd, trainer = run_dir
     loaded, cfg = load_source(wd)
-    _assert_same_params(loaded.params, trainer.state.actor)
-    assert cfg.env.name == "Sokoban" and loaded.prompt == trainer.cfg.prompt
-    res = evaluate(loaded.policy, loaded.params, loaded.tokenizer, ENVS, key=KEY, **SETTINGS)
-    for name in ENVS:
-        assert res[name]["num_episodes"] == 8
-    # The run started from preset tiny's init (seed 0); one update moved it, and that is what loaded.
-    assert any(not np.array_equal(x, y) for x, y in zip(_leaves(loaded.params), _leaves(tiny.params)))
+    policy, params, tokenizer, prompt = loaded
+    _assert_same_params(params, trainer.state.actor)
+    assert cfg.env.name == "Sokoban" and prompt == trainer.cfg.prompt
+    assert (loaded.vocab is None) == (trainer.vocab is None)
+    if trainer.vocab is not None:  # configs/tiny_cpu.py: a small task vocabulary, mapped in-graph
+        np.testing.assert_array_equal(loaded.vocab.to_qwen, trainer.vocab.to_qwen)
+    # Same key, seeds and settings as the Trainer's own rollout program: identical episodes.
+    res = evaluate(policy, params, tokenizer, ("Bandit",), key=KEY, vocab=loaded.vocab, **SETTINGS)["Bandit"]
+    env, env_params = envs_jax.make("Bandit")
+    te = TextEnv(env, env_params, tokenizer, PromptConfig(max_turns=1, max_actions_per_turn=1, max_response_tokens=8))
+    ro = Rollout(trainer.policy, te, RolloutConfig(num_groups=4, group_size=2, max_context=512, temperature=0.5),
+                 vocab=trainer.vocab)
+    want = rollout_metrics(ro(trainer.state.actor, KEY, np.arange(123, 127)), 2)
+    for k in ("reward_mean", "response_length", "format_ok", "success"):
+        assert res[k] == pytest.approx(want[k], abs=1e-6), k
 
-    # Only checkpoints/ (e.g. an interrupted run): the actor of the latest checkpoint alone.
+    # Only checkpoints/ (e.g. an interrupted run), and no vocab.json: the actor of the latest
+    # checkpoint alone, the vocabulary rebuilt from the config.
     ck = tmp_path / "ckonly"
-    shutil.copytree(wd, ck, ignore=shutil.ignore_patterns("policy"))
-    _assert_same_params(load_for_eval(ck).params, trainer.state.actor)
+    shutil.copytree(wd, ck, ignore=shutil.ignore_patterns("policy", "vocab.json"))
+    again = load_for_eval(ck)
+    _assert_same_params(again.params, trainer.state.actor)
+    if trainer.vocab is not None:
+        np.testing.assert_array_equal(again.vocab.to_qwen, trainer.vocab.to_qwen)
 
     # A corrupt export: the CheckpointError message, as one EvalError sentence.
     bad = tmp_path / "corrupt"
