@@ -1,0 +1,110 @@
+"""launch/demo.py: the quick demo writes well-formed eval.json, curves and summary (it need not learn).
+
+One subprocess run of the Bandit half (`--quick --skip-bandit` would exercise the same code path
+with a multi-turn env at several times the compile cost; the Sokoban configs are checked to load
+and validate instead). Truths: the files' own structure against the stage and env lists, counts
+against the configured sizes (steps, iterations, states), metric ranges and identities
+(high_arm_rate == success on Bandit), PNG magic bytes, TensorBoard event files per stage.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+DEMO = ROOT / "launch" / "demo.py"
+EVAL_STATES = 8
+
+sys.path.insert(0, str(ROOT / "launch"))
+import demo  # noqa: E402
+
+
+@pytest.fixture(scope="module")
+def quick_run(tmp_path_factory):
+    work = tmp_path_factory.mktemp("demo")
+    proc = subprocess.run([sys.executable, str(DEMO), "--workdir", str(work), "--quick", "--skip-sokoban", "--quiet",
+                           "--eval-states", str(EVAL_STATES)], capture_output=True, text=True, timeout=900,
+                          cwd=str(ROOT))
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    return work, proc
+
+
+def _finite01(v):
+    return isinstance(v, (int, float)) and math.isfinite(v) and 0.0 <= v <= 1.0
+
+
+def test_eval_json(quick_run):
+    work, _ = quick_run
+    doc = json.loads((work / "eval.json").read_text())
+    res = doc["results"]
+    assert set(res) == {"bandit/sft", "bandit/rl"}
+    assert doc["settings"]["num_states"] == EVAL_STATES and doc["settings"]["quick"] is True
+    for stage, envs in res.items():
+        assert set(envs) == set(demo.BANDIT_EVAL_ENVS), stage
+        for env, m in envs.items():
+            assert m["num_states"] == EVAL_STATES and m["num_episodes"] == EVAL_STATES
+            for k in ("success", "action_is_valid", "format_ok", "pass@1"):
+                assert _finite01(m[k]), (stage, env, k, m[k])
+            assert m["high_arm_rate"] == m["success"]
+            # One rollout per state: pass@1 is the success rate itself.
+            assert abs(m["pass@1"] - m["success"]) < 1e-6
+            # Bandit rewards are in {format penalty (<= 0), 0, 0.1, 1}: the mean lies in [-1, 1].
+            assert -1.0 <= m["reward_mean"] <= 1.0
+
+
+def test_summary_and_stage_runs(quick_run):
+    work, proc = quick_run
+    s = json.loads((work / "demo_summary.json").read_text())
+    assert s["quick"] is True
+    assert set(s["stages"]) == {"bandit/sft", "bandit/rl"}
+    for t in s["stages"].values():
+        assert t["train_s"] > 0 and t["eval_s"] > 0
+        assert abs(t["total_s"] - (t["train_s"] + t["eval_s"])) < 1e-6
+    assert s["total_s"] >= sum(t["total_s"] for t in s["stages"].values())
+    assert s["peak_rss_mb"] > 50  # jax alone takes more than that
+    assert "bandit/rl Bandit high_arm_rate" in s["targets"]
+    # The printed table names every stage.
+    for stage in s["stages"]:
+        assert f"== {stage} " in proc.stdout
+
+    sft_cfg, rl_cfg = demo.stage_configs(demo.BANDIT_CONFIG, demo.QUICK_BANDIT, (), str(work / "bandit"))
+    assert rl_cfg.model.init_from == str(work / "bandit" / "sft")
+    sft_rows = [json.loads(x) for x in (work / "bandit/sft/metrics.jsonl").read_text().splitlines()]
+    sft_steps = [r["step"] for r in sft_rows if "sft/loss" in r]
+    assert sft_steps == list(range(1, sft_cfg.sft.epochs * (sft_cfg.sft.num_demos // sft_cfg.sft.batch_size) + 1))
+    rl_rows = [json.loads(x) for x in (work / "bandit/rl/metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in rl_rows if "train/success" in r] == list(range(1, rl_cfg.train.iterations + 1))
+    for stage in ("sft", "rl"):
+        assert (work / "bandit" / stage / "policy").is_dir()
+        assert any(p.name.startswith("events.out.tfevents") for p in (work / "bandit" / stage / "tb").iterdir())
+
+
+def test_curves_png(quick_run):
+    work, _ = quick_run
+    s = json.loads((work / "demo_summary.json").read_text())
+    assert sorted(s["curves"]) == ["curves_bandit_rl.png", "curves_bandit_sft.png"]
+    for name in s["curves"]:
+        data = (work / name).read_bytes()
+        assert data[:8] == b"\x89PNG\r\n\x1a\n" and len(data) > 1000
+
+
+def test_configs_and_bad_arguments(capsys):
+    from ragen_jax.config import load_config
+
+    for name, quick in ((demo.SOKOBAN_CONFIG, demo.QUICK_SOKOBAN), (demo.BANDIT_CONFIG, demo.QUICK_BANDIT)):
+        for over in ((), quick):
+            cfg = load_config(name, list(over))
+            assert cfg.model.vocab == "task" and cfg.model.random_init and cfg.mesh.data == 1
+    assert load_config(demo.BANDIT_CONFIG).sft.bandit_high_prob == 0.5
+    assert demo.main(["--workdir", "/nonexistent/x", "--skip-bandit", "--skip-sokoban"]) == 2
+    with pytest.raises(SystemExit):
+        demo.parse_args(["--workdir", "w", "--config.algo.eps_low=0.1"])
+    _, over = demo.parse_args(["--workdir", "w", "--sokoban.sft.epochs=3", "--bandit.optim.actor_lr=1e-3"])
+    assert over == {"sokoban": ["sft.epochs=3"], "bandit": ["optim.actor_lr=1e-3"]}
