@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import collections
 import dataclasses
+import hashlib
 import json
 import math
 import time
@@ -292,15 +293,17 @@ def get_rollout(policy, tokenizer, env_name: str, *, num_states: int, rollouts_p
     rc = RolloutConfig(num_groups=num_states, group_size=rollouts_per_state, max_context=max_context,
                        temperature=temperature, greedy=greedy, cache_dtype=cache_dtype)
     graphdef = nnx.split(policy)[0]
-    key = (graphdef, env_name, repr(sorted(overrides.items())), pc, rc, id(tokenizer), id(mesh), id(vocab))
+    # A vocabulary map by content: reloading the same run gives a new but equal map.
+    vocab_key = None if vocab is None else hashlib.sha1(np.asarray(vocab.to_qwen).tobytes()).hexdigest()
+    key = (graphdef, env_name, repr(sorted(overrides.items())), pc, rc, id(tokenizer), id(mesh), vocab_key)
     hit = _ROLLOUTS.get(key)
     # ids are only unique among live objects: the entry keeps the objects themselves to compare.
-    if hit is not None and all(a is b for a, b in zip(hit[1], (tokenizer, mesh, vocab))):
+    if hit is not None and all(a is b for a, b in zip(hit[1], (tokenizer, mesh))):
         _ROLLOUTS.move_to_end(key)
         return hit[0]
     env, env_params = envs_jax.make(env_name, **overrides)
     ro = Rollout(policy, TextEnv(env, env_params, tokenizer, pc), rc, mesh=mesh, vocab=vocab)
-    _ROLLOUTS[key] = (ro, (tokenizer, mesh, vocab))
+    _ROLLOUTS[key] = (ro, (tokenizer, mesh))
     while len(_ROLLOUTS) > MAX_CACHED_ROLLOUTS:
         _ROLLOUTS.popitem(last=False)
     return ro

@@ -186,6 +186,15 @@ def test_run_directory_loads_trained_policy_and_evaluates(run_dir, tmp_path):
     for k in ("reward_mean", "response_length", "format_ok", "success"):
         assert res[k] == pytest.approx(want[k], abs=1e-6), k
 
+    # The CLI on the run directory: the run's own prompt and context; eval.json lands in the run.
+    cli = _cli_module()
+    assert cli.main(["--model", str(wd), "--envs", "Bandit", "--num-states", "4", "--rollouts-per-state", "2",
+                     "--seed", "5"]) == 0
+    doc = json.loads((wd / "eval.json").read_text())
+    assert doc["settings"]["max_context"] == 512 and doc["settings"]["prompt"]["max_response_tokens"] == 8
+    for k in ("reward_mean", "response_length", "format_ok", "success"):
+        assert doc["results"]["Bandit"][k] == pytest.approx(want[k], abs=1e-6), k
+
     # Only checkpoints/ (e.g. an interrupted run), and no vocab.json: the actor of the latest
     # checkpoint alone, the vocabulary rebuilt from the config.
     ck = tmp_path / "ckonly"
@@ -227,6 +236,13 @@ def test_hf_directory_and_presets_load(tiny, tmp_path):
 
 
 # ------------------------------------------------------------------------------------ CLI
+def _cli_module():
+    spec = importlib.util.spec_from_file_location("launch_eval", ROOT / "launch" / "eval.py")
+    cli = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(cli)
+    return cli
+
+
 def _cli(*args, cwd=None):
     return subprocess.run([sys.executable, str(ROOT / "launch" / "eval.py"), *args], capture_output=True, text=True,
                           cwd=cwd, env=dict(os.environ), timeout=300)
@@ -254,9 +270,7 @@ def test_cli_errors_are_one_line_exit_2(tmp_path, capsys):
     assert len(lines) == 1 and "unknown environment 'Chess'" in lines[0] and "FrozenLake" in lines[0]
 
     # The other errors in-process (launch/eval.py's main), sparing interpreter starts.
-    spec = importlib.util.spec_from_file_location("launch_eval", ROOT / "launch" / "eval.py")
-    cli = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(cli)
+    cli = _cli_module()
     for args, msg in ((["--model", str(tmp_path / "nope")], "nope does not exist"),
                       (["--model", str(tmp_path)], "neither a run directory"),
                       (["--model", "preset:tiny", "--envs", "Bandit", "--num-states", "0"], "num_states must be")):
