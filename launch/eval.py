@@ -34,8 +34,10 @@ def parse_args(argv=None):
     p.add_argument("--seed", type=int, default=0, help="sampling key")
     p.add_argument("--max-turns", type=int, default=None, help="default: the run's, else 5 (Bandit: always 1)")
     p.add_argument("--max-actions-per-turn", type=int, default=None, help="default: the run's, else 5")
-    p.add_argument("--max-response-tokens", type=int, default=None, help="per-turn budget; default: the run's, else 400")
-    p.add_argument("--max-context", type=int, default=None, help="whole-conversation budget; default: the run's, else 3600")
+    p.add_argument("--max-response-tokens", type=int, default=None,
+                   help="per-turn budget; default: the run's, else 400")
+    p.add_argument("--max-context", type=int, default=None,
+                   help="whole-conversation budget; default: the run's, else 3600")
     p.add_argument("--no-think", action="store_true", help="force <answer> instead of <think> (no-think ablation)")
     p.add_argument("--dtype", choices=("float32", "bfloat16"), default=None,
                    help="compute dtype for an HF directory or preset (default float32; a run uses its own)")

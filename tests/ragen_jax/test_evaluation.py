@@ -25,7 +25,8 @@ from flax import nnx
 import envs_jax
 from ragen_jax.config import PromptSettings, load_config
 from ragen_jax.evaluation import (
-    DEFAULT_SUITE, EvalError, evaluate, flat_metrics, format_table, get_rollout, load_for_eval, load_source, write_eval_json)
+    DEFAULT_SUITE, EvalError, evaluate, flat_metrics, format_table, get_rollout, load_for_eval, load_source,
+    write_eval_json)
 from ragen_jax.rollout import Rollout, RolloutConfig, rollout_metrics
 from ragen_jax.text import PromptConfig, TextEnv
 
