@@ -183,15 +183,9 @@ class Trainer:
         self.rollout = Rollout(policy, self.text_env, RolloutConfig(
             num_groups=r.num_groups, group_size=r.group_size, max_context=r.max_context, temperature=r.temperature,
             top_p=r.top_p, top_k=r.top_k, cache_dtype=cfg.model.cache_dtype), mesh=self.mesh, vocab=self.vocab)
-        self.val_rollouts = {}
-        if cfg.train.val_every > 0:
-            val_cfg = RolloutConfig(num_groups=cfg.train.val_size, group_size=1, max_context=r.max_context,
-                                    temperature=cfg.train.val_temperature, cache_dtype=cfg.model.cache_dtype)
-            if cfg.train.val_size % n_batch_shards:
-                raise ConfigError(f"train.val_size={cfg.train.val_size} is not divisible by the {n_batch_shards} "
-                                  "data-parallel devices of the mesh")
-            for name, te in self.text_envs.items():
-                self.val_rollouts[name] = Rollout(policy, te, val_cfg, mesh=self.mesh, vocab=self.vocab)
+        if cfg.train.val_every > 0 and cfg.train.val_size % n_batch_shards:
+            raise ConfigError(f"train.val_size={cfg.train.val_size} is not divisible by the {n_batch_shards} "
+                              "data-parallel devices of the mesh")
 
         self.ckpt = Checkpointer(self.workdir / "checkpoints", keep=cfg.train.keep_checkpoints)
         self.state = state
@@ -220,16 +214,19 @@ class Trainer:
         return int(self.state.iteration)
 
     def validate(self) -> dict:
-        out = {}
-        seeds = val_seeds(self.cfg)
-        for name, ro in self.val_rollouts.items():
-            t0 = time.perf_counter()
-            traj = ro(self.state.actor, jax.random.PRNGKey(self.cfg.train.seed + 7), seeds)
-            m = rollout_metrics(traj, 1)
-            for k in ("success", "reward_mean", "action_is_valid", "action_is_effective", "num_actions",
-                      "response_length", "format_ok"):
-                out[f"val/{name}/{k}"] = m[k]
-            out[f"timing/val_{name}_s"] = time.perf_counter() - t0
+        """The reference's validation (fixed seeds, temperature 0.5) on the training and val envs,
+        through `ragen_jax.evaluation` (compiled once per env, like the rollout)."""
+        from ragen_jax.evaluation import evaluate, flat_metrics
+
+        cfg = self.cfg
+        t0 = time.perf_counter()
+        results = evaluate(
+            self.policy, self.state.actor, self.tokenizer, list(self.text_envs), num_states=cfg.train.val_size,
+            seed_start=cfg.train.val_seed, temperature=cfg.train.val_temperature, prompt=cfg.prompt,
+            max_context=cfg.rollout.max_context, mesh=self.mesh, key=jax.random.PRNGKey(cfg.train.seed + 7),
+            env_overrides={cfg.env.name: cfg.env.overrides}, cache_dtype=cfg.model.cache_dtype, vocab=self.vocab)
+        out = flat_metrics(results)
+        out["timing/validation_s"] = time.perf_counter() - t0
         return out
 
     def iteration_step(self) -> dict:
