@@ -20,7 +20,7 @@ def get_config() -> Config:
     cfg.prompt.max_turns = 1  # Bandit is one turn, one action
     cfg.prompt.max_actions_per_turn = 1
     cfg.prompt.max_response_tokens = 24  # the templated thought + one arm name is ~16 tokens
-    cfg.rollout.max_context = 512  # the Bandit prompt is ~250 tokens
+    cfg.rollout.max_context = 256  # the longest Bandit conversation is 228 tokens at 24 response tokens (the update pads to this)
     cfg.rollout.num_groups = 8
     cfg.rollout.group_size = 16  # the reference's N: the noisy 0/1 jackpot needs many samples per group
     cfg.algo.adv_estimator = "grpo"

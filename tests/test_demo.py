@@ -65,9 +65,10 @@ def test_summary_and_stage_runs(quick_run):
     assert s["quick"] is True
     assert set(s["stages"]) == {"bandit/sft", "bandit/rl"}
     for t in s["stages"].values():
-        assert t["train_s"] > 0 and t["eval_s"] > 0
+        assert t["train_s"] > 0 and t["eval_s"] > 0 and t["train_cpu_s"] > 0 and t["eval_cpu_s"] > 0
         assert abs(t["total_s"] - (t["train_s"] + t["eval_s"])) < 1e-6
     assert s["total_s"] >= sum(t["total_s"] for t in s["stages"].values())
+    assert s["total_cpu_s"] >= sum(t["train_cpu_s"] + t["eval_cpu_s"] for t in s["stages"].values()) - 1e-6
     assert s["peak_rss_mb"] > 50  # jax alone takes more than that
     assert "bandit/rl Bandit high_arm_rate" in s["targets"]
     # The printed table names every stage.
