@@ -15,7 +15,7 @@ from ragen_jax.rollout import Rollout, RolloutConfig, format_trajectory, rollout
 from ragen_jax.text import PromptConfig, TextEnv
 from ragen_jax.tokenizer import IM_END, load_tokenizer, token_bytes_table
 
-from tests.ragen_jax.rollout.host_reference import host_rollout
+from ragen_jax.rollout.host_loop import host_rollout
 from tests.ragen_jax.rollout.scripted import ScriptedPolicy, make_script
 
 ACTION_NAMES = ("Up", "Down", "Left", "Right")

@@ -1,4 +1,7 @@
-"""The slow, obvious rollout: a Python loop over episodes and turns, for equivalence tests.
+"""The slow, obvious rollout: a Python loop over episodes and turns.
+
+It is the independent reference the compiled rollout is tested against (tests/ragen_jax/rollout)
+and the baseline `bench/rollout.py` times it against.
 
 Everything the compiled rollout does in-graph is done here the plain way: the conversation is
 assembled from host TEXT (`TextEnv.render_text`) encoded by the real tokenizer, every turn is a
@@ -16,7 +19,7 @@ import numpy as np
 from flax import nnx
 
 from ragen_jax import sampler
-from ragen_jax.rollout import init_cache
+from ragen_jax.rollout.rollout import init_cache
 
 IM_END = 151645
 ENDOFTEXT = 151643
