@@ -1,5 +1,5 @@
 """The compiled rollout against independent truths: a scripted policy with known outcomes (BFS
-solutions, garbage answers), the slow host loop of host_reference.py, and 1 vs 8 devices."""
+solutions, garbage answers), the slow host loop of ragen_jax/rollout/host_loop.py, and 1 vs 8 devices."""
 
 from __future__ import annotations
 
