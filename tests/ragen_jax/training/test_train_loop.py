@@ -147,3 +147,25 @@ def test_launch_cli_reports_config_errors_in_one_line(tmp_path):
     assert r.returncode == 2
     assert r.stderr.strip().startswith("error: unknown config key 'algo.bogus'")
     assert len(r.stderr.strip().splitlines()) == 1
+
+
+def test_killed_mid_save_resumes_from_last_complete_checkpoint(ppo_run, tmp_path):
+    """A save interrupted by a kill leaves orbax's temporary directory; it must be ignored."""
+    import shutil
+
+    src, full = ppo_run
+    wd = tmp_path / "killed"
+    shutil.copytree(src, wd)
+    ckpts = wd / "checkpoints"
+    shutil.rmtree(ckpts / "3")
+    # What a kill during the save of step 3 leaves behind: a half-written temporary step directory.
+    shutil.copytree(ckpts / "2", ckpts / "3.orbax-checkpoint-tmp-1763700000000000")
+    for f in (ckpts / "3.orbax-checkpoint-tmp-1763700000000000").rglob("*"):
+        if f.is_file():
+            f.write_bytes(f.read_bytes()[: len(f.read_bytes()) // 2])
+    trainer = Trainer(_cfg(), wd, quiet=True)
+    assert trainer.iteration == 2
+    rest = trainer.train()
+    assert [h["step"] for h in rest] == [3]
+    for k, v in _strip_timing(rest)[0].items():
+        np.testing.assert_allclose(v, _strip_timing(full)[2][k], rtol=1e-5, atol=1e-6, err_msg=k)
