@@ -1,0 +1,308 @@
+"""Throughput of one PPO step (`StepPrograms.prepare` + `update`) next to the same step in PyTorch.
+
+A synthetic rollout batch of K trajectories of T tokens (random ids, ragged lengths in [T/2, T],
+a realistic multi-turn loss mask: a ~T/5 prompt prefix, then turns of env text (not trained) followed
+by sampled answers (trained), random rewards) goes through our two compiled programs: `prepare`
+(StarPO-S filter with ratio 1 so all K rows are kept, the no-grad old-log-prob pass, GRPO advantages)
+and `update` (one optimizer step over a mini-batch of K rows: PPO clip-higher + dual clip, entropy
+bonus, AdamW with global-norm clipping). Actor only (no critic, no KL reference): the PyTorch side
+does the same work: a no-grad forward for old log-probs, then forward + backward of the same clipped
+loss with the same mask, clip_grad_norm_ and an AdamW step, on `transformers.Qwen2ForCausalLM` loaded
+from OUR weights (`save_pretrained` -> `from_pretrained` in a temp dir). Both sides compute
+per-token log-probs without holding the whole [K, T, V] f32 logits at once (ours: time chunks;
+PyTorch: row micro-batches with gradient accumulation), float32.
+
+Update tokens/s = K * T / (prepare + update seconds), median of `--repeats` after one warm-up call
+(its extra time = compile time). Model FLOPs per token (PaLM convention, causal masking not
+discounted): fwd+bwd 6 * N + 12 * L * T * d_attn, the no-grad pass 2 * N + 4 * L * T * d_attn, with N the
+matmul parameters (the embedding counted once, as the head). MFU = achieved FLOP/s / `--peak-tflops`.
+
+Usage: python -m bench.train_step [--shapes tiny,qwen2.5-0.5b] [--rows 32 --seq-len 2048] [--quick]
+       [--big-rows 2 --big-seq-len 128] [--repeats 3] [--no-torch] [--peak-tflops 989]
+       [--out bench/results/train_step.json]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+if __package__ in (None, ""):  # run as a script
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from flax import nnx
+
+from bench.rollout import machine
+
+RESULTS = Path(__file__).resolve().parent / "results" / "train_step.json"
+ENTROPY_COEF = 0.001
+EPS_LOW, EPS_HIGH, DUAL_CLIP = 0.2, 0.28, 3.0
+
+
+def _presets():
+    from ragen_jax.models import PRESETS
+
+    return tuple(PRESETS)
+
+
+def synthetic_batch(k: int, t: int, vocab: int, turns: int = 5, seed: int = 0):
+    """Trajectories of K rows x T tokens with a multi-turn loss mask (group size 2)."""
+    from ragen_jax.rollout import Trajectories
+
+    rng = np.random.default_rng(seed)
+    tokens = rng.integers(0, min(vocab, 151643), (k, t)).astype(np.int32)
+    length = rng.integers(t // 2, t + 1, k).astype(np.int32)
+    length[0] = t  # at least one full row: the padded width is used
+    mask = np.zeros((k, t), bool)
+    turn_end = np.full((k, turns), -1, np.int32)
+    for r in range(k):
+        pos = max(1, length[r] // 5)  # system + first user message
+        span = (length[r] - pos) // turns
+        for j in range(turns):
+            env_text = max(1, span // 3)  # the turn's observation, then the sampled answer
+            a, b = pos + env_text, min(pos + span, length[r])
+            if b > a:
+                mask[r, a:b] = True
+                turn_end[r, j] = b - 1
+            pos += span
+    reward = rng.normal(size=k).astype(np.float32)
+    zeros_i = np.zeros(k, np.int32)
+    return Trajectories(
+        tokens=jnp.asarray(tokens), length=jnp.asarray(length), loss_mask=jnp.asarray(mask),
+        logprobs=jnp.zeros((k, t), jnp.float32), turn_end=jnp.asarray(turn_end),
+        turn_reward=jnp.zeros((k, turns), jnp.float32), reward=jnp.asarray(reward),
+        group=jnp.asarray(np.arange(k) // 2, jnp.int32), seed=jnp.asarray(zeros_i),
+        success=jnp.zeros(k, bool), action_is_valid=jnp.ones(k, bool), num_actions=jnp.asarray(zeros_i),
+        num_effective=jnp.asarray(zeros_i), num_turns=jnp.full(k, turns, jnp.int32),
+        num_format_errors=jnp.asarray(zeros_i), response_length=jnp.asarray(mask.sum(1).astype(np.int32)),
+        truncated=jnp.zeros(k, bool))
+
+
+def model_flops_per_token(cfg, t: int) -> dict:
+    d, f, l, v = cfg.hidden_size, cfg.intermediate_size, cfg.num_hidden_layers, cfg.vocab_size
+    d_kv = cfg.num_key_value_heads * cfg.head_dim
+    d_attn = cfg.num_attention_heads * cfg.head_dim
+    per_layer = d * d_attn + 2 * d * d_kv + d_attn * d + 3 * d * f
+    n = l * per_layer + v * d  # matmul parameters; the (tied or untied) head counted once
+    attn = l * t * d_attn
+    return {"matmul_params": n, "fwd_bwd": 6 * n + 12 * attn, "fwd": 2 * n + 4 * attn,
+            "step": 8 * n + 16 * attn}
+
+
+def build_programs(model, k: int, mini_batch: int):
+    from ragen_jax.config import Config
+    from ragen_jax.training.trainer import StepPrograms, TrainState, make_optimizer
+
+    if k % 2 or k % mini_batch:
+        raise ValueError(f"--rows {k} must be even and divisible by the mini-batch size {mini_batch}")
+    cfg = Config()
+    cfg.model.random_init = True
+    cfg.rollout.num_groups, cfg.rollout.group_size = k // 2, 2
+    a = cfg.algo
+    a.adv_estimator, a.filter_ratio, a.mini_batch_size, a.ppo_epochs = "grpo", 1.0, mini_batch, 1
+    a.eps_low, a.eps_high, a.dual_clip, a.entropy_coef, a.kl_coef = EPS_LOW, EPS_HIGH, DUAL_CLIP, ENTROPY_COEF, 0.0
+    cfg.validate()
+    graph, actor = nnx.split(model)
+    opt = make_optimizer(cfg.optim.actor_lr, cfg.optim)
+    programs = StepPrograms(cfg, graph, None, opt, None)
+    state = TrainState(iteration=jnp.zeros((), jnp.int32), key=jax.random.PRNGKey(0), actor=actor,
+                       actor_opt=opt.init(actor), critic={}, critic_opt={}, skipped_updates=jnp.zeros((), jnp.int32))
+    prepare, update = jax.jit(programs.prepare), jax.jit(programs.update)
+
+    def step(traj):
+        batch, _ = prepare(state.actor, state.critic, None, traj)
+        new_state, metrics = update(state, batch)
+        jax.block_until_ready(new_state.actor)
+        return new_state, metrics
+
+    return step, cfg
+
+
+def torch_side(model, cfg, micro_rows: int = 1):
+    """(step(traj) -> loss) for transformers' Qwen2ForCausalLM with our weights; same work as ours."""
+    import torch
+    import transformers
+
+    from ragen_jax.models.qwen2.weights import save_pretrained
+
+    with tempfile.TemporaryDirectory() as d:
+        save_pretrained(model, d, dtype="float32")
+        tm = transformers.Qwen2ForCausalLM.from_pretrained(d, dtype=torch.float32)
+    tm.train()
+    o = cfg.optim
+    opt = torch.optim.AdamW(tm.parameters(), lr=o.actor_lr, betas=(o.b1, o.b2), weight_decay=o.weight_decay)
+
+    def logp_entropy(ids, valid):
+        hidden = tm.model(input_ids=ids, attention_mask=valid).last_hidden_state[:, :-1]
+        logp_all = torch.log_softmax(tm.lm_head(hidden).float(), dim=-1)
+        logp = torch.gather(logp_all, -1, ids[:, 1:, None])[..., 0]
+        ent = -(logp_all.exp() * logp_all).sum(-1)
+        return logp, ent
+
+    def step(traj):
+        tokens = torch.from_numpy(np.asarray(traj.tokens).astype(np.int64))
+        k, t = tokens.shape
+        valid = (torch.arange(t)[None, :] < torch.from_numpy(np.array(traj.length))[:, None]).long()
+        mask = torch.from_numpy(np.array(traj.loss_mask)[:, 1:]).float()
+        r = torch.from_numpy(np.array(traj.reward))
+        g = r.view(-1, 2)
+        adv_row = ((g - g.mean(1, keepdim=True)) / (g.std(1, keepdim=True) + 1e-6)).view(-1)  # GRPO
+        adv = adv_row[:, None] * mask
+        with torch.no_grad():
+            old = torch.cat([logp_entropy(tokens[i:i + micro_rows], valid[i:i + micro_rows])[0]
+                             for i in range(0, k, micro_rows)])
+        opt.zero_grad(set_to_none=True)
+        denom = mask.sum().clamp(min=1.0)
+        total = 0.0
+        for i in range(0, k, micro_rows):  # gradient accumulation; the token-mean uses the global count
+            sl = slice(i, i + micro_rows)
+            logp, ent = logp_entropy(tokens[sl], valid[sl])
+            ratio = torch.exp(torch.clamp(logp - old[sl], -20.0, 20.0))
+            a = adv[sl]
+            l1, l2 = -a * ratio, -a * torch.clamp(ratio, 1 - EPS_LOW, 1 + EPS_HIGH)
+            clipped = torch.maximum(l1, l2)
+            pg = torch.where(a < 0, torch.minimum(clipped, -a * DUAL_CLIP), clipped)
+            loss = ((pg - ENTROPY_COEF * ent) * mask[sl]).sum() / denom
+            loss.backward()
+            total += float(loss.detach())
+        torch.nn.utils.clip_grad_norm_(tm.parameters(), o.grad_clip)
+        opt.step()
+        return total
+
+    return step
+
+
+def bench_train_step(shape: str, k: int, t: int, *, repeats: int = 3, torch_baseline: bool = True,
+                     mini_batch: int | None = None, peak_tflops: float | None = None, torch_micro_rows: int = 1,
+                     seed: int = 0) -> dict:
+    """One row: our prepare+update tokens/s (+ PyTorch's and the ratio), FLOPs and MFU. JSON-able."""
+    from ragen_jax.models import Qwen2, Qwen2Config
+
+    if shape not in _presets():
+        raise ValueError(f"unknown shape {shape!r}; valid: {', '.join(_presets())}")
+    model = Qwen2(Qwen2Config.from_preset(shape), rngs=nnx.Rngs(seed))
+    step, cfg = build_programs(model, k, mini_batch or k)
+    traj = synthetic_batch(k, t, model.cfg.vocab_size, seed=seed)
+    n_tok = k * t
+    mask = np.asarray(traj.loss_mask)
+    row = {"shape": shape, "rows": k, "seq_len": t, "mini_batch": mini_batch or k, "tokens": n_tok,
+           "trained_tokens": int(mask[:, 1:].sum()), "real_tokens": int(np.sum(np.asarray(traj.length))),
+           "dtype": str(model.cfg.dtype), "estimator": "grpo", "critic": False}
+    t0 = time.perf_counter()
+    step(traj)
+    first = time.perf_counter() - t0
+    times = []
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        step(traj)
+        times.append(time.perf_counter() - t0)
+    med = statistics.median(times)
+    fl = model_flops_per_token(model.cfg, t)
+    row.update({
+        "compile_s": round(max(first - med, 0.0), 2),
+        "s_per_step": [round(x, 3) for x in times],
+        "median_s_per_step": round(med, 3),
+        "tok_s": round(n_tok / med, 1),
+        "flops_per_token": fl,
+        "achieved_tflops": round(fl["step"] * n_tok / med / 1e12, 4),
+        "peak_tflops": peak_tflops,
+        "mfu": round(fl["step"] * n_tok / med / (peak_tflops * 1e12), 4) if peak_tflops else None,
+    })
+    if torch_baseline:
+        tstep = torch_side(model, cfg, torch_micro_rows)
+        t0 = time.perf_counter()
+        tstep(traj)
+        tfirst = time.perf_counter() - t0
+        ttimes = []
+        for _ in range(repeats):
+            t0 = time.perf_counter()
+            tstep(traj)
+            ttimes.append(time.perf_counter() - t0)
+        tmed = statistics.median(ttimes)
+        row["torch"] = {"first_call_s": round(tfirst, 2), "s_per_step": [round(x, 3) for x in ttimes],
+                        "median_s_per_step": round(tmed, 3), "tok_s": round(n_tok / tmed, 1),
+                        "micro_rows": torch_micro_rows}
+        row["ratio_ours_over_torch"] = round(row["tok_s"] / row["torch"]["tok_s"], 2)
+    return row
+
+
+def main(argv=None):
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--shapes", default="tiny", help="comma-separated presets, e.g. tiny,qwen2.5-0.5b")
+    p.add_argument("--rows", type=int, default=32, help="K trajectories (reference: 0.25 * 8 * 16 = 32)")
+    p.add_argument("--seq-len", type=int, default=2048, help="T tokens per trajectory")
+    p.add_argument("--mini-batch", type=int, default=None, help="rows per optimizer step (default: all K)")
+    p.add_argument("--big-rows", type=int, default=2, help="K for shapes other than tiny (slow on CPU)")
+    p.add_argument("--big-seq-len", type=int, default=128, help="T for shapes other than tiny")
+    p.add_argument("--quick", action="store_true", help="K=4, T=128 (K=2, T=64 for big shapes)")
+    p.add_argument("--repeats", type=int, default=3)
+    p.add_argument("--no-torch", action="store_true")
+    p.add_argument("--torch-micro-rows", type=int, default=1, help="PyTorch rows per forward (memory bound)")
+    p.add_argument("--peak-tflops", type=float, default=None, help="for MFU (H100 SXM bf16 dense: 989)")
+    p.add_argument("--out", default=str(RESULTS))
+    args = p.parse_args(argv)
+    if args.quick:
+        args.rows, args.seq_len, args.big_rows, args.big_seq_len = 4, 128, 2, 64
+    shapes = [s for s in args.shapes.split(",") if s]
+    bad = [s for s in shapes if s not in _presets()]
+    if bad:
+        print(f"error: unknown shape {bad[0]!r} in --shapes; valid: {', '.join(_presets())}", file=sys.stderr)
+        return 2
+    have_torch = False
+    if not args.no_torch:
+        try:
+            import torch  # noqa: F401
+            import transformers  # noqa: F401
+
+            have_torch = True
+        except ImportError:
+            print("torch not importable: PyTorch baseline skipped", file=sys.stderr)
+    result = {"machine": machine(), "settings": vars(args), "rows": []}
+    if have_torch:
+        import torch
+
+        result["machine"]["torch"] = torch.__version__
+        result["machine"]["torch_threads"] = torch.get_num_threads()
+    for shape in shapes:
+        k, t = (args.rows, args.seq_len) if shape == "tiny" else (args.big_rows, args.big_seq_len)
+        try:
+            row = bench_train_step(shape, k, t, repeats=args.repeats, torch_baseline=have_torch,
+                                   mini_batch=args.mini_batch if shape == "tiny" else None,
+                                   peak_tflops=args.peak_tflops, torch_micro_rows=args.torch_micro_rows)
+        except ValueError as e:
+            print(f"error: {e}", file=sys.stderr)
+            return 2
+        result["rows"].append(row)
+        line = (f"{shape:>13} K{k} T{t}: {row['median_s_per_step']:.2f} s/step, {row['tok_s']:.1f} tok/s "
+                f"(compile {row['compile_s']:.1f} s), {row['flops_per_token']['step'] / 1e6:.1f} MFLOP/token "
+                f"-> {row['achieved_tflops']:.4f} TFLOP/s")
+        if row["mfu"] is not None:
+            line += f", MFU {row['mfu']:.2%} of {args.peak_tflops} TFLOP/s"
+        if "torch" in row:
+            line += (f" | torch {row['torch']['median_s_per_step']:.2f} s/step, {row['torch']['tok_s']:.1f} tok/s "
+                     f"-> ratio ours/torch {row['ratio_ours_over_torch']:.2f}")
+        print(line, flush=True)
+        _write(result, args.out)
+    _write(result, args.out)
+    print(f"wrote {args.out}")
+    return 0
+
+
+def _write(result, path):
+    result["machine"]["loadavg_end"] = list(os.getloadavg())
+    out = Path(path)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(result, indent=2) + "\n")
+
+
+if __name__ == "__main__":
+    sys.exit(main())
