@@ -29,9 +29,9 @@ def get_config() -> Config:
     cfg.algo.mini_batch_size = 64  # one optimizer step per iteration
     cfg.optim.actor_lr = 1e-3  # tiny random-init model (reference 1e-6 is for a pretrained 0.5B)
     cfg.mesh.data = 1  # one device
-    cfg.train.iterations = 40
+    cfg.train.iterations = 30
     cfg.train.val_every = 0  # launch/demo.py evaluates after each stage
-    cfg.train.save_every = 40
+    cfg.train.save_every = 30
     cfg.train.log_samples = 1
     cfg.sft.num_demos = 512
     cfg.sft.epochs = 4

@@ -109,3 +109,15 @@ def test_configs_and_bad_arguments(capsys):
         demo.parse_args(["--workdir", "w", "--config.algo.eps_low=0.1"])
     _, over = demo.parse_args(["--workdir", "w", "--sokoban.sft.epochs=3", "--bandit.optim.actor_lr=1e-3"])
     assert over == {"sokoban": ["sft.epochs=3"], "bandit": ["optim.actor_lr=1e-3"]}
+
+
+def test_check_targets_hand_computed():
+    r = {"bandit/rl": {"Bandit": {"high_arm_rate": 0.95}},
+         "sokoban/sft": {"Sokoban": {"success": 0.5, "num_episodes": 100}},
+         "sokoban/rl": {"Sokoban": {"success": 0.4, "num_episodes": 100}}}
+    t = demo.check_targets(r)
+    assert t["bandit/rl Bandit high_arm_rate"]["reached"] is True
+    assert t["sokoban/rl Sokoban success"]["value"] == 0.4 and t["sokoban/rl Sokoban success"]["reached"] is False
+    low = t["sokoban: RL does not lower success"]
+    # se = sqrt((0.25 + 0.24) / 100) = 0.07; -0.1 is within 2 se, so noise, yet "lower".
+    assert abs(low["stderr"] - 0.07) < 1e-9 and low["reached"] is False and low["within_noise"] is True
