@@ -24,6 +24,7 @@ of that env). Errors: one line on stderr, exit 2.
 from __future__ import annotations
 
 import argparse
+import gc
 import json
 import os
 import resource
@@ -172,6 +173,8 @@ def run_family(family: str, config_name: str, envs, quick_over, user_over, args,
     p = plot_curves(os.path.join(root, "sft"), SFT_CURVES, os.path.join(args.workdir, f"curves_{family}_sft.png"))
     if p is not None:
         curves.append(str(p))
+    del sft, hist  # its demos, optimizer state and compiled programs are not needed for RL (peak memory)
+    gc.collect()
 
     log(f"{family}: stage 2, StarPO-S RL ({rl_cfg.algo.adv_estimator}, {rl_cfg.train.iterations} iterations of "
         f"P={rl_cfg.rollout.num_groups} x N={rl_cfg.rollout.group_size}) -> {root}/rl")
