@@ -1,0 +1,88 @@
+"""bench/rollout.py and bench/train_step.py run at a tiny size and return well-formed, JSON-able rows
+whose counts agree with what was asked for (and, for the FLOP count, with the model's own parameters)."""
+
+from __future__ import annotations
+
+import json
+import math
+
+import numpy as np
+import pytest
+from flax import nnx
+
+from bench import rollout as bench_rollout
+from bench import train_step as bench_train
+
+
+def _positive(row, keys):
+    for k in keys:
+        assert isinstance(row[k], (int, float)) and math.isfinite(row[k]) and row[k] > 0, (k, row[k])
+
+
+def test_rollout_row_is_well_formed():
+    from ragen_jax.tokenizer import load_tokenizer
+
+    row = bench_rollout.bench_rollout("tiny", "full", groups=1, group_size=2, turns=1, max_new=4,
+                                      tokenizer=load_tokenizer(), repeats=1, host_repeats=1, hbm_gbps=1000.0)
+    row = json.loads(json.dumps(row))  # JSON-able
+    _positive(row, ("median_s_per_rollout", "generated_tok_s", "conversation_tok_s", "episodes_per_s"))
+    assert row["compile_s"] >= 0
+    # 2 episodes x 1 turn x at most 4 sampled tokens; the conversation also holds the prompt.
+    assert 0 < row["generated_tokens"] <= 2 * 1 * 4
+    assert row["conversation_tokens"] >= row["generated_tokens"] + 2 * row["prefix_tokens"]
+    assert row["mean_turns"] == 1.0 and row["truncated_frac"] == 0.0
+    host = row["host"]
+    _positive(host, ("median_s_per_rollout", "generated_tok_s", "episodes_per_s"))
+    assert row["ratio_generated_tok_s_ours_over_host"] > 0
+    bb = row["bandwidth_bound"]
+    assert bb["decode_steps"] == 4 and bb["weight_bytes"] > 0
+    np.testing.assert_allclose(bb["bound_s_per_rollout"],
+                               4 * (bb["weight_bytes"] + bb["mean_kv_bytes_per_step"]) / 1e12, rtol=1e-9)
+
+
+def test_bad_shape_is_a_clear_error():
+    with pytest.raises(ValueError, match="unknown shape 'huge'"):
+        bench_train.bench_train_step("huge", 2, 64, repeats=1, torch_baseline=False)
+    assert bench_rollout.main(["--shapes", "huge"]) == 2
+
+
+def test_train_step_row_is_well_formed():
+    try:
+        import torch  # noqa: F401
+        import transformers  # noqa: F401
+
+        have_torch = True
+    except ImportError:
+        have_torch = False
+    row = bench_train.bench_train_step("tiny", 2, 64, repeats=1, torch_baseline=have_torch, peak_tflops=100.0)
+    row = json.loads(json.dumps(row))
+    _positive(row, ("median_s_per_step", "tok_s", "achieved_tflops", "mfu"))
+    assert row["tokens"] == 128 and 0 < row["trained_tokens"] < 128
+    if have_torch:
+        _positive(row["torch"], ("median_s_per_step", "tok_s"))
+        assert row["ratio_ours_over_torch"] > 0
+
+    # FLOP count: matmul parameters equal the model's own kernels + embedding (tied head counted once;
+    # layers are stacked, so count by name, not by rank).
+    from ragen_jax.models import Qwen2, Qwen2Config
+
+    model = Qwen2(Qwen2Config.from_preset("tiny"), rngs=nnx.Rngs(0))
+    n2d = sum(v[...].size for path, v in nnx.state(model, nnx.Param).flat_state()
+              if path[-1] in ("kernel", "embedding"))
+    fl = row["flops_per_token"]
+    assert fl["matmul_params"] == n2d
+    cfg = model.cfg
+    attn = cfg.num_hidden_layers * 64 * cfg.num_attention_heads * cfg.head_dim
+    assert fl["fwd_bwd"] == 6 * n2d + 12 * attn and fl["step"] == fl["fwd_bwd"] + fl["fwd"]
+
+
+def test_synthetic_mask_is_realistic():
+    traj = bench_train.synthetic_batch(6, 100, 1000, turns=3, seed=1)
+    mask, length = np.asarray(traj.loss_mask), np.asarray(traj.length)
+    ends = np.asarray(traj.turn_end)
+    for r in range(6):
+        assert not mask[r, length[r]:].any()  # nothing trained past the end
+        assert not mask[r, : length[r] // 5].any()  # the prompt is not trained
+        assert mask[r].sum() > 0
+        for e in ends[r][ends[r] >= 0]:
+            assert mask[r, e] and (e + 1 >= 100 or not mask[r, e + 1])  # a turn ends on its last sampled token
