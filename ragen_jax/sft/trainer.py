@@ -334,6 +334,8 @@ class SFTTrainer:
         self.workdir.mkdir(parents=True, exist_ok=True)
         if jax.process_index() == 0:
             save_run_config(self.workdir, json.loads(json.dumps(cfg.to_dict(), default=str)))
+            if self.vocab is not None:  # eval/RL read the task vocabulary from the run dir
+                self.vocab.save(self.workdir / "vocab.json")
         self.logger = Logger(self.workdir)
         history = []
         try:
