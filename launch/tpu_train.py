@@ -11,56 +11,22 @@ automatically and only process 0 writes logs.
 
 from __future__ import annotations
 
-import argparse
 import os
 import sys
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-
-def _maybe_init_distributed():
-    """Multi-host TPU/GPU launches set these variables; a single host needs nothing."""
-    markers = ("TPU_WORKER_HOSTNAMES", "JAX_COORDINATOR_ADDRESS", "MEGASCALE_COORDINATOR_ADDRESS")
-    hosts = os.environ.get("TPU_WORKER_HOSTNAMES", "")
-    if any(os.environ.get(m) for m in markers) and (not hosts or "," in hosts or os.environ.get("JAX_COORDINATOR_ADDRESS")):
-        import jax
-
-        jax.distributed.initialize()
+from ragen_jax.cli import run_config_job  # noqa: E402
 
 
-def parse_args(argv=None):
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--config", required=True, help="config file: a bare name in configs/ (sokoban.py) or a path")
-    p.add_argument("--workdir", required=True, help="run directory: checkpoints, TensorBoard (tb/), metrics.jsonl")
-    p.add_argument("--quiet", action="store_true", help="no progress bar")
-    args, rest = p.parse_known_args(argv)
-    bad = [r for r in rest if not r.startswith("--config.")]
-    if bad:
-        p.error(f"unrecognised arguments {bad}; config overrides look like --config.section.key=value")
-    return args, rest
+def _job(cfg, args):
+    from ragen_jax.training.loop import Trainer
+
+    return Trainer(cfg, args.workdir, quiet=args.quiet).train  # built (and checked) before it runs
 
 
 def main(argv=None) -> int:
-    args, overrides = parse_args(argv)
-    from ragen_jax.config import ConfigError, load_config
-
-    try:
-        cfg = load_config(args.config, overrides)
-        _maybe_init_distributed()
-        from ragen_jax.training.checkpoint import CheckpointError
-        from ragen_jax.training.loop import Trainer
-
-        trainer = Trainer(cfg, args.workdir, quiet=args.quiet)
-    except (ConfigError, FileNotFoundError, NotADirectoryError, ValueError) as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 2
-    except Exception as e:  # CheckpointError and friends: one line, no XLA traceback
-        if type(e).__name__ == "CheckpointError":
-            print(f"error: {e}", file=sys.stderr)
-            return 2
-        raise
-    trainer.train()
-    return 0
+    return run_config_job(__doc__, argv, _job, workdir_help="run directory: checkpoints, TensorBoard (tb/), metrics.jsonl")
 
 
 if __name__ == "__main__":

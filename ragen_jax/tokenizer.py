@@ -25,7 +25,6 @@ import base64
 import functools
 import hashlib
 import importlib.resources
-import json
 import os
 import shutil
 import tempfile

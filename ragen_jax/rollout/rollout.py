@@ -18,7 +18,6 @@ Token layout of row b (what the trainer sees):
 
 from __future__ import annotations
 
-import functools
 
 import jax
 import jax.numpy as jnp

@@ -44,8 +44,9 @@ from ragen_jax.rollout import Rollout, RolloutConfig, rollout_metrics
 from ragen_jax.sft.teachers import get_teacher
 from ragen_jax.training.checkpoint import Checkpointer, save_policy, save_run_config
 from ragen_jax.training.logger import Logger
-from ragen_jax.training.loop import _flatten, build_policy, build_text_envs, build_vocab, load_task_tokenizer
-from ragen_jax.training.trainer import make_optimizer, val_seeds
+from ragen_jax.training.loop import (build_policy, build_text_envs, build_vocab, check_run_dir_config,
+                                     load_task_tokenizer)
+from ragen_jax.training.trainer import make_optimizer
 
 # Config keys that may change when an SFT run is resumed (everything else must match the saved run).
 RESUMABLE_CHANGES = ("sft.epochs", "sft.save_every", "train.val_every", "train.keep_checkpoints",
@@ -206,17 +207,7 @@ class SFTTrainer:
 
     # ------------------------------------------------------------------------------------------
     def _check_workdir(self):
-        saved = self.workdir / "config.json"
-        if saved.exists():
-            try:
-                old = _flatten(json.loads(saved.read_text()))
-            except json.JSONDecodeError:
-                raise ConfigError(f"{saved} is not valid JSON; this directory holds a broken run") from None
-            new = _flatten(json.loads(json.dumps(self.cfg.to_dict(), default=str)))
-            diff = sorted(k for k in set(old) | set(new) if old.get(k) != new.get(k) and k not in RESUMABLE_CHANGES)
-            if diff:
-                raise ConfigError(f"{self.workdir} holds a run with a different config ({', '.join(diff[:6])}"
-                                  f"{' ...' if len(diff) > 6 else ''}); use another --workdir to start a new run")
+        check_run_dir_config(self.workdir, self.cfg, RESUMABLE_CHANGES)
 
     def _print(self, msg):
         if not self.quiet and jax.process_index() == 0:
@@ -306,7 +297,7 @@ class SFTTrainer:
     # -- validation -------------------------------------------------------------------------------
     def validate(self) -> dict:
         out = {}
-        seeds = val_seeds(self.cfg)
+        seeds = self.cfg.train.val_seed + np.arange(self.cfg.train.val_size)  # the fixed validation states
         for name, ro in self.val_rollouts.items():
             t0 = time.perf_counter()
             traj = ro(self.state.params, jax.random.PRNGKey(self.cfg.train.seed + 7), seeds)

@@ -29,7 +29,6 @@ import math
 import unicodedata
 from typing import Sequence
 
-import jax
 import jax.numpy as jnp
 import numpy as np
 

@@ -37,7 +37,7 @@ from __future__ import annotations
 
 import sys
 import weakref
-from typing import Optional, Sequence
+from typing import Optional
 
 import jax
 import jax.numpy as jnp

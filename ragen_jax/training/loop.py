@@ -26,7 +26,7 @@ from ragen_jax.config import Config, ConfigError
 from ragen_jax.rollout import Rollout, RolloutConfig, format_trajectory, group_seeds_for_iteration, rollout_metrics
 from ragen_jax.training.checkpoint import Checkpointer, save_policy, save_run_config
 from ragen_jax.training.logger import EchoTrapMonitor, Logger
-from ragen_jax.training.trainer import StepPrograms, TrainState, check_batch_fits_mesh, make_optimizer, val_seeds
+from ragen_jax.training.trainer import StepPrograms, TrainState, check_batch_fits_mesh, make_optimizer
 
 # Config keys that may change when a run is resumed (everything else must match the saved run).
 RESUMABLE_CHANGES = ("train.iterations", "train.val_every", "train.save_every", "train.log_samples",
@@ -42,6 +42,22 @@ def _flatten(d: dict, prefix="") -> dict:
         else:
             out[key] = v
     return out
+
+
+def check_run_dir_config(workdir: Path, cfg: Config, resumable: tuple[str, ...]) -> None:
+    """A run directory may only be resumed with the config it was started with (up to `resumable` keys)."""
+    saved = Path(workdir) / "config.json"
+    if not saved.exists():
+        return
+    try:
+        old = _flatten(json.loads(saved.read_text()))
+    except json.JSONDecodeError:
+        raise ConfigError(f"{saved} is not valid JSON; this directory holds a broken run") from None
+    new = _flatten(json.loads(json.dumps(cfg.to_dict(), default=str)))
+    diff = sorted(k for k in set(old) | set(new) if old.get(k) != new.get(k) and k not in resumable)
+    if diff:
+        raise ConfigError(f"{workdir} holds a run with a different config ({', '.join(diff[:6])}"
+                          f"{' ...' if len(diff) > 6 else ''}); use another --workdir to start a new run")
 
 
 def load_task_tokenizer(cfg: Config):
@@ -197,17 +213,7 @@ class Trainer:
 
     # ------------------------------------------------------------------------------------------
     def _check_workdir(self):
-        saved = self.workdir / "config.json"
-        if saved.exists():
-            try:
-                old = _flatten(json.loads(saved.read_text()))
-            except json.JSONDecodeError:
-                raise ConfigError(f"{saved} is not valid JSON; this directory holds a broken run") from None
-            new = _flatten(json.loads(json.dumps(self.cfg.to_dict(), default=str)))
-            diff = sorted(k for k in set(old) | set(new) if old.get(k) != new.get(k) and k not in RESUMABLE_CHANGES)
-            if diff:
-                raise ConfigError(f"{self.workdir} holds a run with a different config ({', '.join(diff[:6])}"
-                                  f"{' ...' if len(diff) > 6 else ''}); use another --workdir to start a new run")
+        check_run_dir_config(self.workdir, self.cfg, RESUMABLE_CHANGES)
 
     @property
     def iteration(self) -> int:

@@ -16,12 +16,10 @@ TARGETS: column t holds what is known about token t+1 (its log-prob comes from t
 from __future__ import annotations
 
 import functools
-import time
 from typing import Any
 
 import jax
 import jax.numpy as jnp
-import numpy as np
 import optax
 from flax import nnx, struct
 
@@ -248,9 +246,5 @@ def check_batch_fits_mesh(cfg: Config, n_batch_shards: int) -> None:
                               "data x fsdp axes; change the batch settings or mesh.data/mesh.fsdp")
 
 
-def val_seeds(cfg: Config) -> np.ndarray:
-    return cfg.train.val_seed + np.arange(cfg.train.val_size)
-
-
 __all__ = ["Batch", "StepPrograms", "TrainState", "check_batch_fits_mesh", "make_optimizer", "sequence_logprobs",
-           "sequence_values", "val_seeds"]
+           "sequence_values"]
