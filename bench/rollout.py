@@ -22,9 +22,7 @@ Usage: python -m bench.rollout [--shapes tiny,qwen2.5-0.5b] [--vocab full|task|b
 from __future__ import annotations
 
 import argparse
-import json
 import os
-import platform
 import statistics
 import sys
 import time
@@ -37,22 +35,9 @@ import jax
 import numpy as np
 from flax import nnx
 
+from bench._common import machine, write_result  # noqa: E402
+
 RESULTS = Path(__file__).resolve().parent / "results" / "rollout.json"
-
-
-def machine() -> dict:
-    d = jax.devices()[0]
-    return {
-        "cpu_count": os.cpu_count(),
-        "platform": platform.platform(),
-        "processor": platform.processor() or platform.machine(),
-        "python": platform.python_version(),
-        "jax": jax.__version__,
-        "backend": jax.default_backend(),
-        "device": f"{d.platform}:{getattr(d, 'device_kind', '')}",
-        "device_count": jax.device_count(),
-        "loadavg_start": list(os.getloadavg()),
-    }
 
 
 def _presets():
@@ -269,17 +254,10 @@ def main(argv=None):
             if bb["bound_s_per_rollout"]:
                 line += f" = {bb['bound_s_per_rollout']:.3f} s ({bb['fraction_of_bound']:.1%} of bound)"
             print(line, flush=True)
-            _write(result, args.out)  # after every row: a long run cut short keeps its rows
-    _write(result, args.out)
+            write_result(result, args.out)  # after every row: a long run cut short keeps its rows
+    write_result(result, args.out)
     print(f"wrote {args.out}")
     return 0
-
-
-def _write(result, path):
-    result["machine"]["loadavg_end"] = list(os.getloadavg())
-    out = Path(path)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps(result, indent=2) + "\n")
 
 
 if __name__ == "__main__":

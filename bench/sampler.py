@@ -14,9 +14,6 @@ Usage: python -m bench.sampler [--rows tiny:1,16,64 --rows qwen2.5-0.5b:1,16] [-
 from __future__ import annotations
 
 import argparse
-import json
-import os
-import platform
 import statistics
 import sys
 import time
@@ -30,6 +27,8 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
+from bench._common import machine as common_machine  # noqa: E402
+from bench._common import write_result  # noqa: E402
 from ragen_jax import sampler
 from ragen_jax.models import Qwen2, Qwen2Config
 from ragen_jax.models.qwen2.weights import hf_state_dict
@@ -66,16 +65,7 @@ def sampler_presets():
 
 
 def machine():
-    d = jax.devices()[0]
-    info = {
-        "cpu_count": os.cpu_count(),
-        "platform": platform.platform(),
-        "processor": platform.processor() or platform.machine(),
-        "python": platform.python_version(),
-        "jax": jax.__version__,
-        "device": f"{d.platform}:{getattr(d, 'device_kind', '')}",
-        "loadavg_start": list(os.getloadavg()),
-    }
+    info = common_machine()
     try:
         import torch
 
@@ -207,18 +197,11 @@ def main(argv=None):
             if "target_tok_s" in row:
                 line += f"  target {row['target_tok_s']}"
             print(line, flush=True)
-            _write(result, args.out)  # after every row: a long run that is cut short keeps its rows
+            write_result(result, args.out)  # after every row: a long run that is cut short keeps its rows
         del model, tmodel
-    _write(result, args.out)
+    write_result(result, args.out)
     print(f"wrote {args.out}")
     return 0
-
-
-def _write(result, path):
-    result["machine"]["loadavg_end"] = list(os.getloadavg())
-    out = Path(path)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps(result, indent=2) + "\n")
 
 
 if __name__ == "__main__":

@@ -25,8 +25,6 @@ Usage: python -m bench.train_step [--shapes tiny,qwen2.5-0.5b] [--rows 32 --seq-
 from __future__ import annotations
 
 import argparse
-import json
-import os
 import statistics
 import sys
 import tempfile
@@ -41,7 +39,7 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
-from bench.rollout import machine
+from bench._common import machine, write_result
 
 RESULTS = Path(__file__).resolve().parent / "results" / "train_step.json"
 ENTROPY_COEF = 0.001
@@ -291,17 +289,10 @@ def main(argv=None):
             line += (f" | torch {row['torch']['median_s_per_step']:.2f} s/step, {row['torch']['tok_s']:.1f} tok/s "
                      f"-> ratio ours/torch {row['ratio_ours_over_torch']:.2f}")
         print(line, flush=True)
-        _write(result, args.out)
-    _write(result, args.out)
+        write_result(result, args.out)
+    write_result(result, args.out)
     print(f"wrote {args.out}")
     return 0
-
-
-def _write(result, path):
-    result["machine"]["loadavg_end"] = list(os.getloadavg())
-    out = Path(path)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps(result, indent=2) + "\n")
 
 
 if __name__ == "__main__":
