@@ -27,7 +27,6 @@ from __future__ import annotations
 
 import functools
 import json
-import math
 import time
 from pathlib import Path
 from typing import Any
@@ -44,7 +43,7 @@ from ragen_jax.rollout import Rollout, RolloutConfig, rollout_metrics
 from ragen_jax.sft.teachers import get_teacher
 from ragen_jax.training.checkpoint import Checkpointer, save_policy, save_run_config
 from ragen_jax.training.logger import Logger
-from ragen_jax.training.loop import (build_policy, build_text_envs, build_vocab, check_run_dir_config,
+from ragen_jax.training.loop import (build_mesh, build_policy, build_text_envs, build_vocab, check_run_dir_config,
                                      load_task_tokenizer)
 from ragen_jax.training.trainer import make_optimizer
 
@@ -130,7 +129,7 @@ class SFTTrainer:
 
     def __init__(self, cfg: Config, workdir: str | Path, *, quiet: bool = False, devices=None,
                  demo_chunk: int = 256, demo_filter: str = "auto"):
-        from ragen_jax.models.qwen2.sharding import make_mesh, param_shardings
+        from ragen_jax.models.qwen2.sharding import param_shardings
 
         self.cfg = cfg.validate()
         self.workdir = Path(workdir).expanduser().resolve()
@@ -141,12 +140,7 @@ class SFTTrainer:
             raise ConfigError(f"demo_chunk must be a positive integer, got {demo_chunk!r}")
         self._check_workdir()
 
-        m = cfg.mesh
-        devices = list(devices if devices is not None else jax.devices())
-        sizes = (m.data, m.fsdp, m.tensor)
-        if -1 not in sizes and math.prod(sizes) < len(devices):
-            devices = devices[: math.prod(sizes)]  # an explicit smaller mesh uses the first devices
-        self.mesh = make_mesh(data=m.data, fsdp=m.fsdp, tensor=m.tensor, devices=devices)
+        self.mesh = build_mesh(cfg, devices)
         self.n_shards = self.mesh.shape["data"] * self.mesh.shape["fsdp"]
         if cfg.sft.batch_size % self.n_shards:
             raise ConfigError(f"sft.batch_size = {cfg.sft.batch_size} is not divisible by the {self.n_shards} devices "

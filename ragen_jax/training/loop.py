@@ -60,6 +60,18 @@ def check_run_dir_config(workdir: Path, cfg: Config, resumable: tuple[str, ...])
                           f"{' ...' if len(diff) > 6 else ''}); use another --workdir to start a new run")
 
 
+def build_mesh(cfg: Config, devices=None):
+    """The run's device mesh; an explicit mesh smaller than the machine uses its first devices."""
+    from ragen_jax.models.qwen2.sharding import make_mesh
+
+    m = cfg.mesh
+    devices = list(devices if devices is not None else jax.devices())
+    sizes = (m.data, m.fsdp, m.tensor)
+    if -1 not in sizes and math.prod(sizes) < len(devices):
+        devices = devices[: math.prod(sizes)]
+    return make_mesh(data=m.data, fsdp=m.fsdp, tensor=m.tensor, devices=devices)
+
+
 def load_task_tokenizer(cfg: Config):
     """The model directory's own tokenizer when it has one, else the offline-built Qwen2.5 tokenizer."""
     from ragen_jax.tokenizer import load_tokenizer
@@ -134,19 +146,14 @@ def build_policy(cfg: Config, vocab=None):
 class Trainer:
     def __init__(self, cfg: Config, workdir: str | Path, *, quiet: bool = False, devices=None):
         from ragen_jax.models import critic_from_policy
-        from ragen_jax.models.qwen2.sharding import make_mesh, param_shardings
+        from ragen_jax.models.qwen2.sharding import param_shardings
 
         self.cfg = cfg.validate()
         self.workdir = Path(workdir).expanduser().resolve()
         self.quiet = quiet
         self._check_workdir()
 
-        m = cfg.mesh
-        devices = list(devices if devices is not None else jax.devices())
-        sizes = (m.data, m.fsdp, m.tensor)
-        if -1 not in sizes and math.prod(sizes) < len(devices):
-            devices = devices[: math.prod(sizes)]  # an explicit smaller mesh uses the first devices
-        self.mesh = make_mesh(data=m.data, fsdp=m.fsdp, tensor=m.tensor, devices=devices)
+        self.mesh = build_mesh(cfg, devices)
         n_batch_shards = self.mesh.shape["data"] * self.mesh.shape["fsdp"]
         check_batch_fits_mesh(cfg, n_batch_shards)
 
