@@ -3,6 +3,7 @@
     python launch/demo.py --workdir runs/demo            # the full demo (<= ~15 min on 2 CPU cores)
     python launch/demo.py --workdir runs/demo_q --quick  # a 1-2 minute smoke run (learns little)
     python launch/demo.py --workdir runs/demo --skip-bandit --sokoban.sft.epochs=8
+    python launch/demo.py --workdir runs/demo --publish docs/demo_results && python scripts/readme_results.py
 
 A tiny Qwen2-architecture policy (configs/demo_cpu.py, configs/demo_cpu_bandit.py) that reads and
 writes through the real Qwen2.5 tokenizer, with a small model vocabulary (`model.vocab=task`).
@@ -18,7 +19,8 @@ Writes <workdir>/eval.json ({"results": {stage: {env: metrics}}, "settings": ...
 prints a table per stage. Each stage also logs to TensorBoard in its own tb/ folder. Rerunning
 the same command resumes finished stages instantly (their runs are complete) and redoes the evals.
 Config overrides: --bandit.section.key=value / --sokoban.section.key=value (applied to both stages
-of that env). Errors: one line on stderr, exit 2.
+of that env). --publish DIR copies eval.json, demo_summary.json and the curves into DIR (the
+committed docs/demo_results/ that scripts/readme_results.py reads). Errors: one line on stderr, exit 2.
 """
 
 from __future__ import annotations
@@ -28,8 +30,10 @@ import gc
 import json
 import os
 import resource
+import shutil
 import sys
 import time
+from pathlib import Path
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
@@ -69,6 +73,9 @@ def parse_args(argv=None):
     p.add_argument("--eval-states", type=int, default=None,
                    help=f"fixed evaluation states per env (default {EVAL_STATES}, --quick {QUICK_EVAL_STATES})")
     p.add_argument("--quiet", action="store_true", help="no progress bars (stage lines are still printed)")
+    p.add_argument("--publish", metavar="DIR", default=None,
+                   help="after a successful run, copy eval.json, demo_summary.json and curves_*.png into DIR "
+                        "(e.g. docs/demo_results, which the README's results section reads)")
     args, rest = p.parse_known_args(argv)
     over = {"bandit": [], "sokoban": []}
     for r in rest:
@@ -80,7 +87,33 @@ def parse_args(argv=None):
                     "or --bandit.section.key=value")
     if args.eval_states is not None and args.eval_states < 1:
         p.error(f"--eval-states must be a positive integer, got {args.eval_states}")
+    if args.publish is not None and Path(args.publish).resolve() == Path(args.workdir).resolve():
+        p.error("--publish must name a directory other than --workdir (publishing removes old curves_*.png there)")
     return args, over
+
+
+PUBLISHED_FILES = ("eval.json", "demo_summary.json")
+
+
+def publish_results(workdir, dest, curves) -> list[Path]:
+    """Copy eval.json, demo_summary.json and the named curve PNGs from workdir into dest.
+
+    `curves`: file names (or paths; only the name is used) of the PNGs this run wrote. Every
+    curves_*.png already in dest is removed first: a rerun that skips a family (or whose plot
+    failed) must not leave the previous run's curves next to the new numbers. Same-named files are
+    overwritten. Returns the copied paths.
+    """
+    src, dest = Path(workdir), Path(dest)
+    if src.resolve() == dest.resolve():
+        raise ValueError(f"publish directory {dest} is the demo's own workdir; choose another one")
+    names = list(PUBLISHED_FILES) + [Path(c).name for c in curves]
+    missing = [n for n in names if not (src / n).is_file()]
+    if missing:
+        raise ValueError(f"cannot publish: {', '.join(missing)} not found in {src}")
+    dest.mkdir(parents=True, exist_ok=True)
+    for old in dest.glob("curves_*.png"):
+        old.unlink()
+    return [Path(shutil.copyfile(src / n, dest / n)) for n in names]
 
 
 def log(msg: str) -> None:
@@ -288,6 +321,13 @@ def main(argv=None) -> int:
                   + (f" (s.e. {t['stderr']:.3f}: {'within' if t['within_noise'] else 'beyond'} noise)"
                      if "stderr" in t else ""))
     log(f"wrote {eval_path}, demo_summary.json and {len(curves)} curve PNGs in {args.workdir}")
+    if args.publish is not None:
+        try:
+            copied = publish_results(args.workdir, args.publish, curves)
+        except (OSError, ValueError) as e:
+            print(f"error: {e}", file=sys.stderr)
+            return 2
+        print(f"\npublished {', '.join(p.name for p in copied)} to {args.publish}")
     return 0
 
 

@@ -2,8 +2,9 @@
 
     python scripts/readme_results.py            # rewrites README.md between the results markers
 
-Nothing here is typed by hand: every number comes from bench/results/*.json (and runs/demo/ when
-the CPU demo has been run), with the machine each was measured on.
+Nothing here is typed by hand: every number comes from bench/results/*.json and the CPU demo's
+published outputs in docs/demo_results/ (`python launch/demo.py --workdir runs/demo --publish
+docs/demo_results`), with the machine each was measured on.
 """
 
 from __future__ import annotations
@@ -131,23 +132,96 @@ def sokoban_section(d) -> list[str]:
     return out + [""]
 
 
+DEMO_DIR = Path("docs") / "demo_results"  # committed copies of the demo's outputs (launch/demo.py --publish)
+PUBLISH_CMD = "python launch/demo.py --workdir runs/demo --publish docs/demo_results && python scripts/readme_results.py"
+# Columns of the demo's results table, in order; only those some env reports are shown (high_arm_rate: Bandit).
+DEMO_METRICS = ("success", "format_ok", "high_arm_rate", "reward_mean", "num_episodes")
+
+
+def _num(v, fmt: str) -> str:
+    return "-" if not isinstance(v, (int, float)) or isinstance(v, bool) else format(v, fmt)
+
+
+def _demo_settings(ev: dict, summary: dict) -> str:
+    st = ev.get("settings") or {}
+    parts = []
+    if summary.get("cpu_count") is not None:
+        parts.append(f"{summary['cpu_count']}-core machine")
+    if st.get("device"):
+        parts.append(f"device {st['device']}")
+    if st.get("num_states") is not None:
+        seeds = f" (seeds from {st['seed_start']})" if st.get("seed_start") is not None else ""
+        parts.append(f"{st['num_states']} fixed states per env{seeds}")
+    if st.get("temperature") is not None:
+        parts.append(f"one rollout each at temperature {st['temperature']:g}")
+    if isinstance(summary.get("total_s"), (int, float)):
+        cpu = summary.get("total_cpu_s")
+        parts.append(f"total {summary['total_s'] / 60:.1f} min wall"
+                     + (f" ({cpu / 60:.1f} CPU min)" if isinstance(cpu, (int, float)) else ""))
+    if isinstance(summary.get("peak_rss_mb"), (int, float)):
+        parts.append(f"peak RSS {summary['peak_rss_mb']:,.0f} MiB")
+    over = [f"`--{fam}.{o}`" for fam, items in sorted((st.get("overrides") or {}).items()) for o in items]
+    parts.append("overrides: " + " ".join(over) if over else "committed configs, no overrides")
+    return "; ".join(parts) + "."
+
+
 def demo_section(root: Path) -> list[str]:
-    demo = root / "runs" / "demo"
-    ev, summary = _load(demo / "eval.json"), _load(demo / "demo_summary.json")
-    if not ev:
-        return []
+    demo = root / DEMO_DIR
+    ev, summary = _load(demo / "eval.json"), _load(demo / "demo_summary.json") or {}
     out = ["### CPU demo (`launch/demo.py`)", ""]
-    if summary:
-        out.append("Wall time and peak memory: " + ", ".join(f"{k} {v}" for k, v in summary.items()
-                                                            if not isinstance(v, (dict, list))))
+    if not isinstance(ev, dict) or not ev.get("results"):
+        return out + [f"The demo results have not been published yet: `{PUBLISH_CMD}`.", ""]
+    st = ev.get("settings") or {}
+    if st.get("quick") or summary.get("quick"):
+        out += ["> **Warning: `--quick` smoke run.** Reduced counts and shapes so that every part runs in a "
+                "minute or two; nothing is learned. These are NOT the demo's results: republish with "
+                f"`{PUBLISH_CMD}`.", ""]
+    out += [_demo_settings(ev, summary), ""]
+
+    results = ev["results"]
+    cols = [k for k in DEMO_METRICS if any(k in m for envs in results.values() for m in envs.values())]
+    fmt = {"num_episodes": "d"}
+    out += ["| stage | env | " + " | ".join(cols) + " |", "|---|---|" + "---|" * len(cols)]
+    for stage, envs in results.items():
+        for env, m in envs.items():
+            out.append(f"| {stage} | {env} | " + " | ".join(_num(m.get(k), fmt.get(k, ".3f")) for k in cols) + " |")
+    out.append("")
+
+    stages = summary.get("stages") or {}
+    if stages:
+        out += ["| stage | train s | train CPU s | eval s | eval CPU s |", "|---|---|---|---|---|"]
+        for stage, t in stages.items():
+            out.append(f"| {stage} | " + " | ".join(_num(t.get(k), ".1f") for k in
+                                                   ("train_s", "train_cpu_s", "eval_s", "eval_cpu_s")) + " |")
+        out.append(f"| **total** | {_num(summary.get('total_s'), '.1f')} | {_num(summary.get('total_cpu_s'), '.1f')} "
+                   f"| | |")
+        out += ["", "The total includes start-up and compilation outside the stages; peak RSS "
+                f"{_num(summary.get('peak_rss_mb'), ',.0f')} MiB. CPU seconds count every thread of the process "
+                "(on a shared, loaded machine they say more than the wall times).", ""]
+
+    targets = summary.get("targets") or {}
+    if targets:
+        out += ["| target | value | goal | result |", "|---|---|---|---|"]
+        for label, t in targets.items():
+            res = "reached" if t.get("reached") else "**NOT reached**"
+            if "stderr" in t:
+                noise = "within" if t.get("within_noise") else "beyond"
+                res += f" (s.e. {_num(t['stderr'], '.3f')}: {noise} noise)"
+            out.append(f"| {label} | {_num(t.get('value'), '.3f')} | {_num(t.get('target'), '.2f')} | {res} |")
         out.append("")
-    out += ["```", json.dumps(ev, indent=1)[:4000], "```", ""]
+
+    # Only the curves that were published: a name in the summary whose PNG is missing would be a broken image.
+    pngs = [Path(c).name for c in summary.get("curves") or []]
+    pngs = [n for n in pngs if (demo / n).is_file()]
+    if pngs:
+        out += [f"![{Path(n).stem}]({DEMO_DIR.as_posix()}/{n})" for n in pngs] + [""]
     return out
 
 
 def render(root: Path = ROOT) -> str:
     res = root / "bench" / "results"
-    lines = [START, "(generated by `python scripts/readme_results.py` from `bench/results/*.json`; do not edit)", ""]
+    lines = [START, "(generated by `python scripts/readme_results.py` from `bench/results/*.json` and `docs/demo_results/`; "
+             "do not edit)", ""]
     lines += sampler_section(_load(res / "sampler.json"))
     lines += rollout_section(_load(res / "rollout.json"))
     lines += train_step_section(_load(res / "train_step.json"))

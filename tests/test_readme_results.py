@@ -1,0 +1,190 @@
+"""scripts/readme_results.py's demo section (from docs/demo_results/) and launch/demo.py's publish step.
+
+No demo run and no jax: hand-written eval.json / demo_summary.json in a temporary root, and the
+expected markdown rows typed out by hand from those numbers (the truth the renderer must match).
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "scripts"))
+sys.path.insert(0, str(ROOT / "launch"))
+import demo  # noqa: E402  (module import only: jax is imported inside main, not at the top)
+import readme_results  # noqa: E402
+
+EVAL = {
+    "settings": {"quick": False, "num_states": 256, "seed_start": 123, "temperature": 0.5, "rollouts_per_state": 1,
+                 "overrides": {"bandit": [], "sokoban": ["sft.epochs=8"]}, "device": "cpu"},
+    "results": {
+        "bandit/sft": {"Bandit": {"success": 0.81640625, "format_ok": 1.0, "high_arm_rate": 0.81640625,
+                                  "reward_mean": 0.40625, "num_episodes": 256, "seconds": 3.2},
+                       "BanditTest": {"success": 0.0, "format_ok": 0.0, "high_arm_rate": 0.0,
+                                      "reward_mean": -0.1, "num_episodes": 256}},
+        "sokoban/rl": {"Sokoban": {"success": 0.1796875, "format_ok": 0.32421875, "reward_mean": -1.23456,
+                                   "num_episodes": 256}},
+    },
+}
+SUMMARY = {
+    "quick": False,
+    "stages": {"bandit/sft": {"train_s": 215.04, "train_cpu_s": 400.26, "eval_s": 30.0, "eval_cpu_s": 55.56,
+                              "total_s": 245.04},
+               "sokoban/rl": {"train_s": 750.0, "train_cpu_s": 1300.0, "eval_s": 55.0, "eval_cpu_s": 90.0,
+                              "total_s": 805.0}},
+    "total_s": 1234.5,
+    "total_cpu_s": 2345.6,
+    "peak_rss_mb": 8806.4,
+    "cpu_count": 2,
+    "targets": {
+        "bandit/rl Bandit high_arm_rate": {"value": 1.0, "target": 0.9, "reached": True},
+        "sokoban/rl Sokoban success": {"value": 0.1796875, "target": 0.5, "reached": False},
+        "sokoban: RL does not lower success": {"value": -0.0078125, "target": 0.0, "stderr": 0.0338,
+                                               "reached": False, "within_noise": True},
+    },
+    "curves": ["curves_bandit_sft.png", "curves_sokoban_rl.png"],
+}
+PNG = b"\x89PNG\r\n\x1a\n" + b"\0" * 16
+
+
+def _root(tmp_path: Path, ev=EVAL, summary=SUMMARY, pngs=("curves_bandit_sft.png",)) -> Path:
+    (tmp_path / "bench" / "results").mkdir(parents=True)
+    d = tmp_path / "docs" / "demo_results"
+    d.mkdir(parents=True)
+    if ev is not None:
+        (d / "eval.json").write_text(json.dumps(ev))
+    if summary is not None:
+        (d / "demo_summary.json").write_text(json.dumps(summary))
+    for n in pngs:
+        (d / n).write_bytes(PNG)
+    return tmp_path
+
+
+def _lines(md: str) -> list[str]:
+    return md.splitlines()
+
+
+def test_metrics_table(tmp_path):
+    lines = _lines(readme_results.render(_root(tmp_path)))
+    assert "| stage | env | success | format_ok | high_arm_rate | reward_mean | num_episodes |" in lines
+    assert "| bandit/sft | Bandit | 0.816 | 1.000 | 0.816 | 0.406 | 256 |" in lines
+    assert "| bandit/sft | BanditTest | 0.000 | 0.000 | 0.000 | -0.100 | 256 |" in lines
+    # Sokoban has no high_arm_rate: a dash, not a made-up number.
+    assert "| sokoban/rl | Sokoban | 0.180 | 0.324 | - | -1.235 | 256 |" in lines
+
+
+def test_settings_and_time_table(tmp_path):
+    md = readme_results.render(_root(tmp_path))
+    lines = _lines(md)
+    settings = next(ln for ln in lines if "fixed states per env" in ln)
+    for part in ("2-core machine", "device cpu", "256 fixed states per env (seeds from 123)", "temperature 0.5",
+                 "total 20.6 min wall (39.1 CPU min)", "peak RSS 8,806 MiB", "`--sokoban.sft.epochs=8`"):
+        assert part in settings, (part, settings)
+    assert "| bandit/sft | 215.0 | 400.3 | 30.0 | 55.6 |" in lines
+    assert "| sokoban/rl | 750.0 | 1300.0 | 55.0 | 90.0 |" in lines
+    assert "| **total** | 1234.5 | 2345.6 | | |" in lines
+    assert "Warning" not in md and "not been published" not in md
+    # No JSON dump of the raw files.
+    assert "```" not in md.split("### CPU demo", 1)[1]
+
+
+def test_targets(tmp_path):
+    lines = _lines(readme_results.render(_root(tmp_path)))
+    assert "| bandit/rl Bandit high_arm_rate | 1.000 | 0.90 | reached |" in lines
+    assert "| sokoban/rl Sokoban success | 0.180 | 0.50 | **NOT reached** |" in lines
+    assert ("| sokoban: RL does not lower success | -0.008 | 0.00 | **NOT reached** (s.e. 0.034: within noise) |"
+            in lines)
+
+
+def test_image_links_only_for_existing_pngs(tmp_path):
+    md = readme_results.render(_root(tmp_path, pngs=("curves_bandit_sft.png", "curves_unlisted.png")))
+    assert "![curves_bandit_sft](docs/demo_results/curves_bandit_sft.png)" in md
+    assert "curves_sokoban_rl" not in md  # listed in the summary, but the PNG was not published
+    assert "curves_unlisted" not in md  # present, but not this run's
+
+
+def test_quick_warning(tmp_path):
+    ev = {**EVAL, "settings": {**EVAL["settings"], "quick": True, "num_states": 8}}
+    md = readme_results.render(_root(tmp_path, ev=ev, summary={**SUMMARY, "quick": True}))
+    assert "**Warning: `--quick` smoke run.**" in md and "NOT the demo's results" in md
+    assert "8 fixed states per env" in md
+
+
+def test_not_published(tmp_path):
+    md = readme_results.render(_root(tmp_path, ev=None, summary=None, pngs=()))
+    section = md.split("### CPU demo (`launch/demo.py`)", 1)[1]
+    assert ("The demo results have not been published yet: `python launch/demo.py --workdir runs/demo "
+            "--publish docs/demo_results && python scripts/readme_results.py`.") in section
+    assert "|" not in section and "![" not in section
+    assert md.rstrip().endswith(readme_results.END)
+
+
+def test_eval_without_summary(tmp_path):
+    # An eval.json alone still gives the metrics table; no time or target rows, no crash.
+    lines = _lines(readme_results.render(_root(tmp_path, summary=None, pngs=())))
+    assert "| bandit/sft | Bandit | 0.816 | 1.000 | 0.816 | 0.406 | 256 |" in lines
+    assert not any(ln.startswith("| **total**") or ln.startswith("| target |") for ln in lines)
+
+
+# ---- launch/demo.py --publish ------------------------------------------------------------------
+
+
+def _workdir(tmp_path: Path) -> Path:
+    w = tmp_path / "work"
+    w.mkdir()
+    (w / "eval.json").write_text('{"new": 1}')
+    (w / "demo_summary.json").write_text('{"summary": "new"}')
+    (w / "curves_bandit_rl.png").write_bytes(PNG + b"new")
+    (w / "curves_bandit_sft.png").write_bytes(PNG + b"sft")
+    return w
+
+
+def test_publish_copies_overwrites_and_drops_stale_pngs(tmp_path):
+    w = _workdir(tmp_path)
+    dest = tmp_path / "docs" / "demo_results"
+    dest.mkdir(parents=True)
+    (dest / "eval.json").write_text('{"old": 1}')
+    (dest / "curves_bandit_rl.png").write_bytes(b"old")
+    (dest / "curves_sokoban_rl.png").write_bytes(b"stale")  # a previous run's family, not in this run
+    (dest / "notes.txt").write_text("keep")  # not ours to remove
+
+    copied = demo.publish_results(w, dest, [str(w / "curves_bandit_rl.png")])
+    assert sorted(p.name for p in copied) == ["curves_bandit_rl.png", "demo_summary.json", "eval.json"]
+    assert sorted(p.name for p in dest.iterdir()) == ["curves_bandit_rl.png", "demo_summary.json", "eval.json",
+                                                      "notes.txt"]
+    assert (dest / "eval.json").read_text() == '{"new": 1}'
+    assert (dest / "demo_summary.json").read_text() == '{"summary": "new"}'
+    assert (dest / "curves_bandit_rl.png").read_bytes() == PNG + b"new"
+    assert (dest / "notes.txt").read_text() == "keep"
+
+
+def test_publish_creates_dest_and_renders(tmp_path):
+    w = _workdir(tmp_path)
+    (w / "eval.json").write_text(json.dumps(EVAL))
+    (w / "demo_summary.json").write_text(json.dumps({**SUMMARY, "curves": ["curves_bandit_sft.png"]}))
+    (tmp_path / "bench" / "results").mkdir(parents=True)
+    demo.publish_results(w, tmp_path / "docs" / "demo_results", ["curves_bandit_sft.png"])
+    md = readme_results.render(tmp_path)
+    assert "| bandit/sft | Bandit | 0.816 | 1.000 | 0.816 | 0.406 | 256 |" in md.splitlines()
+    assert "![curves_bandit_sft](docs/demo_results/curves_bandit_sft.png)" in md
+
+
+def test_publish_errors(tmp_path):
+    w = _workdir(tmp_path)
+    with pytest.raises(ValueError, match="curves_missing.png not found"):
+        demo.publish_results(w, tmp_path / "out", ["curves_missing.png"])
+    assert not (tmp_path / "out").exists()  # nothing half-published
+    with pytest.raises(ValueError, match="own workdir"):
+        demo.publish_results(w, w, [])
+
+
+def test_publish_flag_parsing(tmp_path):
+    args, _ = demo.parse_args(["--workdir", str(tmp_path / "w"), "--publish", str(tmp_path / "p")])
+    assert args.publish == str(tmp_path / "p")
+    assert demo.parse_args(["--workdir", "w"])[0].publish is None
+    with pytest.raises(SystemExit):
+        demo.parse_args(["--workdir", str(tmp_path), "--publish", str(tmp_path)])
