@@ -12,7 +12,10 @@
    BFS-solver SOLUTIONS; a failed Sokoban demo is a room the budget cannot solve, whose moves
    would teach nothing useful). FrozenLake keeps all: the teacher's action in a given state does
    not depend on later slips, so dropping unlucky episodes would only shrink and skew the data
-   toward easy maps. Bandit keeps all (a success filter would turn `sft.bandit_high_prob` into 1).
+   toward easy maps. Bandit keeps a subset in which exactly the fraction `sft.bandit_high_prob`
+   pulls the high-risk arm (`balance_arm_choices`): the per-episode draws are noisy (512 draws at
+   0.5 once gave 55.9%), and that accident would leak an arm preference into a warm start meant to
+   teach the format only (temperature-0.5 evaluation sharpened 55.9% into an 82% preference).
 3. Loss: mean negative log-likelihood of the assistant's tokens, token-mean per mini-batch, with
    the RL update's alignment (column t is the log-prob of token t+1, mask = loss_mask[:, 1:]).
    AdamW from `make_optimizer(sft.lr, optim)`, `sft.epochs` epochs of shuffled mini-batches of
@@ -28,6 +31,7 @@ from __future__ import annotations
 import functools
 import json
 import time
+from fractions import Fraction
 from pathlib import Path
 from typing import Any
 
@@ -117,13 +121,29 @@ def sft_loss(graphdef, params, tokens, loss_mask, length, vocab=None):
     return loss, {"sft/token_accuracy": jnp.sum(hit * mask) / n, "sft/tokens": jnp.sum(mask)}
 
 
+def balance_arm_choices(high: np.ndarray, high_prob: float) -> np.ndarray:
+    """Keep mask over Bandit demos (`high[i]`: demo i pulled the high-risk arm) selecting the largest
+    subset in which the high-arm fraction is EXACTLY `high_prob` (as a fraction a/b with b <= 1000:
+    t*a high and t*(b-a) low demos, t as large as the demos allow), earliest demos first."""
+    high = np.asarray(high, bool)
+    frac = Fraction(float(high_prob)).limit_denominator(1000)
+    a, b = frac.numerator, frac.denominator
+    n_hi, n_lo = int(high.sum()), int((~high).sum())
+    t = min(n_hi // a if a else n_lo // b, n_lo // (b - a) if b - a else n_hi // b)
+    keep = np.zeros(high.shape, bool)
+    keep[np.flatnonzero(high)[: t * a]] = True
+    keep[np.flatnonzero(~high)[: t * (b - a)]] = True
+    return keep
+
+
 # ----------------------------------------------------------------------------------- trainer
 class SFTTrainer:
     """Args:
       cfg: the experiment config (`cfg.sft` drives this trainer; model/env/prompt/rollout/mesh as RL).
       workdir: run directory (checkpoints/, tb/, metrics.jsonl, demos.json, policy/).
       demo_chunk: demonstration episodes per compiled teacher rollout (bounds device memory).
-      demo_filter: "auto" (successful Sokoban demos only, all others; see the module docstring),
+      demo_filter: "auto" (successful Sokoban demos only, arm-balanced Bandit demos, all FrozenLake
+        ones; see the module docstring),
         "success" or "all".
     """
 
@@ -155,6 +175,7 @@ class SFTTrainer:
         self.vocab = build_vocab(cfg, self.text_envs, self.tokenizer)
         policy = build_policy(cfg, self.vocab)
         self.teacher = get_teacher(cfg.env.name, self.text_env, high_prob=cfg.sft.bandit_high_prob)
+        self.demo_filter = demo_filter
         self.keep_only_successful = (self.teacher.keep_only_successful if demo_filter == "auto"
                                      else demo_filter == "success")
         # Demo chunks: a multiple of the data-parallel devices (the rollout shards its batch).
@@ -230,7 +251,12 @@ class SFTTrainer:
         traj = jax.tree.map(lambda *xs: np.concatenate(xs)[: s.num_demos], *parts)
         stats = {f"demo/{k}": v for k, v in rollout_metrics(traj, 1).items()
                  if k not in ("in_group_std", "in_group_std_max", "pass_at_n", "reward_std")}
-        keep = np.asarray(traj.success) if self.keep_only_successful else np.ones(s.num_demos, bool)
+        if self.keep_only_successful:
+            keep = np.asarray(traj.success)
+        elif self.teacher.family == "bandit" and self.demo_filter == "auto":
+            keep = balance_arm_choices(np.asarray(traj.success), s.bandit_high_prob)  # success = high arm
+        else:
+            keep = np.ones(s.num_demos, bool)
         stats["demo/num_generated"] = float(s.num_demos)
         stats["demo/num_kept"] = float(keep.sum())
         if keep.sum() < s.batch_size:

@@ -155,3 +155,45 @@ def test_launcher_reports_bad_input_in_one_line(tmp_path, capsys):
     assert "sft.batch_size = 3 is not divisible by the 8 devices" in capsys.readouterr().err
     with pytest.raises(ConfigError, match="demo_filter='best' is not valid"):
         SFTTrainer(_cfg(), tmp_path / "c", demo_filter="best")
+
+
+# --------------------------------------------------------------------------- Bandit arm balance
+from fractions import Fraction  # noqa: E402
+
+from hypothesis import given, settings, strategies as st  # noqa: E402
+
+from ragen_jax.sft.trainer import balance_arm_choices  # noqa: E402
+
+
+@settings(max_examples=200, deadline=None)
+@given(high=st.lists(st.booleans(), max_size=60), p=st.sampled_from([0.0, 0.25, 0.5, 0.6, 1.0]))
+def test_bandit_demos_are_balanced_to_exactly_the_high_arm_probability(high, p):
+    high = np.asarray(high, bool)
+    keep = balance_arm_choices(high, p)
+    m, k = int(keep.sum()), int((keep & high).sum())
+    # Brute force: the largest subset size whose high-arm fraction can be exactly p.
+    feasible = [(n, j) for n in range(len(high) + 1) for j in range(n + 1)
+                if j <= high.sum() and n - j <= (~high).sum() and Fraction(j, max(n, 1)) == Fraction(str(p)) * (n > 0)]
+    assert (m, k) == max(feasible)
+    # The earliest demos of each arm are the ones kept (deterministic, seed order).
+    for arm in (True, False):
+        idx = np.flatnonzero(high == arm)
+        assert keep[idx].tolist() == sorted(keep[idx].tolist(), reverse=True)
+
+
+def test_bandit_warm_start_keeps_a_balanced_subset(tmp_path):
+    cfg = load_config("demo_cpu_bandit.py", ["sft.num_demos=64", "sft.batch_size=8", "sft.epochs=1"])
+    tr = SFTTrainer(cfg, tmp_path / "b", quiet=True)
+    demos = tr.make_demos()
+    assert tr.demo_stats["demo/num_kept"] == len(demos.length)
+    # Which arm each kept demo pulled, read back from its tokens with the tokenizer (independent of
+    # the rollout's success flag that the balancing used).
+    texts = [tr.tokenizer.decode(t[:n].tolist()) for t, n in zip(demos.tokens, demos.length)]
+    answers = [t.rsplit("<answer>", 1)[1].split("</answer>", 1)[0].strip() for t in texts]
+    from envs_jax.bandit import HIGH
+
+    high_names = set()
+    for te in tr.text_envs.values():
+        high_names.add(te.action_names[HIGH])
+    n_high = sum(a in high_names for a in answers)
+    assert 2 * n_high == len(answers) and len(answers) >= 16
