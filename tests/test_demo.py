@@ -30,7 +30,8 @@ import demo  # noqa: E402
 def quick_run(tmp_path_factory):
     work = tmp_path_factory.mktemp("demo")
     proc = subprocess.run([sys.executable, str(DEMO), "--workdir", str(work), "--quick", "--skip-sokoban", "--quiet",
-                           "--eval-states", str(EVAL_STATES)], capture_output=True, text=True, timeout=900,
+                           "--eval-states", str(EVAL_STATES), "--publish", str(work / "published")],
+                          capture_output=True, text=True, timeout=900,
                           cwd=str(ROOT))
     assert proc.returncode == 0, proc.stderr[-4000:]
     return work, proc
@@ -79,7 +80,10 @@ def test_summary_and_stage_runs(quick_run):
     assert rl_cfg.model.init_from == str(work / "bandit" / "sft")
     sft_rows = [json.loads(x) for x in (work / "bandit/sft/metrics.jsonl").read_text().splitlines()]
     sft_steps = [r["step"] for r in sft_rows if "sft/loss" in r]
-    assert sft_steps == list(range(1, sft_cfg.sft.epochs * (sft_cfg.sft.num_demos // sft_cfg.sft.batch_size) + 1))
+    # The Bandit warm start trains on an arm-balanced subset of its demos (an even number of them).
+    kept = json.loads((work / "bandit/sft/demos.json").read_text())["demo/num_kept"]
+    assert kept % 2 == 0 and sft_cfg.sft.batch_size <= kept <= sft_cfg.sft.num_demos
+    assert sft_steps == list(range(1, sft_cfg.sft.epochs * (int(kept) // sft_cfg.sft.batch_size) + 1))
     rl_rows = [json.loads(x) for x in (work / "bandit/rl/metrics.jsonl").read_text().splitlines()]
     assert [r["step"] for r in rl_rows if "train/success" in r] == list(range(1, rl_cfg.train.iterations + 1))
     for stage in ("sft", "rl"):
@@ -94,6 +98,14 @@ def test_curves_png(quick_run):
     for name in s["curves"]:
         data = (work / name).read_bytes()
         assert data[:8] == b"\x89PNG\r\n\x1a\n" and len(data) > 1000
+        assert (work / "published" / name).read_bytes() == data  # --publish copied it
+
+
+def test_publish_copies_the_results(quick_run):
+    work, proc = quick_run
+    for name in ("eval.json", "demo_summary.json"):
+        assert (work / "published" / name).read_text() == (work / name).read_text()
+    assert "published" in proc.stdout + proc.stderr
 
 
 def test_configs_and_bad_arguments(capsys):
