@@ -216,6 +216,10 @@ class SFTConfig:
     epochs: int = 2
     batch_size: int = 32  # trajectories per optimizer step
     lr: float = 1e-5
+    # "constant" (after optim.warmup_steps), or "cosine": decay to 0 over the planned steps
+    # (epochs x num_demos // batch_size; dropped demos end it slightly above 0). Annealing makes the
+    # result the average of the last steps rather than wherever the last noisy mini-batches left it.
+    lr_schedule: str = "constant"
     # Bandit demonstrations choose the high-risk arm with this probability; 0.5 teaches only the
     # format, leaving the risk preference for RL to discover.
     bandit_high_prob: float = 0.5
@@ -226,6 +230,7 @@ class SFTConfig:
         _positive("sft.epochs", self.epochs)
         _positive("sft.batch_size", self.batch_size)
         _positive("sft.lr", self.lr)
+        _choice("sft.lr_schedule", self.lr_schedule, ("constant", "cosine"))
         if not 0 <= self.bandit_high_prob <= 1:
             raise ConfigError(f"sft.bandit_high_prob must be in [0, 1], got {self.bandit_high_prob!r}")
 

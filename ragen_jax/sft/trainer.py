@@ -18,7 +18,7 @@
    teach the format only (temperature-0.5 evaluation sharpened 55.9% into an 82% preference).
 3. Loss: mean negative log-likelihood of the assistant's tokens, token-mean per mini-batch, with
    the RL update's alignment (column t is the log-prob of token t+1, mask = loss_mask[:, 1:]).
-   AdamW from `make_optimizer(sft.lr, optim)`, `sft.epochs` epochs of shuffled mini-batches of
+   AdamW from `make_optimizer(sft.lr, optim)` (constant or cosine-decayed: `sft.lr_schedule`), `sft.epochs` epochs of shuffled mini-batches of
    `sft.batch_size` (the last partial batch of an epoch is dropped: one static shape, one
    compilation), the batch sharded over the mesh's data axes.
 4. Orbax checkpoints every `sft.save_every` steps; rerunning the same command resumes (demos and
@@ -191,7 +191,10 @@ class SFTTrainer:
             from ragen_jax.training.checkpoint import load_policy_params
 
             params = load_policy_params(cfg.model.init_from, params)
-        self.tx = make_optimizer(cfg.sft.lr, cfg.optim)
+        # The schedule is fixed before the demos exist, so it plans for all of them (an upper bound).
+        planned = cfg.sft.epochs * max(1, cfg.sft.num_demos // cfg.sft.batch_size)
+        self.tx = make_optimizer(cfg.sft.lr, cfg.optim,
+                                 decay_steps=planned if cfg.sft.lr_schedule == "cosine" else None)
         opt_state = self.tx.init(params)
         opt_state = jax.device_put(opt_state, param_shardings(opt_state, self.mesh))
         replicated = NamedSharding(self.mesh, PartitionSpec())

@@ -56,9 +56,21 @@ class Batch:
     row_weight: jax.Array  # [K] 1 for rows that train, 0 for padding rows of variance_cover
 
 
-def make_optimizer(lr: float, cfg) -> optax.GradientTransformation:
-    """AdamW with global-norm clipping; a non-finite gradient skips the step (and is counted)."""
-    schedule = lr if cfg.warmup_steps <= 0 else optax.linear_schedule(0.0, lr, cfg.warmup_steps)
+def lr_schedule(lr: float, warmup_steps: int = 0, decay_steps: int | None = None):
+    """Linear warm-up to `lr` over `warmup_steps`, then constant, or (with `decay_steps`) a cosine decay
+    to 0 over the following `decay_steps` steps (SFT's `sft.lr_schedule='cosine'`)."""
+    if decay_steps is None:
+        return lr if warmup_steps <= 0 else optax.linear_schedule(0.0, lr, warmup_steps)
+    cosine = optax.cosine_decay_schedule(lr, max(1, int(decay_steps)))
+    if warmup_steps <= 0:
+        return cosine
+    return optax.join_schedules([optax.linear_schedule(0.0, lr, warmup_steps), cosine], [warmup_steps])
+
+
+def make_optimizer(lr: float, cfg, decay_steps: int | None = None) -> optax.GradientTransformation:
+    """AdamW with global-norm clipping; a non-finite gradient skips the step (and is counted).
+    `decay_steps`: cosine-decay the learning rate to 0 over that many steps after the warm-up."""
+    schedule = lr_schedule(lr, cfg.warmup_steps, decay_steps)
     opt = optax.chain(
         optax.clip_by_global_norm(cfg.grad_clip),
         optax.adamw(schedule, b1=cfg.b1, b2=cfg.b2, weight_decay=cfg.weight_decay),
