@@ -53,7 +53,12 @@ def check_run_dir_config(workdir: Path, cfg: Config, resumable: tuple[str, ...])
         old = _flatten(json.loads(saved.read_text()))
     except json.JSONDecodeError:
         raise ConfigError(f"{saved} is not valid JSON; this directory holds a broken run") from None
-    new = _flatten(json.loads(json.dumps(cfg.to_dict(), default=str)))
+    as_json = lambda c: _flatten(json.loads(json.dumps(c.to_dict(), default=str)))  # noqa: E731
+    new = as_json(cfg)
+    # A key missing from the saved config was added to Config after that run started: the run used
+    # its default behaviour, so only a non-default value is a change.
+    defaults = as_json(Config())
+    old.update({k: defaults.get(k) for k in new if k not in old})
     diff = sorted(k for k in set(old) | set(new) if old.get(k) != new.get(k) and k not in resumable)
     if diff:
         raise ConfigError(f"{workdir} holds a run with a different config ({', '.join(diff[:6])}"

@@ -169,3 +169,18 @@ def test_killed_mid_save_resumes_from_last_complete_checkpoint(ppo_run, tmp_path
     assert [h["step"] for h in rest] == [3]
     for k, v in _strip_timing(rest)[0].items():
         np.testing.assert_allclose(v, _strip_timing(full)[2][k], rtol=1e-5, atol=1e-6, err_msg=k)
+
+
+def test_run_dir_saved_before_a_config_key_existed(tmp_path):
+    """A key added to Config after a run started: its default resumes the run, another value is refused."""
+    from ragen_jax.training.loop import check_run_dir_config
+
+    cfg = load_config("tiny_cpu.py")
+    saved = json.loads(json.dumps(cfg.to_dict(), default=str))
+    del saved["sft"]["lr_schedule"]  # as written before sft.lr_schedule existed
+    (tmp_path / "config.json").write_text(json.dumps(saved))
+    check_run_dir_config(tmp_path, cfg, ())
+    with pytest.raises(ConfigError, match="sft.lr_schedule"):
+        check_run_dir_config(tmp_path, load_config("tiny_cpu.py", ["sft.lr_schedule=cosine"]), ())
+    with pytest.raises(ConfigError, match="sft.lr"):
+        check_run_dir_config(tmp_path, load_config("tiny_cpu.py", ["sft.lr=0.5"]), ())
