@@ -198,14 +198,19 @@ def run_family(family: str, config_name: str, envs, quick_over, user_over, args,
             log(f"{family}: SFT done, loss {last[-1]['sft/loss']:.4f}, token accuracy "
                 f"{last[-1]['sft/token_accuracy']:.3f}")
 
+    def evaluate_and_plot(stage: str, params, curve_keys, t0: float, c0: float):
+        """Evaluate a finished stage (timed from t0/c0 into timings[stage]), log it, plot its curves."""
+        label = f"{family}/{stage}"
+        results[label] = evaluator(params)
+        timings[label].update(eval_s=time.perf_counter() - t0, eval_cpu_s=time.process_time() - c0)
+        log(f"{family}: after {stage.upper()}: " + summary_line(results[label]))
+        p = plot_curves(os.path.join(root, stage), curve_keys, os.path.join(args.workdir, f"curves_{family}_{stage}.png"))
+        if p is not None:
+            curves.append(str(p))
+
     t0, c0 = time.perf_counter(), time.process_time()
-    evaluator = StageEvaluator(sft, envs, n_states)
-    results[f"{family}/sft"] = evaluator(sft.state.params)
-    timings[f"{family}/sft"].update(eval_s=time.perf_counter() - t0, eval_cpu_s=time.process_time() - c0)
-    log(f"{family}: after SFT: " + summary_line(results[f"{family}/sft"]))
-    p = plot_curves(os.path.join(root, "sft"), SFT_CURVES, os.path.join(args.workdir, f"curves_{family}_sft.png"))
-    if p is not None:
-        curves.append(str(p))
+    evaluator = StageEvaluator(sft, envs, n_states)  # its compilation counts as the SFT stage's eval time
+    evaluate_and_plot("sft", sft.state.params, SFT_CURVES, t0, c0)
     del sft, hist  # its demos, optimizer state and compiled programs are not needed for RL (peak memory)
     gc.collect()
 
@@ -215,13 +220,7 @@ def run_family(family: str, config_name: str, envs, quick_over, user_over, args,
     rl = Trainer(rl_cfg, os.path.join(root, "rl"), quiet=args.quiet)
     rl.train()
     timings[f"{family}/rl"] = {"train_s": time.perf_counter() - t0, "train_cpu_s": time.process_time() - c0}
-    t0, c0 = time.perf_counter(), time.process_time()
-    results[f"{family}/rl"] = evaluator(rl.state.actor)
-    timings[f"{family}/rl"].update(eval_s=time.perf_counter() - t0, eval_cpu_s=time.process_time() - c0)
-    log(f"{family}: after RL: " + summary_line(results[f"{family}/rl"]))
-    p = plot_curves(os.path.join(root, "rl"), RL_CURVES, os.path.join(args.workdir, f"curves_{family}_rl.png"))
-    if p is not None:
-        curves.append(str(p))
+    evaluate_and_plot("rl", rl.state.actor, RL_CURVES, time.perf_counter(), time.process_time())
 
 
 def summary_line(res: dict) -> str:

@@ -48,7 +48,7 @@ from ragen_jax.sft.teachers import get_teacher
 from ragen_jax.training.checkpoint import Checkpointer, save_policy, save_run_config
 from ragen_jax.training.logger import Logger
 from ragen_jax.training.loop import (build_mesh, build_policy, build_text_envs, build_vocab, check_run_dir_config,
-                                     load_task_tokenizer)
+                                     load_task_tokenizer, log_validation)
 from ragen_jax.training.trainer import make_optimizer
 
 # Config keys that may change when an SFT run is resumed (everything else must match the saved run).
@@ -332,11 +332,7 @@ class SFTTrainer:
         return out
 
     def _log_validation(self, step):
-        m = self.validate()
-        self.logger.scalars(step, m)
-        summary = ", ".join(f"{k.split('/')[1]} {v:.3f}" for k, v in m.items() if k.endswith("/success"))
-        self._print(f"validation @ step {step}: success {summary}")
-        return m
+        return log_validation(self, step)
 
     # -- the run -----------------------------------------------------------------------------------
     def train(self, max_steps: int | None = None) -> list[dict]:

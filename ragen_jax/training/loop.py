@@ -65,6 +65,16 @@ def check_run_dir_config(workdir: Path, cfg: Config, resumable: tuple[str, ...])
                           f"{' ...' if len(diff) > 6 else ''}); use another --workdir to start a new run")
 
 
+def log_validation(trainer, step: int) -> dict:
+    """Validate, log the metrics at `step` and print one line; shared by the RL and SFT trainers
+    (anything with `validate()`, `logger` and `_print`)."""
+    m = trainer.validate()
+    trainer.logger.scalars(step, m)
+    summary = ", ".join(f"{k.split('/')[1]} {v:.3f}" for k, v in m.items() if k.endswith("/success"))
+    trainer._print(f"validation @ step {step}: success {summary}")
+    return m
+
+
 def build_mesh(cfg: Config, devices=None):
     """The run's device mesh; an explicit mesh smaller than the machine uses its first devices."""
     from ragen_jax.models.qwen2.sharding import make_mesh
@@ -335,10 +345,7 @@ class Trainer:
         return history
 
     def _log_validation(self, step):
-        m = self.validate()
-        self.logger.scalars(step, m)
-        summary = ", ".join(f"{k.split('/')[1]} {v:.3f}" for k, v in m.items() if k.endswith("/success"))
-        self._print(f"validation @ {step}: success {summary}")
+        return log_validation(self, step)
 
     def save(self):
         self.ckpt.save(self.iteration, self.state, extra={"iteration": self.iteration})
