@@ -224,9 +224,21 @@ class SFTConfig:
     # format, leaving the risk preference for RL to discover.
     bandit_high_prob: float = 0.5
     save_every: int = 100  # optimizer steps between checkpoints
+    # Speed, not semantics (the loss of a given batch is the same up to float rounding):
+    # shared_prefix: the tokens every demonstration starts with (system prompt + instructions: 174
+    # of Sokoban's ~300) go through the model once per step, not once per row.
+    shared_prefix: bool = True
+    # length_bucket: demos are grouped by their length after the shared prefix, rounded up to this
+    # many tokens; each batch is drawn from one group and padded only to its width (one compiled
+    # step per width). 0: one width for all, the longest demo's. Sokoban's demos are 1 turn (~100
+    # tokens after the prefix) or 2 turns (~220): without buckets every batch pays for 2 turns.
+    length_bucket: int = 64
 
     def validate(self):
         _positive("sft.num_demos", self.num_demos)
+        if isinstance(self.length_bucket, bool) or not isinstance(self.length_bucket, int) or self.length_bucket < 0:
+            raise ConfigError(f"sft.length_bucket must be a whole number of tokens >= 0 (0: no buckets), "
+                              f"got {self.length_bucket!r}")
         _positive("sft.epochs", self.epochs)
         _positive("sft.batch_size", self.batch_size)
         _positive("sft.lr", self.lr)

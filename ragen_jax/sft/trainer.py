@@ -19,8 +19,11 @@
 3. Loss: mean negative log-likelihood of the assistant's tokens, token-mean per mini-batch, with
    the RL update's alignment (column t is the log-prob of token t+1, mask = loss_mask[:, 1:]).
    AdamW from `make_optimizer(sft.lr, optim)` (constant or cosine-decayed: `sft.lr_schedule`), `sft.epochs` epochs of shuffled mini-batches of
-   `sft.batch_size` (the last partial batch of an epoch is dropped: one static shape, one
-   compilation), the batch sharded over the mesh's data axes.
+   `sft.batch_size`, the batch sharded over the mesh's data axes. Two exact speed-ups: the
+   prefix every demo shares (system prompt + instructions) is run once per batch, not per row
+   (`sft.shared_prefix`), and each batch comes from one length bucket and is padded only to its
+   width (`sft.length_bucket`; the last partial batch of each bucket is dropped: one static shape,
+   one compilation, per bucket).
 4. Orbax checkpoints every `sft.save_every` steps; rerunning the same command resumes (demos and
    the epoch permutations are deterministic functions of the config, so they are regenerated
    rather than stored). The final parameters are exported with `save_policy`.
@@ -67,15 +70,70 @@ class SFTState:
 
 @struct.dataclass
 class Demos:
-    """Demonstration episodes as host arrays, the time axis cut to the longest one (rounded up)."""
+    """Demonstration episodes as host arrays, the time axis cut to the longest one (rounded up).
+
+    The first `prefix_len` tokens are the same in every demo and hold no assistant token: the
+    trainer runs them through the model once per batch (`sft.shared_prefix`). `width[i]`: the
+    padded length of demo i after that prefix, i.e. its length bucket (`sft.length_bucket`)."""
 
     tokens: np.ndarray  # [N, T] int32
     loss_mask: np.ndarray  # [N, T] bool: the teacher's (= assistant's) tokens
     length: np.ndarray  # [N] int32
+    prefix_len: int = struct.field(pytree_node=False, default=0)
+    width: np.ndarray | None = None  # [N] int32, multiples of sft.length_bucket (or all T - prefix_len)
 
     @property
     def num(self) -> int:
         return int(self.tokens.shape[0])
+
+
+def shared_prefix_length(tokens: np.ndarray, loss_mask: np.ndarray, length: np.ndarray) -> int:
+    """Length P of the token prefix all rows share that can be computed once for a batch: common to
+    every row, with no assistant token at or right after it (position P's token is predicted from
+    the prefix's last hidden state, which the shared forward does not return), and shorter than
+    every row."""
+    same = np.all(tokens == tokens[:1], axis=0)
+    p = int(np.argmin(same)) if not same.all() else tokens.shape[1]
+    any_loss = loss_mask.any(axis=0)
+    if any_loss.any():
+        p = min(p, int(np.argmax(any_loss)) - 1)
+    return max(0, min(p, int(length.min()) - 1))
+
+
+def length_buckets(suffix_len: np.ndarray, bucket: int, full: int, batch_size: int) -> np.ndarray:
+    """Width (padded length) of each demo: its length rounded up to a multiple of `bucket` (capped at
+    `full`, which `bucket=0` gives everyone), with groups smaller than a batch merged into the next
+    wider one (the widest into the one below), so every group fills at least one batch."""
+    n = len(suffix_len)
+    if bucket <= 0 or n < 2 * batch_size:
+        return np.full(n, full, np.int32)
+    w = np.minimum(-(-suffix_len // bucket) * bucket, full).astype(np.int32)
+    widths = np.unique(w)
+    groups, members = [], []
+    for x in widths:  # narrowest first: a too-small group pads up into the next
+        members.extend(np.flatnonzero(w == x))
+        if len(members) >= batch_size:
+            groups.append((x, members))
+            members = []
+    if members:  # the widest leftovers join the widest full group, which then pads to their width
+        x, prev = groups.pop()
+        groups.append((widths[-1], prev + members))
+    out = np.empty(n, np.int32)
+    for x, m in groups:
+        out[m] = x
+    return out
+
+
+def bucketed_batches(width: np.ndarray, batch_size: int, seed: int, epoch: int) -> list[np.ndarray]:
+    """One epoch's batches of demo rows: each width's rows shuffled and cut into full batches (the
+    last partial batch of each width dropped: static shapes), then all batches shuffled together.
+    A pure function of (seed, epoch), so a resumed run replays the same data."""
+    rng = np.random.default_rng([seed, epoch])
+    batches = []
+    for w in np.unique(width):
+        rows = rng.permutation(np.flatnonzero(width == w))
+        batches.extend(rows[i * batch_size:(i + 1) * batch_size] for i in range(len(rows) // batch_size))
+    return [batches[i] for i in rng.permutation(len(batches))]
 
 
 # ----------------------------------------------------------------------------------- the loss
@@ -86,14 +144,18 @@ def _chunk_logp_hit(logits_fn, h, y):
     return picked - jax.nn.logsumexp(z, axis=-1), picked >= jnp.max(z, axis=-1)
 
 
-def token_logprobs_and_hits(graphdef, params, tokens, valid, chunk: int = 128, vocab=None):
+def token_logprobs_and_hits(graphdef, params, tokens, valid, chunk: int = 128, vocab=None, prefix=None):
     """`sequence_logprobs` (same alignment: column t is about token t+1) plus whether each target is
     the argmax, for the token-accuracy metric at no extra logits pass. Like
     `losses.token_logprobs_and_entropy`, the time axis is walked in checkpointed chunks so neither
-    pass holds [B, T, V] logits. `vocab`: the VocabMap of a small-vocabulary model (tokens stay Qwen ids)."""
+    pass holds [B, T, V] logits. `vocab`: the VocabMap of a small-vocabulary model (tokens stay Qwen ids).
+    `prefix` [P] (Qwen ids): tokens that precede every row, run through the model once."""
     model = nnx.merge(graphdef, params)
     ids = tokens if vocab is None else vocab.model_ids(tokens)
-    hidden, _ = model(ids, valid, None)
+    shared = None
+    if prefix is not None:
+        shared = model.prefix_kv(prefix if vocab is None else vocab.model_ids(prefix))
+    hidden, _ = model(ids, valid, None, prefix=shared)
     hidden, targets = hidden[:, :-1], ids[:, 1:].astype(jnp.int32)
     b, t, h = hidden.shape
     c = min(chunk, t)
@@ -109,13 +171,15 @@ def token_logprobs_and_hits(graphdef, params, tokens, valid, chunk: int = 128, v
     return (logp.swapaxes(0, 1).reshape(b, n * c)[:, :t], hit.swapaxes(0, 1).reshape(b, n * c)[:, :t])
 
 
-def sft_loss(graphdef, params, tokens, loss_mask, length, vocab=None):
-    """(token-mean NLL over the assistant's tokens, metrics). tokens/loss_mask [B, T], length [B].
-    An all-zero mask gives loss 0 (and zero gradients), not a division by zero."""
+def sft_loss(graphdef, params, prefix, tokens, loss_mask, length, vocab=None):
+    """(token-mean NLL over the assistant's tokens, metrics). tokens/loss_mask [B, T], length [B]
+    (the rows after `prefix`, a [P] sequence shared by all rows, or None; see `shared_prefix_length`
+    for why the row's first token carries no loss). An all-zero mask gives loss 0 (and zero
+    gradients), not a division by zero."""
     t = tokens.shape[1]
     valid = jnp.arange(t)[None, :] < length[:, None]
     mask = (loss_mask[:, 1:] & valid[:, 1:]).astype(jnp.float32)
-    logp, hit = token_logprobs_and_hits(graphdef, params, tokens, valid, vocab=vocab)
+    logp, hit = token_logprobs_and_hits(graphdef, params, tokens, valid, vocab=vocab, prefix=prefix)
     n = jnp.maximum(jnp.sum(mask), 1.0)
     loss = -jnp.sum(logp * mask) / n
     return loss, {"sft/token_accuracy": jnp.sum(hit * mask) / n, "sft/tokens": jnp.sum(mask)}
@@ -220,6 +284,7 @@ class SFTTrainer:
         if latest is not None:
             self.state, _ = self.ckpt.restore(latest, state)  # raises CheckpointError naming the path
         self.demos: Demos | None = None
+        self._epoch_batches: dict = {}
         self.demo_stats: dict = {}
         self.logger = None
 
@@ -273,20 +338,25 @@ class SFTTrainer:
                 raise ConfigError(f"model.vocab='task' lacks the demonstration tokens "
                                   f"{self.tokenizer.convert_ids_to_tokens(missing[:8].tolist())}; "
                                   "add their texts to the task vocabulary")
-        length = np.asarray(traj.length)[keep]
-        # Cut the time axis to the longest demo (rounded up to 64): one static training shape, and
-        # no compute on the empty tail of max_context.
+        length = np.asarray(traj.length)[keep].astype(np.int32)
+        # Cut the time axis to the longest demo (rounded up to 64): no compute on the empty tail of max_context.
         t = int(min(traj.tokens.shape[1], -(-int(length.max()) // 64) * 64))
-        self.demos = Demos(tokens=np.asarray(traj.tokens)[keep, :t].astype(np.int32),
-                           loss_mask=np.asarray(traj.loss_mask)[keep, :t], length=length.astype(np.int32))
+        tokens = np.asarray(traj.tokens)[keep, :t].astype(np.int32)
+        loss_mask = np.asarray(traj.loss_mask)[keep, :t]
+        p = shared_prefix_length(tokens, loss_mask, length) if s.shared_prefix else 0
+        width = length_buckets(length - p, s.length_bucket, t - p, s.batch_size)
+        self.demos = Demos(tokens=tokens, loss_mask=loss_mask, length=length, prefix_len=p, width=width)
+        self._epoch_batches = {}
         stats["demo/max_length"] = float(length.max())
+        stats["demo/shared_prefix"] = float(p)
+        stats["demo/num_widths"] = float(len(np.unique(width)))
         self.demo_stats = stats
         return self.demos
 
     # -- the compiled step -----------------------------------------------------------------------
-    def _train_step(self, state: SFTState, tokens, loss_mask, length):
-        self.trace_count += 1  # runs only while tracing: counts compilations
-        loss_fn = lambda p: sft_loss(self.graphdef, p, tokens, loss_mask, length, self.vocab)  # noqa: E731
+    def _train_step(self, state: SFTState, prefix, tokens, loss_mask, length):
+        self.trace_count += 1  # runs only while tracing: counts compilations (one per batch width)
+        loss_fn = lambda p: sft_loss(self.graphdef, p, prefix, tokens, loss_mask, length, self.vocab)  # noqa: E731
         (loss, m), grads = jax.value_and_grad(loss_fn, has_aux=True)(state.params)
         updates, opt_state = self.tx.update(grads, state.opt_state, state.params)
         params = optax.apply_updates(state.params, updates)
@@ -294,8 +364,14 @@ class SFTTrainer:
         return state.replace(step=state.step + 1, params=params, opt_state=opt_state), m
 
     def put_batch(self, idx):
+        """Device arrays (prefix [P] or None, tokens [B, W], loss_mask [B, W], length [B]) of demo rows
+        `idx`: the rows after the shared prefix, padded to the widest row's bucket width W."""
         d = self.demos
-        return tuple(jax.device_put(x[idx], self.batch_sharding) for x in (d.tokens, d.loss_mask, d.length))
+        idx = np.asarray(idx)
+        p, w = d.prefix_len, int(d.width[idx].max())
+        rows = (d.tokens[idx, p:p + w], d.loss_mask[idx, p:p + w], d.length[idx] - p)
+        prefix = jax.device_put(d.tokens[0, :p], NamedSharding(self.mesh, PartitionSpec())) if p else None
+        return (prefix, *(jax.device_put(x, self.batch_sharding) for x in rows))
 
     def train_step(self, idx) -> dict:
         """One optimizer step on demo rows `idx` (length sft.batch_size); returns host metrics."""
@@ -308,14 +384,19 @@ class SFTTrainer:
         return float(loss), {k: float(v) for k, v in jax.device_get(m).items()}
 
     def steps_per_epoch(self) -> int:
-        return self.demos.num // self.cfg.sft.batch_size
+        b = self.cfg.sft.batch_size
+        return sum(int(n) // b for n in np.unique(self.demos.width, return_counts=True)[1])
+
+    def epoch_batches(self, epoch: int) -> list[np.ndarray]:
+        if epoch not in self._epoch_batches:
+            self._epoch_batches = {epoch: bucketed_batches(self.demos.width, self.cfg.sft.batch_size,
+                                                           self.cfg.train.seed, epoch)}
+        return self._epoch_batches[epoch]
 
     def batch_indices(self, step: int) -> np.ndarray:
-        """Demo rows of optimizer step `step`: a fresh permutation per epoch (seeded by train.seed)."""
-        spe, b = self.steps_per_epoch(), self.cfg.sft.batch_size
-        epoch, k = divmod(int(step), spe)
-        perm = np.random.default_rng([self.cfg.train.seed, epoch]).permutation(self.demos.num)
-        return perm[k * b:(k + 1) * b]
+        """Demo rows of optimizer step `step` (see `epoch_batches`)."""
+        epoch, k = divmod(int(step), self.steps_per_epoch())
+        return self.epoch_batches(epoch)[k]
 
     # -- validation -------------------------------------------------------------------------------
     def validate(self) -> dict:
@@ -390,4 +471,5 @@ class SFTTrainer:
         return history
 
 
-__all__ = ["Demos", "SFTState", "SFTTrainer", "sft_loss", "token_logprobs_and_hits"]
+__all__ = ["Demos", "SFTState", "SFTTrainer", "bucketed_batches", "length_buckets", "shared_prefix_length", "sft_loss",
+           "token_logprobs_and_hits"]

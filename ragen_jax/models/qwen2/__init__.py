@@ -3,6 +3,7 @@
 from ragen_jax.models.qwen2.config import PRESETS, Qwen2Config
 from ragen_jax.models.qwen2.model import (
     KVCache,
+    PrefixKV,
     Qwen2,
     Qwen2Critic,
     Qwen2Trunk,
@@ -24,6 +25,7 @@ __all__ = [
     "PRESETS",
     "WEIGHT_MAP",
     "KVCache",
+    "PrefixKV",
     "Qwen2",
     "Qwen2Config",
     "Qwen2Critic",

@@ -73,6 +73,20 @@ class KVCache:
         return self.k.shape[1]
 
 
+@struct.dataclass
+class PrefixKV:
+    """Keys/values of one token prefix shared by a whole batch (e.g. the constant system prompt and
+    instructions every episode starts with): computed once by `Qwen2.prefix_kv`, differentiable, so
+    training on prefix + rows costs one prefix forward instead of one per row."""
+
+    k: jax.Array  # [L, P, n_kv_heads, head_dim]
+    v: jax.Array  # [L, P, n_kv_heads, head_dim]
+
+    @property
+    def length(self) -> int:
+        return self.k.shape[1]
+
+
 # ----------------------------------------------------------------------------- pure pieces
 def rms_norm(x: jax.Array, scale: jax.Array, eps: float) -> jax.Array:
     """HF Qwen2RMSNorm: normalise in float32, cast back, then scale."""
@@ -141,23 +155,38 @@ def _attn_out_mlp(cfg: Qwen2Config, p, x, attn):
     return x + _dense(jax.nn.silu(_dense(h, m["gate_proj"])) * _dense(h, m["up_proj"]), m["down_proj"])
 
 
-def decoder_stack(cfg: Qwen2Config, layers, x, valid, cache: KVCache | None):
-    """Run all layers. `layers` is the pure dict of stacked [L, ...] arrays. Returns (x, cache)."""
+def decoder_stack(cfg: Qwen2Config, layers, x, valid, cache: KVCache | None, prefix: "PrefixKV | None" = None,
+                  return_kv: bool = False):
+    """Run all layers. `layers` is the pure dict of stacked [L, ...] arrays. Returns (x, cache), or
+    (x, (k, v)) with every layer's keys/values [L, B, T, n_kv, hd] when `return_kv` (no cache).
+
+    `prefix` (no-cache path only): keys/values of a prefix SHARED by every row, computed once
+    (`Qwen2.prefix_kv`); the rows then start at RoPE position P and attend to all P prefix slots
+    before their own causal, valid keys. Exactly the full-sequence forward of prefix + row."""
     b, t, _ = x.shape
     if cache is None:
-        pos = jnp.cumsum(valid, axis=1, dtype=jnp.int32) - 1
+        p_len = 0 if prefix is None else prefix.length
+        pos = p_len + jnp.cumsum(valid, axis=1, dtype=jnp.int32) - 1
         idx = jnp.arange(t)
         mask = (idx[None, :, None] >= idx[None, None, :]) & valid[:, None, :]  # [B, Tq, Tk]
+        if prefix is not None:
+            mask = jnp.concatenate([jnp.ones((b, t, p_len), bool), mask], axis=-1)
         cos, sin = rope_cos_sin(pos, cfg.head_dim, cfg.rope_theta)
 
-        def layer(x, p):
+        def layer(x, xs):
+            p, pk, pv = xs
             q, k, v = _attn_in(cfg, p, x, cos, sin)
-            return _attn_out_mlp(cfg, p, x, attend(q, k, v, mask)), None
+            keys, vals = k, v
+            if prefix is not None:  # [P, nKV, D] broadcast over rows: the prefix is computed once
+                keys = jnp.concatenate([jnp.broadcast_to(pk.astype(k.dtype), (b, *pk.shape)), k], axis=1)
+                vals = jnp.concatenate([jnp.broadcast_to(pv.astype(v.dtype), (b, *pv.shape)), v], axis=1)
+            return _attn_out_mlp(cfg, p, x, attend(q, keys, vals, mask)), ((k, v) if return_kv else None)
 
         if cfg.remat:
             layer = jax.checkpoint(layer)
-        x, _ = jax.lax.scan(layer, x, layers)
-        return x, None
+        xs = (layers, None, None) if prefix is None else (layers, prefix.k, prefix.v)
+        x, kv = jax.lax.scan(layer, x, xs)
+        return x, kv
 
     s = cache.max_len
     n_new = jnp.sum(valid, axis=1, dtype=jnp.int32)
@@ -258,19 +287,35 @@ class Qwen2Trunk(nnx.Module):
         self.layers = DecoderLayers(cfg, rngs)
         self.norm = Norm((cfg.hidden_size,), cfg.param_dtype)
 
-    def __call__(self, tokens, valid, cache: KVCache | None = None):
+    def _embed(self, tokens, valid):
+        cfg = self.cfg
+        # Padding ids may be anything (-1, >= vocab): jnp.take would return NaN rows for them, and
+        # NaN values of masked keys still poison valid outputs (0 * NaN) in the value matmul.
+        ids = jnp.where(valid, jnp.clip(tokens.astype(jnp.int32), 0, cfg.vocab_size - 1), 0)
+        return jnp.take(self.embed_tokens.embedding[...], ids, axis=0).astype(jnp.dtype(cfg.dtype))
+
+    def __call__(self, tokens, valid, cache: KVCache | None = None, prefix: PrefixKV | None = None):
         cfg = self.cfg
         tokens = jnp.asarray(tokens)
         valid = jnp.asarray(valid).astype(bool)
         _check_inputs(cfg, tokens, valid, cache)
-        dtype = jnp.dtype(cfg.dtype)
-        # Padding ids may be anything (-1, >= vocab): jnp.take would return NaN rows for them, and
-        # NaN values of masked keys still poison valid outputs (0 * NaN) in the value matmul.
-        ids = jnp.where(valid, jnp.clip(tokens.astype(jnp.int32), 0, cfg.vocab_size - 1), 0)
-        x = jnp.take(self.embed_tokens.embedding[...], ids, axis=0).astype(dtype)
+        if prefix is not None and cache is not None:
+            raise ValueError("a shared prefix and a KV cache cannot be combined: the prefix is for the "
+                             "no-cache (training) forward")
         layers = nnx.state(self.layers, nnx.Param).to_pure_dict()
-        x, cache = decoder_stack(cfg, layers, x, valid, cache)
+        x, cache = decoder_stack(cfg, layers, self._embed(tokens, valid), valid, cache, prefix)
         return rms_norm(x, self.norm.scale[...], cfg.rms_norm_eps), cache
+
+    def prefix_kv(self, prefix_tokens) -> PrefixKV:
+        """Keys/values of a prefix every row of a later `__call__(..., prefix=)` shares. [P] ids."""
+        tokens = jnp.asarray(prefix_tokens)
+        if tokens.ndim != 1:
+            raise ValueError(f"a shared prefix is one token sequence [P], got shape {tuple(tokens.shape)}")
+        tokens = tokens[None]
+        valid = jnp.ones(tokens.shape, bool)
+        layers = nnx.state(self.layers, nnx.Param).to_pure_dict()
+        _, (k, v) = decoder_stack(self.cfg, layers, self._embed(tokens, valid), valid, None, return_kv=True)
+        return PrefixKV(k=k[:, 0], v=v[:, 0])
 
 
 class Qwen2(nnx.Module):
@@ -282,8 +327,11 @@ class Qwen2(nnx.Module):
         if not cfg.tie_word_embeddings:
             self.lm_head = Dense(cfg.hidden_size, cfg.vocab_size, bias=False, param_dtype=cfg.param_dtype, rngs=rngs)
 
-    def __call__(self, tokens, valid, cache: KVCache | None = None):
-        return self.model(tokens, valid, cache)
+    def __call__(self, tokens, valid, cache: KVCache | None = None, prefix: PrefixKV | None = None):
+        return self.model(tokens, valid, cache, prefix)
+
+    def prefix_kv(self, prefix_tokens) -> PrefixKV:
+        return self.model.prefix_kv(prefix_tokens)
 
     def logits(self, hidden: jax.Array) -> jax.Array:
         """[..., H] -> float32 [..., V]; float32 accumulation whatever the compute dtype."""

@@ -163,6 +163,59 @@ def test_remat_gives_same_gradients_and_left_padding_grads_are_finite():
         np.testing.assert_allclose(x, y, rtol=1e-5, atol=1e-6)
 
 
+@pytest.mark.parametrize("seed", range(4))
+def test_shared_prefix_forward_equals_the_full_sequence(loaded, seed):
+    # Truth: the no-cache forward of prefix + row (checked against HF above), at the row's positions.
+    model, g, p, _ = loaded
+    rng = np.random.default_rng(seed)
+    v = model.cfg.vocab_size
+    n_pre, t, b = int(rng.integers(1, 9)), int(rng.integers(2, 9)), 3
+    prefix = rng.integers(0, v, n_pre)
+    rows = rng.integers(0, v, (b, t))
+    lengths = rng.integers(1, t + 1, b)
+    valid = np.arange(t)[None] < lengths[:, None]  # right padding, as the trainers batch
+    full = np.asarray(logits_nocache(g, p, np.concatenate([np.tile(prefix, (b, 1)), rows], 1),
+                                     np.concatenate([np.ones((b, n_pre), bool), valid], 1)))[:, n_pre:]
+
+    @jax.jit
+    def with_prefix(params, prefix, rows, valid):
+        m = nnx.merge(g, params)
+        return m.logits(m(rows, valid, prefix=m.prefix_kv(prefix))[0])
+
+    got = np.asarray(with_prefix(p, prefix, rows, valid))
+    np.testing.assert_allclose(got[valid], full[valid], rtol=0, atol=ATOL)
+
+
+def test_shared_prefix_gradients_equal_the_full_sequence_gradients():
+    # The prefix is computed once and broadcast: its gradient must be the sum over the rows.
+    cfg = Qwen2Config.from_preset("tiny", vocab_size=64)
+    g, params = nnx.split(Qwen2(cfg, nnx.Rngs(1)))
+    prefix = jax.random.randint(jax.random.key(0), (5,), 0, 64)
+    rows = jax.random.randint(jax.random.key(1), (3, 6), 0, 64)
+    valid = jnp.array([[1, 1, 1, 1, 1, 1], [1, 1, 1, 0, 0, 0], [1, 0, 0, 0, 0, 0]], bool)
+
+    def nll(logits, tokens, valid):
+        lp = jnp.take_along_axis(jax.nn.log_softmax(logits[:, :-1]), tokens[:, 1:, None], -1)[..., 0]
+        return -jnp.sum(jnp.where(valid[:, 1:], lp, 0.0))
+
+    def full(params):
+        m = nnx.merge(g, params)
+        tokens = jnp.concatenate([jnp.tile(prefix, (3, 1)), rows], 1)
+        v = jnp.concatenate([jnp.ones((3, 5), bool), valid], 1)
+        return nll(m.logits(m(tokens, v)[0])[:, 5:], rows, valid)
+
+    def shared(params):
+        m = nnx.merge(g, params)
+        return nll(m.logits(m(rows, valid, prefix=m.prefix_kv(prefix))[0]), rows, valid)
+
+    (la, ga), (lb, gb) = jax.jit(jax.value_and_grad(full))(params), jax.jit(jax.value_and_grad(shared))(params)
+    np.testing.assert_allclose(la, lb, rtol=1e-5)
+    for x, y in zip(jax.tree.leaves(ga), jax.tree.leaves(gb)):
+        np.testing.assert_allclose(x, y, rtol=1e-4, atol=1e-6)
+    with pytest.raises(ValueError, match="cannot be combined"):
+        nnx.merge(g, params)(rows, valid, KVCache.init(cfg, 3, 16), prefix=nnx.merge(g, params).prefix_kv(prefix))
+
+
 def test_critic_from_policy_copies_trunk_and_adds_f32_value_head():
     policy = from_pretrained(fixture_dir("untied"))
     ref = reference("untied")

@@ -17,7 +17,9 @@ import pytest
 from flax import nnx
 
 from ragen_jax.config import ConfigError, load_config
-from ragen_jax.sft.trainer import SFTTrainer
+from hypothesis import given, settings, strategies as st
+
+from ragen_jax.sft.trainer import SFTTrainer, bucketed_batches, length_buckets, shared_prefix_length, sft_loss
 from ragen_jax.training.loop import Trainer
 
 ROOT = Path(__file__).resolve().parents[3]
@@ -52,7 +54,7 @@ def test_run_demos_logs_checkpoints_and_export(run):
     assert bool(np.all(tr.demos.length <= tr.demos.tokens.shape[1]))
     steps = [h["step"] for h in hist if "sft/loss" in h]
     assert steps == list(range(1, 3 * (tr.demos.num // 4) + 1))
-    assert tr.trace_count == 1  # one compiled step for the whole run
+    assert tr.trace_count == len(np.unique(tr.demos.width))  # one compiled step per batch width
     for h in hist:
         for k, v in h.items():
             assert math.isfinite(v), k
@@ -98,18 +100,19 @@ def test_loss_is_the_token_mean_nll_of_the_assistant_tokens(run):
 
 def test_empty_mask_gives_zero_loss_and_zero_gradients(run):
     _, tr, hist = run
-    tokens, mask, length = tr.put_batch(np.arange(4))
+    traces = tr.trace_count
+    prefix, tokens, mask, length = tr.put_batch(tr.batch_indices(0))
     # The training step itself (same compiled program): no assistant token, no loss, no gradient.
-    _, m = tr._step(tr.state, tokens, jnp.zeros_like(mask), length)
+    _, m = tr._step(tr.state, prefix, tokens, jnp.zeros_like(mask), length)
     assert float(m["sft/loss"]) == 0.0 and float(m["sft/grad_norm"]) == 0.0 and float(m["sft/tokens"]) == 0.0
     assert all(h["sft/grad_norm"] > 0 for h in hist if "sft/loss" in h)  # ... while real batches have one
-    assert tr.trace_count == 1
+    assert tr.trace_count == traces
 
 
 def test_fixed_batch_is_overfitted(run):
     _, tr, _ = run
-    idx = np.arange(4)
-    batch = tr.put_batch(idx)
+    traces = tr.trace_count
+    batch = tr.put_batch(tr.batch_indices(0))
     state = tr.state
     accs, losses = [], []
     for _ in range(20):
@@ -118,7 +121,72 @@ def test_fixed_batch_is_overfitted(run):
         losses.append(float(m["sft/loss"]))
     assert losses[-1] < 0.5 * losses[0]
     assert accs[-1] >= accs[0] + 0.2 and accs[-1] >= 0.6
-    assert tr.trace_count == 1
+    assert tr.trace_count == traces
+
+
+def test_shared_prefix_and_buckets_give_the_full_sequence_loss_and_gradients(tmp_path):
+    # Truth: the same demos run as whole sequences, padded to the longest (prefix and buckets off).
+    cfg = load_config("demo_cpu.py", ["sft.num_demos=96", "sft.batch_size=8"])
+    tr = SFTTrainer(cfg, tmp_path / "s", quiet=True)
+    d = tr.make_demos()
+    assert d.prefix_len > 100  # Sokoban: system prompt + instructions
+    widths = np.unique(d.width)
+    assert len(widths) >= 2 and widths.max() < d.tokens.shape[1] - d.prefix_len  # 1-turn and 2-turn demos
+    loss_full = jax.jit(jax.value_and_grad(lambda p, *b: sft_loss(tr.graphdef, p, None, *b, vocab=tr.vocab)[0]))
+    loss_shared = jax.jit(jax.value_and_grad(lambda p, *b: sft_loss(tr.graphdef, p, *b, vocab=tr.vocab)[0]))
+    for w in widths:
+        idx = np.flatnonzero(d.width == w)[:8]
+        prefix, tokens, mask, length = tr.put_batch(idx)
+        assert tokens.shape[1] == w and int(jnp.max(length)) <= w
+        la, ga = loss_full(tr.state.params, d.tokens[idx], d.loss_mask[idx], d.length[idx])
+        lb, gb = loss_shared(tr.state.params, prefix, tokens, mask, length)
+        np.testing.assert_allclose(la, lb, rtol=1e-5)
+        for x, y in zip(jax.tree.leaves(ga), jax.tree.leaves(gb)):
+            np.testing.assert_allclose(x, y, rtol=1e-3, atol=1e-6)
+
+
+@settings(max_examples=150, deadline=None)
+@given(rows=st.integers(2, 12), t=st.integers(2, 12), data=st.data())
+def test_shared_prefix_length_is_the_longest_valid_prefix(rows, t, data):
+    common = data.draw(st.integers(0, t))
+    rng = np.random.default_rng(data.draw(st.integers(0, 2**31)))
+    tokens = rng.integers(0, 3, (rows, t))
+    tokens[:, :common] = tokens[0, :common]
+    loss_mask = rng.random((rows, t)) < data.draw(st.sampled_from([0.0, 0.1, 0.5]))
+    length = rng.integers(1, t + 1, rows)
+    p = shared_prefix_length(tokens, loss_mask, length)
+
+    def ok(n):  # shared, no assistant token at 0..n (token n is predicted by the prefix), every row longer
+        return (n == 0 or bool(np.all(tokens[:, :n] == tokens[:1, :n]))) and not loss_mask[:, :n + 1].any() \
+            and n < length.min()
+
+    assert p == 0 or ok(p)
+    assert not any(ok(n) for n in range(p + 1, t + 1))
+
+
+@settings(max_examples=150, deadline=None)
+@given(lens=st.lists(st.integers(1, 300), min_size=1, max_size=80), bucket=st.sampled_from([0, 16, 64]),
+       b=st.integers(1, 9), epoch=st.integers(0, 3))
+def test_length_buckets_and_epoch_batches(lens, bucket, b, epoch):
+    lens = np.asarray(lens)
+    full = -(-int(lens.max()) // 64) * 64
+    width = length_buckets(lens, bucket, full, b)
+    assert np.all(width >= lens) and np.all(width <= full)  # every row fits its width
+    assert np.all((width % bucket == 0) | (width == full)) if bucket else np.all(width == full)
+    sizes = np.unique(width, return_counts=True)[1]
+    assert sizes.min() >= b or len(sizes) == 1  # every width fills a batch (or there is only one)
+    if bucket and len(lens) >= 2 * b:  # a row pads only up to the narrowest width in use that fits it
+        used = np.unique(width)
+        rounded = np.minimum(-(-lens // bucket) * bucket, full)
+        assert all(w == used[used >= r].min() for w, r in zip(width, rounded))
+    batches = bucketed_batches(width, b, seed=0, epoch=epoch)
+    flat = np.concatenate(batches) if batches else np.zeros(0, int)
+    assert len(flat) == len(set(flat.tolist()))  # no row twice in an epoch
+    assert all(len(x) == b and len(set(width[x].tolist())) == 1 for x in batches)  # full, one width each
+    for w, n in zip(*np.unique(width, return_counts=True)):  # only a partial batch per width is left out
+        assert np.sum(width[flat] == w) == n // b * b
+    again = bucketed_batches(width, b, seed=0, epoch=epoch)
+    assert all(np.array_equal(x, y) for x, y in zip(batches, again))  # a pure function: resumes replay it
 
 
 def test_rl_trainer_starts_from_the_export(run, tmp_path):
@@ -159,8 +227,6 @@ def test_launcher_reports_bad_input_in_one_line(tmp_path, capsys):
 
 # --------------------------------------------------------------------------- Bandit arm balance
 from fractions import Fraction  # noqa: E402
-
-from hypothesis import given, settings, strategies as st  # noqa: E402
 
 from ragen_jax.sft.trainer import balance_arm_choices  # noqa: E402
 
