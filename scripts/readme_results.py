@@ -112,6 +112,23 @@ def train_step_section(d) -> list[str]:
     return out + [""]
 
 
+def sft_step_section(d) -> list[str]:
+    if not d or not d.get("rows"):
+        return []
+    r0 = d["rows"][0]
+    out = ["### SFT step (`bench/sft_step.py`)", "",
+           f"One warm-start optimizer step of `configs/{d.get('config', 'demo_cpu.py')}` on {r0['demos']} real "
+           f"demonstrations (batch {r0['batch_size']}, mean {r0['mean_demo_tokens']:.0f} tokens, padded to "
+           f"{r0['padded_length']}), the variants side by side in one run; {_loads(d)}.", "",
+           "| variant | shared prefix | widths (tokens: demos) | s/step | demo tok/s | speed-up |",
+           "|---|---|---|---|---|---|"]
+    for r in d["rows"]:
+        widths = " ".join(f"{w}:{n}" for w, n in r["widths"].items())
+        out.append(f"| {r['variant']} | {r['shared_prefix_tokens']} | {widths} | {r['median_s_per_step']:.3f} | "
+                   f"{r['demo_tok_s']:,.0f} | {r['speedup_vs_plain']:.2f}x |")
+    return out + [""]
+
+
 def sokoban_section(d) -> list[str]:
     if not d:
         return []
@@ -225,6 +242,7 @@ def render(root: Path = ROOT) -> str:
     lines += sampler_section(_load(res / "sampler.json"))
     lines += rollout_section(_load(res / "rollout.json"))
     lines += train_step_section(_load(res / "train_step.json"))
+    lines += sft_step_section(_load(res / "sft_step.json"))
     lines += envs_section(_load(res / "envs.json"))
     lines += sokoban_section(_load(res / "sokoban_difficulty.json"))
     lines += demo_section(root)

@@ -86,3 +86,20 @@ def test_synthetic_mask_is_realistic():
         assert mask[r].sum() > 0
         for e in ends[r][ends[r] >= 0]:
             assert mask[r, e] and (e + 1 >= 100 or not mask[r, e + 1])  # a turn ends on its last sampled token
+
+
+def test_sft_step_bench_quick(tmp_path):
+    from bench import sft_step
+
+    out = tmp_path / "sft_step.json"
+    assert sft_step.main(["--quick", "--out", str(out)]) == 0
+    rows = {r["variant"]: r for r in json.loads(out.read_text())["rows"]}
+    assert list(rows) == ["plain", "shared_prefix", "prefix+buckets"]
+    for r in rows.values():
+        _positive(r, ("median_s_per_step", "demo_tok_s", "speedup_vs_plain", "mean_demo_tokens"))
+        assert sum(r["widths"].values()) == r["demos"] and r["compilations"] == len(r["widths"])
+    assert rows["plain"]["speedup_vs_plain"] == 1.0 and rows["plain"]["shared_prefix_tokens"] == 0
+    # Same demos in every variant; the prefix is Sokoban's system prompt + instructions.
+    assert len({r["demos"] for r in rows.values()}) == 1
+    assert rows["shared_prefix"]["shared_prefix_tokens"] == rows["prefix+buckets"]["shared_prefix_tokens"] > 100
+    assert list(rows["plain"]["widths"]) == [str(rows["plain"]["padded_length"])]  # JSON keys are strings
