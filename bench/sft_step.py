@@ -8,9 +8,14 @@ in one process (the machines are shared: compare the ratio, not the seconds acro
   shared_prefix   the prompt prefix all demos share is run once per batch (`sft.shared_prefix`)
   prefix+buckets  ... and batches drawn from one length bucket, padded to its width (the default)
 
+  + huge pages     prefix+buckets again, in a child process whose glibc malloc uses transparent
+                  huge pages (GLIBC_TUNABLES=glibc.malloc.hugetlb=1, what the launchers set:
+                  ragen_jax/runtime.py); only where the kernel's THP mode is "madvise", glibc >= 2.35
+
 Each variant first runs one step per batch width (compilation, excluded), then `--steps` timed
 steps over the epoch's own batch order. The loss of a batch is the same in every variant
-(tests/ragen_jax/sft/test_sft.py checks it); only the padding and the repeated prefix go.
+(tests/ragen_jax/sft/test_sft.py checks it); only the padding and the repeated prefix go. Kernel
+time and minor page faults per step (getrusage over the timed steps) show the allocator's cost.
 
 Usage: python -m bench.sft_step [--config demo_cpu.py] [--demos 512] [--steps 24] [--quick]
        [--out bench/results/sft_step.json]
@@ -19,7 +24,11 @@ Usage: python -m bench.sft_step [--config demo_cpu.py] [--demos 512] [--steps 24
 from __future__ import annotations
 
 import argparse
+import json
+import os
+import resource
 import statistics
+import subprocess
 import sys
 import tempfile
 import time
@@ -59,12 +68,14 @@ def bench_variant(config: str, overrides: list[str], demos: int, steps: int, wor
         k += 1
     compile_s = time.perf_counter() - t0
     times, tokens = [], 0
+    r0 = resource.getrusage(resource.RUSAGE_SELF)
     for s in range(steps):
         idx = tr.batch_indices(k + s)
         t1 = time.perf_counter()
         tr.train_step(idx)  # returns host metrics: the step has finished
         times.append(time.perf_counter() - t1)
         tokens += int(d.length[idx].sum())
+    r1 = resource.getrusage(resource.RUSAGE_SELF)
     return {
         "demos": int(d.num), "batch_size": cfg.sft.batch_size, "steps": steps,
         "shared_prefix_tokens": int(d.prefix_len), "padded_length": int(d.tokens.shape[1]),
@@ -72,7 +83,20 @@ def bench_variant(config: str, overrides: list[str], demos: int, steps: int, wor
         "mean_demo_tokens": float(d.length.mean()),
         "median_s_per_step": statistics.median(times), "mean_s_per_step": statistics.fmean(times),
         "demo_tok_s": tokens / sum(times), "compile_s": compile_s, "compilations": tr.trace_count,
+        "kernel_s_per_step": (r1.ru_stime - r0.ru_stime) / steps,
+        "minor_faults_per_step": (r1.ru_minflt - r0.ru_minflt) / steps,
+        "glibc_tunables": os.environ.get("GLIBC_TUNABLES"),
     }
+
+
+def bench_in_child(config: str, variant: str, demos: int, steps: int, env: dict) -> dict:
+    """One variant in a fresh process (allocator settings are fixed at process start)."""
+    cmd = [sys.executable, "-m", "bench.sft_step", "--config", config, "--demos", str(demos), "--steps", str(steps),
+           "--child", variant]
+    out = subprocess.run(cmd, env=env, cwd=Path(__file__).resolve().parents[1], capture_output=True, text=True)
+    if out.returncode:
+        raise RuntimeError(f"child benchmark failed:\n{out.stderr[-2000:]}")
+    return json.loads(out.stdout.strip().splitlines()[-1])
 
 
 def main(argv=None) -> int:
@@ -82,9 +106,14 @@ def main(argv=None) -> int:
     ap.add_argument("--steps", type=int, default=24, help="timed optimizer steps per variant")
     ap.add_argument("--quick", action="store_true", help="64 demos, 3 steps: checks that it runs")
     ap.add_argument("--out", default=str(RESULTS))
+    ap.add_argument("--child", choices=list(VARIANTS), help=argparse.SUPPRESS)  # internal: one row as JSON
     a = ap.parse_args(argv)
     if a.quick:
         a.demos, a.steps = 64, 3
+    if a.child:
+        with tempfile.TemporaryDirectory() as tmp:
+            print(json.dumps(bench_variant(a.config, VARIANTS[a.child], a.demos, a.steps, Path(tmp) / "c")))
+        return 0
     m = machine()
     result = {"benchmark": "sft_step", "config": a.config, "machine": m,
               "runs": [{"machine": m, "settings": {"demos": a.demos, "steps": a.steps}}], "rows": []}
@@ -97,6 +126,19 @@ def main(argv=None) -> int:
             print(f"{name:>15}: {row['median_s_per_step']:.3f} s/step ({row['speedup_vs_plain']:.2f}x plain), "
                   f"widths {row['widths']}, shared prefix {row['shared_prefix_tokens']} tokens", flush=True)
             write_result(result, a.out)
+    from ragen_jax.runtime import hugepage_env
+
+    env = hugepage_env({k: v for k, v in os.environ.items() if k != "GLIBC_TUNABLES"})
+    if env is None:
+        print("malloc huge pages: not applicable here (THP mode, glibc or platform); row skipped")
+        return 0
+    row = {"variant": "prefix+buckets, huge pages",
+           **bench_in_child(a.config, "prefix+buckets", a.demos, a.steps, env)}
+    row["speedup_vs_plain"] = result["rows"][0]["median_s_per_step"] / row["median_s_per_step"]
+    result["rows"].append(row)
+    print(f"{row['variant']:>15}: {row['median_s_per_step']:.3f} s/step ({row['speedup_vs_plain']:.2f}x plain), "
+          f"{row['minor_faults_per_step']:,.0f} minor faults/step", flush=True)
+    write_result(result, a.out)
     return 0
 
 

@@ -36,6 +36,10 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+if __name__ == "__main__":  # before jax is imported: malloc huge pages, ~2x faster CPU steps (ragen_jax/runtime.py)
+    from ragen_jax.runtime import use_transparent_hugepages
+
+    use_transparent_hugepages()
 
 BANDIT_CONFIG = "demo_cpu_bandit.py"
 SOKOBAN_CONFIG = "demo_cpu.py"

@@ -120,12 +120,16 @@ def sft_step_section(d) -> list[str]:
            f"One warm-start optimizer step of `configs/{d.get('config', 'demo_cpu.py')}` on {r0['demos']} real "
            f"demonstrations (batch {r0['batch_size']}, mean {r0['mean_demo_tokens']:.0f} tokens, padded to "
            f"{r0['padded_length']}), the variants side by side in one run; {_loads(d)}.", "",
-           "| variant | shared prefix | widths (tokens: demos) | s/step | demo tok/s | speed-up |",
-           "|---|---|---|---|---|---|"]
+           "| variant | shared prefix | widths (tokens: demos) | s/step | demo tok/s | kernel s/step | "
+           "minor faults/step | speed-up |", "|---|---|---|---|---|---|---|---|"]
     for r in d["rows"]:
         widths = " ".join(f"{w}:{n}" for w, n in r["widths"].items())
+        kern, faults = r.get("kernel_s_per_step"), r.get("minor_faults_per_step")
         out.append(f"| {r['variant']} | {r['shared_prefix_tokens']} | {widths} | {r['median_s_per_step']:.3f} | "
-                   f"{r['demo_tok_s']:,.0f} | {r['speedup_vs_plain']:.2f}x |")
+                   f"{r['demo_tok_s']:,.0f} | {'-' if kern is None else f'{kern:.3f}'} | "
+                   f"{'-' if faults is None else f'{faults:,.0f}'} | {r['speedup_vs_plain']:.2f}x |")
+    out += ["", "The huge-pages row runs in a child process with `GLIBC_TUNABLES=glibc.malloc.hugetlb=1`, "
+            "which the launchers set for themselves (`ragen_jax/runtime.py`)."]
     return out + [""]
 
 

@@ -94,7 +94,14 @@ def test_sft_step_bench_quick(tmp_path):
     out = tmp_path / "sft_step.json"
     assert sft_step.main(["--quick", "--out", str(out)]) == 0
     rows = {r["variant"]: r for r in json.loads(out.read_text())["rows"]}
-    assert list(rows) == ["plain", "shared_prefix", "prefix+buckets"]
+    from ragen_jax.runtime import hugepage_env
+
+    # The huge-pages row only where it applies (THP "madvise", glibc >= 2.35), from a child process.
+    huge = ["prefix+buckets, huge pages"] if hugepage_env({}) is not None else []
+    assert list(rows) == ["plain", "shared_prefix", "prefix+buckets", *huge]
+    for name in huge:
+        assert "glibc.malloc.hugetlb=1" in rows[name]["glibc_tunables"]
+        assert rows[name]["widths"] == rows["prefix+buckets"]["widths"]
     for r in rows.values():
         _positive(r, ("median_s_per_step", "demo_tok_s", "speedup_vs_plain", "mean_demo_tokens"))
         assert sum(r["widths"].values()) == r["demos"] and r["compilations"] == len(r["widths"])
