@@ -285,6 +285,8 @@ class SFTTrainer:
             self.state, _ = self.ckpt.restore(latest, state)  # raises CheckpointError naming the path
         self.demos: Demos | None = None
         self._epoch_batches: dict = {}
+        self._prefix_dev = None
+        self._steps_per_epoch = 0
         self.demo_stats: dict = {}
         self.logger = None
 
@@ -346,7 +348,9 @@ class SFTTrainer:
         p = shared_prefix_length(tokens, loss_mask, length) if s.shared_prefix else 0
         width = length_buckets(length - p, s.length_bucket, t - p, s.batch_size)
         self.demos = Demos(tokens=tokens, loss_mask=loss_mask, length=length, prefix_len=p, width=width)
-        self._epoch_batches = {}
+        self._epoch_batches, self._prefix_dev = {}, None
+        b = s.batch_size
+        self._steps_per_epoch = sum(int(n) // b for n in np.unique(width, return_counts=True)[1])
         stats["demo/max_length"] = float(length.max())
         stats["demo/shared_prefix"] = float(p)
         stats["demo/num_widths"] = float(len(np.unique(width)))
@@ -370,8 +374,9 @@ class SFTTrainer:
         idx = np.asarray(idx)
         p, w = d.prefix_len, int(d.width[idx].max())
         rows = (d.tokens[idx, p:p + w], d.loss_mask[idx, p:p + w], d.length[idx] - p)
-        prefix = jax.device_put(d.tokens[0, :p], NamedSharding(self.mesh, PartitionSpec())) if p else None
-        return (prefix, *(jax.device_put(x, self.batch_sharding) for x in rows))
+        if self._prefix_dev is None and p:  # the same for every batch: put on the devices once
+            self._prefix_dev = jax.device_put(d.tokens[0, :p], NamedSharding(self.mesh, PartitionSpec()))
+        return (self._prefix_dev, *(jax.device_put(x, self.batch_sharding) for x in rows))
 
     def train_step(self, idx) -> dict:
         """One optimizer step on demo rows `idx` (length sft.batch_size); returns host metrics."""
@@ -384,8 +389,8 @@ class SFTTrainer:
         return float(loss), {k: float(v) for k, v in jax.device_get(m).items()}
 
     def steps_per_epoch(self) -> int:
-        b = self.cfg.sft.batch_size
-        return sum(int(n) // b for n in np.unique(self.demos.width, return_counts=True)[1])
+        """Full batches per epoch: each width's demos // sft.batch_size, summed (see `bucketed_batches`)."""
+        return self._steps_per_epoch
 
     def epoch_batches(self, epoch: int) -> list[np.ndarray]:
         if epoch not in self._epoch_batches:
