@@ -18,7 +18,7 @@ import os
 import sys
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-if __name__ == "__main__":  # before jax is imported: malloc huge pages, ~2x faster CPU steps (ragen_jax/runtime.py)
+if __name__ == "__main__":  # before jax is imported: glibc malloc huge pages (why and when: ragen_jax/runtime.py)
     from ragen_jax.runtime import use_transparent_hugepages
 
     use_transparent_hugepages()
