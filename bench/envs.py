@@ -78,7 +78,7 @@ class Setup:
         import envs_jax
         from ragen_jax.text.conversation import PromptConfig
         from ragen_jax.text.text_env import PAD_ID, TextEnv
-        from ragen_jax.tokenizer import load_tokenizer
+        from ragen_jax.text.tokenizer import load_tokenizer
 
         if name not in ENVS:
             raise ValueError(f"unknown benchmark env {name!r}; valid: {', '.join(ENVS)}")
@@ -346,7 +346,7 @@ def main(argv=None) -> dict:
     np_steps = a.numpy_max_steps or (2000 if a.quick else 5000)
     np_rooms = a.numpy_max_rooms or (50 if a.quick else 300)
 
-    from ragen_jax.tokenizer import load_tokenizer
+    from ragen_jax.text.tokenizer import load_tokenizer
 
     tok = load_tokenizer()
     machine_at_start = machine()

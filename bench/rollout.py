@@ -49,10 +49,10 @@ def _presets():
 def build(shape: str, vocab: str, groups: int, group_size: int, turns: int, max_new: int, tokenizer,
           max_context: int | None = None, seed: int = 0):
     """(model, text_env, Rollout) for Sokoban with random weights; `vocab` 'full' or 'task'."""
-    from ragen_jax.config import Config
+    from ragen_jax.trainer.config import Config
     from ragen_jax.models import Qwen2, Qwen2Config
     from ragen_jax.rollout import Rollout, RolloutConfig
-    from ragen_jax.training.loop import build_text_envs, build_vocab
+    from ragen_jax.trainer.setup import build_text_envs, build_vocab
 
     if shape not in _presets():
         raise ValueError(f"unknown shape {shape!r}; valid: {', '.join(_presets())}")
@@ -105,7 +105,7 @@ def bench_rollout(shape: str, vocab: str, *, groups: int, group_size: int, turns
     """One row: compiled rollout rates (+ host-loop baseline and ratio). JSON-able dict."""
     from ragen_jax.rollout.host_loop import host_rollout
     from ragen_jax.rollout import group_seeds_for_iteration
-    from ragen_jax.tokenizer import token_bytes_table
+    from ragen_jax.text.tokenizer import token_bytes_table
 
     model, text_env, ro, vmap = build(shape, vocab, groups, group_size, turns, max_new, tokenizer, max_context)
     rcfg = ro.config
@@ -225,7 +225,7 @@ def main(argv=None):
         return 2
     vocabs = ("full", "task") if args.vocab == "both" else (args.vocab,)
 
-    from ragen_jax.tokenizer import load_tokenizer
+    from ragen_jax.text.tokenizer import load_tokenizer
 
     tok = load_tokenizer()
     result = {"machine": machine(), "settings": vars(args), "rows": []}

@@ -1,4 +1,4 @@
-"""Decode throughput of `ragen_jax.sampler.generate` next to transformers' PyTorch `generate`.
+"""Decode throughput of `ragen_jax.rollout.sampler.generate` next to transformers' PyTorch `generate`.
 
 Random weights, a prompt of `--prompt-len` ids, `--new-tokens` new tokens, greedy, no stop token
 (every row generates all tokens), float32. Tokens/s = batch * new_tokens / wall time of one full
@@ -29,7 +29,7 @@ from flax import nnx
 
 from bench._common import machine as common_machine  # noqa: E402
 from bench._common import write_result  # noqa: E402
-from ragen_jax import sampler
+from ragen_jax.rollout import sampler
 from ragen_jax.models import Qwen2, Qwen2Config
 from ragen_jax.models.qwen2.weights import hf_state_dict
 

@@ -50,8 +50,8 @@ VARIANTS = {
 
 
 def bench_variant(config: str, overrides: list[str], demos: int, steps: int, workdir: Path) -> dict:
-    from ragen_jax.config import load_config
-    from ragen_jax.sft.trainer import SFTTrainer
+    from ragen_jax.trainer.config import load_config
+    from ragen_jax.trainer.sft import SFTTrainer
 
     cfg = load_config(config, [f"sft.num_demos={demos}", *overrides])
     tr = SFTTrainer(cfg, workdir, quiet=True)

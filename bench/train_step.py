@@ -97,8 +97,9 @@ def model_flops_per_token(cfg, t: int) -> dict:
 
 
 def build_programs(model, k: int, mini_batch: int):
-    from ragen_jax.config import Config
-    from ragen_jax.training.trainer import StepPrograms, TrainState, make_optimizer
+    from ragen_jax.trainer.config import Config
+    from ragen_jax.trainer.optim import make_optimizer
+    from ragen_jax.trainer.step import StepPrograms, TrainState
 
     if k % 2 or k % mini_batch:
         raise ValueError(f"--rows {k} must be even and divisible by the mini-batch size {mini_batch}")

@@ -4,7 +4,7 @@
         --config.model.path=/path/to/Qwen2.5-0.5B-Instruct
 """
 
-from ragen_jax.config import Config
+from ragen_jax.trainer.config import Config
 
 
 def get_config() -> Config:

@@ -157,7 +157,7 @@ class StageEvaluator:
         import jax
         import numpy as np
 
-        from ragen_jax.evaluation import episode_metrics
+        from ragen_jax.trainer.evaluation import episode_metrics
 
         seeds = np.arange(EVAL_SEED_START, EVAL_SEED_START + self.num_states, dtype=np.int32)
         out = {}
@@ -172,7 +172,7 @@ class StageEvaluator:
 
 def stage_configs(config_name: str, base_overrides, user_overrides, workdir: str):
     """(SFT config, RL config): the same file and overrides; RL starts from the SFT export."""
-    from ragen_jax.config import load_config
+    from ragen_jax.trainer.config import load_config
 
     over = list(base_overrides) + list(user_overrides)
     sft_cfg = load_config(config_name, over)
@@ -182,9 +182,9 @@ def stage_configs(config_name: str, base_overrides, user_overrides, workdir: str
 
 def run_family(family: str, config_name: str, envs, quick_over, user_over, args, timings: dict,
                results: dict, curves: list) -> None:
-    from ragen_jax.sft.trainer import SFTTrainer
-    from ragen_jax.training.logger import plot_curves
-    from ragen_jax.training.loop import Trainer
+    from ragen_jax.trainer.sft import SFTTrainer
+    from ragen_jax.trainer.logger import plot_curves
+    from ragen_jax.trainer.rl import Trainer
 
     root = os.path.join(os.path.abspath(args.workdir), family)
     sft_cfg, rl_cfg = stage_configs(config_name, quick_over if args.quick else (), user_over, root)
@@ -262,8 +262,8 @@ def main(argv=None) -> int:
     absl_logging.set_verbosity(absl_logging.ERROR)  # orbax's checkpoint chatter
     import jax
 
-    from ragen_jax.config import ConfigError
-    from ragen_jax.evaluation import format_table, write_eval_json
+    from ragen_jax.trainer.config import ConfigError
+    from ragen_jax.trainer.evaluation import format_table, write_eval_json
 
     os.makedirs(args.workdir, exist_ok=True)
     timings, results, curves = {}, {}, []

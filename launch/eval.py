@@ -57,7 +57,7 @@ def _err(msg: str) -> int:
 
 def main(argv=None) -> int:
     args = parse_args(argv)
-    from ragen_jax.evaluation import DEFAULT_SUITE, EvalError, check_env_names
+    from ragen_jax.trainer.evaluation import DEFAULT_SUITE, EvalError, check_env_names
 
     try:  # cheap checks first: a typo must not cost a model load
         envs = check_env_names(args.envs.split(",") if args.envs else DEFAULT_SUITE)
@@ -72,7 +72,7 @@ def main(argv=None) -> int:
     from absl import logging as absl_logging
 
     absl_logging.set_verbosity(absl_logging.ERROR)  # orbax's restore chatter
-    from ragen_jax.evaluation import evaluate, format_table, load_source, write_eval_json
+    from ragen_jax.trainer.evaluation import evaluate, format_table, load_source, write_eval_json
 
     try:
         loaded, run_cfg = load_source(args.model, dtype=args.dtype)

@@ -23,11 +23,11 @@ if __name__ == "__main__":  # before jax is imported: glibc malloc huge pages (w
 
     use_transparent_hugepages()
 
-from ragen_jax.cli import run_config_job  # noqa: E402
+from ragen_jax.trainer.cli import run_config_job  # noqa: E402
 
 
 def _job(cfg, args):
-    from ragen_jax.sft.trainer import SFTTrainer
+    from ragen_jax.trainer.sft import SFTTrainer
 
     return SFTTrainer(cfg, args.workdir, quiet=args.quiet).train  # built (and checked) before it runs
 

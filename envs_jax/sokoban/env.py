@@ -12,7 +12,7 @@ from envs_jax.base import AgentEnv
 from envs_jax.sokoban import render
 from envs_jax.sokoban.generator import generate_room
 from envs_jax.sokoban.solver import Solution, solve
-from envs_jax.sokoban.types import ACTION_NAMES, SokobanConfig, SokobanParams, SokobanState, flat_deltas
+from envs_jax.sokoban.types import ACTION_NAMES, WALL, SokobanConfig, SokobanParams, SokobanState, flat_deltas
 
 
 class SokobanEnv(AgentEnv):
@@ -86,6 +86,13 @@ class SokobanEnv(AgentEnv):
 
     def symbols(self, params=None) -> tuple[str, ...]:
         return render.symbols(self.config.symbols)
+
+    def cell_symbol_sets(self, params=None) -> list[list[tuple[int, ...]]]:
+        """Symbols each cell can show (the text layer builds its row tables from this): the border
+        is always wall, inner cells anything."""
+        h, w = self.config.dim_room
+        every = tuple(range(len(self.symbols(params))))
+        return [[(WALL,) if r in (0, h - 1) or c in (0, w - 1) else every for c in range(w)] for r in range(h)]
 
     def instructions(self, params=None) -> str:
         return render.instructions(self.config.symbols)

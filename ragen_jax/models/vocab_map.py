@@ -22,6 +22,7 @@ from typing import Iterable, Sequence
 
 import jax.numpy as jnp
 import numpy as np
+from ragen_jax.text.tokenizer import token_bytes_table
 
 ENDOFTEXT = 151643
 IM_START = 151644
@@ -60,8 +61,6 @@ class VocabMap:
     def for_text_envs(cls, text_envs: Sequence, tokenizer, extra_ids: Iterable[int] = (),
                       extra_texts: Iterable[str] = ()) -> "VocabMap":
         """Every id the given TextEnvs can render, the single-byte tokens, and any extras."""
-        from ragen_jax.tokenizer import token_bytes_table
-
         ids: set[int] = set(int(i) for i in extra_ids)
         for te in text_envs:
             ids.update(int(i) for i in np.asarray(te.prefix_ids).ravel())

@@ -1,6 +1,6 @@
 """The compiled multi-turn rollout (P groups x N episodes in one XLA program)."""
 
-from ragen_jax.rollout.debug import format_trajectory, rollout_metrics
+from ragen_jax.rollout.metrics import format_trajectory, rollout_metrics
 from ragen_jax.rollout.rollout import Rollout, group_seeds_for_iteration, init_cache
 from ragen_jax.rollout.types import RolloutConfig, Trajectories
 

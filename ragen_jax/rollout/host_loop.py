@@ -18,7 +18,7 @@ import numpy as np
 
 from flax import nnx
 
-from ragen_jax import sampler
+from ragen_jax.rollout import sampler
 from ragen_jax.rollout.rollout import init_cache
 
 IM_END = 151645

@@ -25,8 +25,11 @@ import numpy as np
 from flax import nnx
 from jax.sharding import NamedSharding, PartitionSpec
 
-from ragen_jax import sampler
+from ragen_jax.rollout import sampler
 from ragen_jax.rollout.types import RolloutConfig, Trajectories
+from ragen_jax.models.qwen2.model import KVCache
+from ragen_jax.text.parse import Parser
+from ragen_jax.text.tokenizer import token_bytes_table
 
 IM_END = 151645
 ENDOFTEXT = 151643
@@ -36,7 +39,6 @@ def init_cache(model, batch: int, max_len: int, dtype=None):
     """The model's own cache if it defines one (scripted test policies do), else a Qwen2 KVCache."""
     if hasattr(model, "init_cache"):
         return model.init_cache(batch, max_len, dtype)
-    from ragen_jax.models.qwen2.model import KVCache
 
     return KVCache.init(model.cfg, batch=batch, max_len=max_len, dtype=dtype)
 
@@ -108,8 +110,6 @@ class Rollout:
                     f"batch P*N = {config.batch_size} is not divisible by the {n_shards} devices of mesh axes "
                     f"{self.batch_axes}; change num_groups/group_size or the mesh")
 
-        from ragen_jax.text.parse import Parser
-        from ragen_jax.tokenizer import token_bytes_table
 
         # The parser sees forced prefix + sampled ids, so its static budget covers both.
         self.parser = Parser(text_env.tokenizer, text_env.action_names, self.max_actions,

@@ -54,7 +54,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from ragen_jax.tokenizer import token_bytes_table
+from ragen_jax.text.tokenizer import token_bytes_table
 
 ACTION_SEP = "||"
 

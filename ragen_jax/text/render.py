@@ -31,6 +31,7 @@ from typing import Sequence
 
 import jax.numpy as jnp
 import numpy as np
+from ragen_jax.text.tokenizer import QWEN_PATTERN
 
 # A row table bigger than this is a configuration problem (a symbol set too permissive), not
 # something to build silently: 2M rows of ~10 ids is 80 MB of constants in every compiled program.
@@ -98,7 +99,6 @@ def encode_rows(tokenizer, rows: Sequence[str], pad_id: int, check: int = 256) -
 def _pretokenizer():
     import regex  # a dependency of transformers; supports the \p{..} classes of Qwen's pattern
 
-    from ragen_jax.tokenizer import QWEN_PATTERN
 
     return regex.compile(QWEN_PATTERN)
 

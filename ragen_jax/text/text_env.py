@@ -35,7 +35,6 @@ are kept as sampled (the reference re-renders them; we never re-tokenize).
 
 from __future__ import annotations
 
-import sys
 import weakref
 from typing import Optional
 
@@ -45,8 +44,9 @@ import numpy as np
 
 from ragen_jax.text import conversation as conv
 from ragen_jax.text import render
-from ragen_jax.tokenizer import ENDOFTEXT as PAD_ID  # Qwen's pad token fills segments past `length`
-from ragen_jax.tokenizer import IM_END as IM_END_ID
+from ragen_jax.text.tokenizer import ENDOFTEXT as PAD_ID  # Qwen's pad token fills segments past `length`
+from ragen_jax.text.tokenizer import IM_END as IM_END_ID
+from ragen_jax.text.parse import Parser
 
 # Host tables per tokenizer object (weak: a dropped tokenizer drops its tables). Keys inside are
 # the texts' defining values, so two TextEnvs of the same env/config share tables; 8x8 Sokoban's
@@ -80,17 +80,11 @@ def _grid_shape(env, params) -> tuple[int, int]:
 
 
 def default_cell_symbols(env, params, height: int, width: int, num_symbols: int):
-    """What each grid cell can show: the env's own `cell_symbol_sets(params)` when it has one;
-    for Sokoban a wall border (its rooms always have one); else every symbol everywhere."""
+    """What each grid cell can show: the env's own `cell_symbol_sets(params)` when it has one (Sokoban:
+    a wall border, since its rooms always have one); else every symbol everywhere."""
     if hasattr(env, "cell_symbol_sets"):
         return env.cell_symbol_sets(params)
     every = tuple(range(num_symbols))
-    sokoban = sys.modules.get("envs_jax.sokoban.env")  # imported iff env may be a Sokoban
-    if sokoban is not None and isinstance(env, sokoban.SokobanEnv):
-        from envs_jax.sokoban.types import WALL
-
-        return [[(WALL,) if r in (0, height - 1) or c in (0, width - 1) else every for c in range(width)]
-                for r in range(height)]
     return [[every] * width for _ in range(height)]
 
 
@@ -99,7 +93,7 @@ class TextEnv:
 
     Args:
       env, env_params: an `envs_jax` environment and its params.
-      tokenizer: the Qwen2.5 tokenizer (`ragen_jax.tokenizer.load_tokenizer()`).
+      tokenizer: the Qwen2.5 tokenizer (`ragen_jax.text.tokenizer.load_tokenizer()`).
       config: `PromptConfig`.
       cell_symbols: optional [H][W] sequences of the symbol indices each grid cell can hold; keeps
         row tables small (a Sokoban border is always wall). Default: the env's
@@ -209,8 +203,6 @@ class TextEnv:
     @property
     def parser(self):
         if self._parser is None:
-            from ragen_jax.text.parse import Parser
-
             self._parser = Parser(self.tokenizer, self.action_names, self.max_actions_per_turn,
                                   think=self.config.think,
                                   max_tokens=len(self.forced_prefix_ids) + self.config.max_response_tokens)

@@ -25,7 +25,7 @@ STEPS = 12  # > max_steps_in_episode (10): the freeze of ended episodes is exerc
 
 @pytest.fixture(scope="module")
 def tokenizer():
-    from ragen_jax.tokenizer import load_tokenizer
+    from ragen_jax.text.tokenizer import load_tokenizer
 
     return load_tokenizer()
 

@@ -20,7 +20,7 @@ def _positive(row, keys):
 
 
 def test_rollout_row_is_well_formed():
-    from ragen_jax.tokenizer import load_tokenizer
+    from ragen_jax.text.tokenizer import load_tokenizer
 
     row = bench_rollout.bench_rollout("tiny", "full", groups=1, group_size=2, turns=1, max_new=4,
                                       tokenizer=load_tokenizer(), repeats=1, host_repeats=1, hbm_gbps=1000.0)

@@ -1,14 +1,20 @@
-"""`python -m ragen_jax.generate`: runs end to end, loads directories, fails with one clear line."""
+"""`python launch/generate.py`: runs end to end, loads directories, fails with one clear line."""
 
+import importlib.util
 import os
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 from flax import nnx
 
-from ragen_jax import generate as cli
 from ragen_jax.models import Qwen2, Qwen2Config, save_pretrained
+
+SCRIPT = Path(__file__).resolve().parents[2] / "launch" / "generate.py"
+_spec = importlib.util.spec_from_file_location("launch_generate", SCRIPT)
+cli = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(cli)
 
 ARGS = ["--prompt", "Hello there", "--max-new-tokens", "4", "--greedy"]
 
@@ -16,7 +22,7 @@ ARGS = ["--prompt", "Hello there", "--max-new-tokens", "4", "--greedy"]
 def _run(*args):
     env = dict(os.environ, HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1")
     return subprocess.run(
-        [sys.executable, "-m", "ragen_jax.generate", *args], capture_output=True, text=True, env=env, timeout=300
+        [sys.executable, str(SCRIPT), *args], capture_output=True, text=True, env=env, timeout=300
     )
 
 

@@ -13,8 +13,8 @@ from ragen_jax.models import Qwen2, Qwen2Config
 from ragen_jax.models.vocab_map import VocabMap
 from ragen_jax.rollout import Rollout, RolloutConfig
 from ragen_jax.text import PromptConfig, TextEnv
-from ragen_jax.tokenizer import ENDOFTEXT, IM_END, load_tokenizer, token_bytes_table
-from ragen_jax.training.trainer import sequence_logprobs
+from ragen_jax.text.tokenizer import ENDOFTEXT, IM_END, load_tokenizer, token_bytes_table
+from ragen_jax.trainer.step import sequence_logprobs
 
 
 @pytest.fixture(scope="module")

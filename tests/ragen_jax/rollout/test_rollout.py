@@ -13,7 +13,7 @@ import envs_jax
 from ragen_jax.models import Qwen2, Qwen2Config
 from ragen_jax.rollout import Rollout, RolloutConfig, format_trajectory, rollout_metrics
 from ragen_jax.text import PromptConfig, TextEnv
-from ragen_jax.tokenizer import IM_END, load_tokenizer, token_bytes_table
+from ragen_jax.text.tokenizer import IM_END, load_tokenizer, token_bytes_table
 
 from ragen_jax.rollout.host_loop import host_rollout
 from tests.ragen_jax.rollout.scripted import ScriptedPolicy, make_script

@@ -14,7 +14,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from ragen_jax.text.parse import Parsed, Parser, format_penalty_applies
-from ragen_jax.tokenizer import IM_END, _bytes_to_unicode, load_tokenizer
+from ragen_jax.text.tokenizer import IM_END, _bytes_to_unicode, load_tokenizer
 
 SOKOBAN = ("Up", "Down", "Left", "Right")
 FROZEN_LAKE = ("Left", "Down", "Right", "Up")
@@ -195,7 +195,7 @@ def test_decode_bytes_matches_table():
     ids[0, 5] = -3  # outside the table: no bytes
     lens = np.array([T, 10, 0, -1], np.int32)
     buf, total = jax.jit(jax.vmap(p.decode_bytes))(ids, lens)
-    from ragen_jax.tokenizer import token_bytes_table
+    from ragen_jax.text.tokenizer import token_bytes_table
 
     table, lengths = token_bytes_table(tok())
     for r in range(4):

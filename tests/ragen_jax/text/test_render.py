@@ -77,7 +77,7 @@ def random_grids(cells, n, rng):
 
 @pytest.fixture(scope="module")
 def tok():
-    from ragen_jax.tokenizer import load_tokenizer
+    from ragen_jax.text.tokenizer import load_tokenizer
 
     return load_tokenizer()
 

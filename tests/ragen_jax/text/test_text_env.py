@@ -41,7 +41,7 @@ def reference_turn(i, state_text, actions_left, think):
 
 @pytest.fixture(scope="module")
 def tok():
-    from ragen_jax.tokenizer import load_tokenizer
+    from ragen_jax.text.tokenizer import load_tokenizer
 
     return load_tokenizer()
 

@@ -6,6 +6,7 @@ import argparse
 import os
 import sys
 from typing import Callable
+from ragen_jax.trainer.config import ConfigError, load_config
 
 
 def maybe_init_distributed() -> None:
@@ -34,7 +35,6 @@ def parse_run_args(doc: str, argv=None, workdir_help: str = "run directory"):
 def run_config_job(doc: str, argv, job: Callable, workdir_help: str = "run directory") -> int:
     """Load the config, start multi-host if needed, run `job(cfg, args)`; bad input -> one line, exit 2."""
     args, overrides = parse_run_args(doc, argv, workdir_help)
-    from ragen_jax.config import ConfigError, load_config
 
     try:
         cfg = load_config(args.config, overrides)

@@ -23,8 +23,8 @@ import pytest
 from flax import nnx
 
 import envs_jax
-from ragen_jax.config import PromptSettings, load_config
-from ragen_jax.evaluation import (
+from ragen_jax.trainer.config import PromptSettings, load_config
+from ragen_jax.trainer.evaluation import (
     DEFAULT_SUITE, EvalError, evaluate, flat_metrics, format_table, get_rollout, load_for_eval, load_source,
     write_eval_json)
 from ragen_jax.rollout import Rollout, RolloutConfig, rollout_metrics
@@ -67,7 +67,7 @@ def tiny_results(tiny):
 
 @pytest.fixture(scope="module")
 def run_dir(tmp_path_factory):
-    from ragen_jax.training.loop import Trainer
+    from ragen_jax.trainer.rl import Trainer
 
     wd = tmp_path_factory.mktemp("run")
     trainer = Trainer(load_config("tiny_cpu.py", TRAIN), wd, quiet=True)

@@ -45,14 +45,17 @@ import optax
 from flax import nnx, struct
 from jax.sharding import NamedSharding, PartitionSpec
 
-from ragen_jax.config import Config, ConfigError
+from ragen_jax.trainer.config import Config, ConfigError
 from ragen_jax.rollout import Rollout, RolloutConfig, rollout_metrics
-from ragen_jax.sft.teachers import get_teacher
-from ragen_jax.training.checkpoint import Checkpointer, save_policy, save_run_config
-from ragen_jax.training.logger import Logger
-from ragen_jax.training.loop import (build_mesh, build_policy, build_text_envs, build_vocab, check_run_dir_config,
+from ragen_jax.rollout.teachers import get_teacher
+from ragen_jax.trainer.checkpoint import Checkpointer, save_policy, save_run_config
+from ragen_jax.trainer.logger import Logger
+from ragen_jax.trainer.setup import (build_mesh, build_policy, build_text_envs, build_vocab, check_run_dir_config,
                                      load_task_tokenizer, log_validation)
-from ragen_jax.training.trainer import make_optimizer
+from ragen_jax.trainer.optim import make_optimizer
+from ragen_jax.models.qwen2.sharding import param_shardings
+from ragen_jax.trainer.checkpoint import load_policy_params
+from tqdm import tqdm
 
 # Config keys that may change when an SFT run is resumed (everything else must match the saved run).
 RESUMABLE_CHANGES = ("sft.epochs", "sft.save_every", "train.val_every", "train.keep_checkpoints",
@@ -213,8 +216,6 @@ class SFTTrainer:
 
     def __init__(self, cfg: Config, workdir: str | Path, *, quiet: bool = False, devices=None,
                  demo_chunk: int = 256, demo_filter: str = "auto"):
-        from ragen_jax.models.qwen2.sharding import param_shardings
-
         self.cfg = cfg.validate()
         self.workdir = Path(workdir).expanduser().resolve()
         self.quiet = quiet
@@ -252,8 +253,6 @@ class SFTTrainer:
         self.graphdef, params = nnx.split(policy)
         params = jax.device_put(params, param_shardings(params, self.mesh))
         if cfg.model.init_from:
-            from ragen_jax.training.checkpoint import load_policy_params
-
             params = load_policy_params(cfg.model.init_from, params)
         # The schedule is fixed before the demos exist, so it plans for all of them (an upper bound).
         planned = cfg.sft.epochs * max(1, cfg.sft.num_demos // cfg.sft.batch_size)
@@ -296,8 +295,6 @@ class SFTTrainer:
 
     def _print(self, msg):
         if not self.quiet and jax.process_index() == 0:
-            from tqdm import tqdm
-
             tqdm.write(msg)
 
     @property
@@ -307,8 +304,6 @@ class SFTTrainer:
     # -- demonstrations --------------------------------------------------------------------------
     def make_demos(self) -> Demos:
         """Generate `sft.num_demos` teacher episodes on device; keep the training ones (see module doc)."""
-        from tqdm import tqdm
-
         s = self.cfg.sft
         c = self.demo_chunk
         n_chunks = -(-s.num_demos // c)
@@ -424,8 +419,6 @@ class SFTTrainer:
     def train(self, max_steps: int | None = None) -> list[dict]:
         """Run (or resume) the SFT; `max_steps` stops early after that many steps of this call
         (without the final export), as an interruption would. Returns the per-step metrics."""
-        from tqdm import tqdm
-
         cfg = self.cfg
         self.workdir.mkdir(parents=True, exist_ok=True)
         if jax.process_index() == 0:

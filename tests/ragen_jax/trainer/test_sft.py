@@ -16,11 +16,11 @@ import numpy as np
 import pytest
 from flax import nnx
 
-from ragen_jax.config import ConfigError, load_config
+from ragen_jax.trainer.config import ConfigError, load_config
 from hypothesis import given, settings, strategies as st
 
-from ragen_jax.sft.trainer import SFTTrainer, bucketed_batches, length_buckets, shared_prefix_length, sft_loss
-from ragen_jax.training.loop import Trainer
+from ragen_jax.trainer.sft import SFTTrainer, bucketed_batches, length_buckets, shared_prefix_length, sft_loss
+from ragen_jax.trainer.rl import Trainer
 
 ROOT = Path(__file__).resolve().parents[3]
 FAST = ["--config.model.vocab=task", "--config.prompt.max_turns=2", "--config.prompt.max_response_tokens=32",
@@ -228,7 +228,7 @@ def test_launcher_reports_bad_input_in_one_line(tmp_path, capsys):
 # --------------------------------------------------------------------------- Bandit arm balance
 from fractions import Fraction  # noqa: E402
 
-from ragen_jax.sft.trainer import balance_arm_choices  # noqa: E402
+from ragen_jax.trainer.sft import balance_arm_choices  # noqa: E402
 
 
 @settings(max_examples=200, deadline=None)

@@ -24,7 +24,7 @@ import jax
 import jax.numpy as jnp
 from flax import struct
 
-from ragen_jax.training.advantages import _check_group_size, group_std
+from ragen_jax.algorithms.advantages import _check_group_size, group_std
 
 FILTER_SELECT = ("largest", "smallest")
 FILTER_ROUNDING = ("floor", "ceil")

@@ -23,10 +23,11 @@ import jax.numpy as jnp
 import optax
 from flax import nnx, struct
 
-from ragen_jax.config import Config, ConfigError
-from ragen_jax.training import advantages as adv_lib
-from ragen_jax.training import filter as filter_lib
-from ragen_jax.training import losses as loss_lib
+from ragen_jax.trainer.config import Config, ConfigError
+from ragen_jax.trainer.optim import lr_at
+from ragen_jax.algorithms import advantages as adv_lib
+from ragen_jax.algorithms import filters as filter_lib
+from ragen_jax.algorithms import losses as loss_lib
 
 
 # ----------------------------------------------------------------------------------- state
@@ -54,32 +55,6 @@ class Batch:
     advantages: jax.Array  # [K, T-1]
     returns: jax.Array  # [K, T-1]
     row_weight: jax.Array  # [K] 1 for rows that train, 0 for padding rows of variance_cover
-
-
-def lr_schedule(lr: float, warmup_steps: int = 0, decay_steps: int | None = None):
-    """Linear warm-up to `lr` over `warmup_steps`, then constant, or (with `decay_steps`) a cosine decay
-    to 0 over the following `decay_steps` steps (SFT's `sft.lr_schedule='cosine'`)."""
-    if decay_steps is None:
-        return lr if warmup_steps <= 0 else optax.linear_schedule(0.0, lr, warmup_steps)
-    cosine = optax.cosine_decay_schedule(lr, max(1, int(decay_steps)))
-    if warmup_steps <= 0:
-        return cosine
-    return optax.join_schedules([optax.linear_schedule(0.0, lr, warmup_steps), cosine], [warmup_steps])
-
-
-def make_optimizer(lr: float, cfg, decay_steps: int | None = None) -> optax.GradientTransformation:
-    """AdamW with global-norm clipping; a non-finite gradient skips the step (and is counted).
-    `decay_steps`: cosine-decay the learning rate to 0 over that many steps after the warm-up."""
-    schedule = lr_schedule(lr, cfg.warmup_steps, decay_steps)
-    opt = optax.chain(
-        optax.clip_by_global_norm(cfg.grad_clip),
-        optax.adamw(schedule, b1=cfg.b1, b2=cfg.b2, weight_decay=cfg.weight_decay),
-    )
-    return optax.apply_if_finite(opt, max_consecutive_errors=1_000_000)
-
-
-def _lr_at(step, lr: float, warmup: int):
-    return lr if warmup <= 0 else lr * jnp.minimum(1.0, step / warmup)
 
 
 # ----------------------------------------------------------------------------------- forward helpers
@@ -241,7 +216,7 @@ class StepPrograms:
         metrics = jax.tree.map(lambda *xs: jnp.mean(jnp.stack([jnp.mean(x) for x in xs])), *all_metrics)
         metrics["actor/grad_norm_max"] = jnp.max(jnp.stack([jnp.max(m["actor/grad_norm"]) for m in all_metrics]))
         metrics["train/skipped_updates"] = skipped.astype(jnp.float32)
-        metrics["actor/lr"] = _lr_at(state.iteration * n_mb * a.ppo_epochs, self.cfg.optim.actor_lr,
+        metrics["actor/lr"] = lr_at(state.iteration * n_mb * a.ppo_epochs, self.cfg.optim.actor_lr,
                                      self.cfg.optim.warmup_steps)
         new_state = state.replace(actor=actor, actor_opt=actor_opt, critic=critic, critic_opt=critic_opt,
                                   skipped_updates=skipped, key=key, iteration=state.iteration + 1)
@@ -258,5 +233,5 @@ def check_batch_fits_mesh(cfg: Config, n_batch_shards: int) -> None:
                               "data x fsdp axes; change the batch settings or mesh.data/mesh.fsdp")
 
 
-__all__ = ["Batch", "StepPrograms", "TrainState", "check_batch_fits_mesh", "make_optimizer", "sequence_logprobs",
+__all__ = ["Batch", "StepPrograms", "TrainState", "check_batch_fits_mesh", "sequence_logprobs",
            "sequence_values"]

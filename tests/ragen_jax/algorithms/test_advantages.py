@@ -7,7 +7,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from ragen_jax.training import advantages as A
+from ragen_jax.algorithms import advantages as A
 
 T, F = True, False
 

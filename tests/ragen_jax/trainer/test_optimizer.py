@@ -12,8 +12,8 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from ragen_jax.config import ConfigError, load_config
-from ragen_jax.training.trainer import make_optimizer
+from ragen_jax.trainer.config import ConfigError, load_config
+from ragen_jax.trainer.optim import make_optimizer
 
 LR = 0.01
 

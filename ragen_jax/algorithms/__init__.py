@@ -1,13 +1,13 @@
 """Training math: advantages, losses, the StarPO-S rollout filter (pure jnp functions)."""
 
-from ragen_jax.training.advantages import (
+from ragen_jax.algorithms.advantages import (
     ESTIMATORS, NEEDS_CRITIC, NORMALIZATIONS, TOKEN_REWARD_MODES, bilevel_gae, compute_advantages, drgrpo,
     gae, get_estimator, get_normalization, grpo, last_token_index, masked_mean, normalize_rewards, rloo,
     token_rewards, whiten)
-from ragen_jax.training.filter import (
+from ragen_jax.algorithms.filters import (
     GroupFilter, filter_groups, filter_groups_variance_cover, gather_rows, group_reward_stats,
     num_kept_groups)
-from ragen_jax.training.losses import (
+from ragen_jax.algorithms.losses import (
     KL_ESTIMATORS, LOSS_AGG_MODES, agg_loss, entropy_from_logits, entropy_loss, get_kl_estimator,
     kl_in_reward, kl_loss, kl_penalty, logprobs_from_logits, ppo_policy_loss, token_logprobs_and_entropy,
     value_loss)

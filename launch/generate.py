@@ -1,6 +1,6 @@
 """Command line text generation with the JAX sampler.
 
-    python -m ragen_jax.generate --model DIR|tiny --prompt "..." --max-new-tokens N [--greedy]
+    python launch/generate.py --model DIR|tiny --prompt "..." --max-new-tokens N [--greedy]
         [--temperature T --top-p P --top-k K --seed S] [--chat] [--stop STR ...]
 
 `--model tiny` (or any preset name that is not an existing directory) builds a model with random
@@ -14,11 +14,21 @@ import argparse
 import os
 import sys
 
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+import jax  # noqa: E402  (after the path: run from a checkout without installing)
+import numpy as np  # noqa: E402
+from flax import nnx  # noqa: E402
+
+from ragen_jax.models import PRESETS, Qwen2, Qwen2Config, from_pretrained  # noqa: E402
+from ragen_jax.rollout import sampler  # noqa: E402
+from ragen_jax.text.tokenizer import DEFAULT_SYSTEM_PROMPT, load_tokenizer, token_bytes_table  # noqa: E402
+
 _DEFAULT_SYSTEM = None  # use the tokenizer module's default system prompt
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="python -m ragen_jax.generate", description=__doc__.split("\n\n")[0])
+    p = argparse.ArgumentParser(prog="python launch/generate.py", description=__doc__.split("\n\n")[0])
     p.add_argument("--model", required=True, help="Hugging Face Qwen2 directory, or a preset name (tiny) for random weights")
     p.add_argument("--prompt", required=True)
     p.add_argument("--max-new-tokens", type=int, default=64)
@@ -34,11 +44,6 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def _load(model_arg: str, dtype: str):
-    from flax import nnx
-
-    from ragen_jax.models import PRESETS, Qwen2, Qwen2Config, from_pretrained
-    from ragen_jax.tokenizer import load_tokenizer
-
     if os.path.isdir(model_arg):
         model = from_pretrained(model_arg, dtype=dtype)
         has_tok = any(os.path.isfile(os.path.join(model_arg, f)) for f in ("tokenizer.json", "tokenizer_config.json"))
@@ -58,8 +63,6 @@ def chat_prompt(tok, user: str) -> str:
             )
         except ImportError:  # jinja2 missing: fall through to the fixed Qwen2.5 layout
             pass
-    from ragen_jax.tokenizer import DEFAULT_SYSTEM_PROMPT
-
     return (
         f"<|im_start|>system\n{DEFAULT_SYSTEM_PROMPT}<|im_end|>\n"
         f"<|im_start|>user\n{user}<|im_end|>\n<|im_start|>assistant\n"
@@ -69,12 +72,6 @@ def chat_prompt(tok, user: str) -> str:
 def run(args) -> str:
     if args.max_new_tokens < 1:
         raise ValueError(f"--max-new-tokens must be >= 1, got {args.max_new_tokens}")
-    import jax
-    import numpy as np
-
-    from ragen_jax import sampler
-    from ragen_jax.tokenizer import token_bytes_table
-
     model, tok = _load(args.model, args.dtype)
     text = chat_prompt(tok, args.prompt) if args.chat else args.prompt
     ids = tok.encode(text, add_special_tokens=False)

@@ -12,7 +12,7 @@ from typing import Callable
 import jax
 import jax.numpy as jnp
 
-from ragen_jax.training.advantages import _lookup, masked_mean
+from ragen_jax.algorithms.advantages import _lookup, masked_mean
 
 
 # ----------------------------------------------------------------------------- aggregation

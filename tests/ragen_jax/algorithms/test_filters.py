@@ -8,7 +8,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from ragen_jax.training import filter as Fl
+from ragen_jax.algorithms import filters as Fl
 
 # 5 groups x 3 rollouts. Sample stds: g0 0, g1 1, g2 0, g3 1 (same values as g1, another order:
 # an exact tie), g4 sqrt(3).

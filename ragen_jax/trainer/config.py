@@ -17,7 +17,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Optional
 
-CONFIG_DIR = Path(__file__).resolve().parent.parent / "configs"
+from ragen_jax.algorithms.filters import num_kept_groups
+
+CONFIG_DIR = Path(__file__).resolve().parent.parent.parent / "configs"
 
 
 class ConfigError(ValueError):
@@ -265,7 +267,6 @@ class Config:
             if hasattr(sub, "validate"):
                 sub.validate()
         a, r = self.algo, self.rollout
-        from ragen_jax.training.filter import num_kept_groups
 
         kept = num_kept_groups(r.num_groups, a.filter_ratio, a.filter_rounding) * r.group_size
         if kept < a.mini_batch_size:
@@ -308,7 +309,7 @@ def load_config(name: str, overrides: list[str] | tuple[str, ...] = ()) -> Confi
         raise ConfigError(f"{path} defines no get_config() function")
     cfg = module.get_config()
     if not isinstance(cfg, Config):
-        raise ConfigError(f"{path}: get_config() must return ragen_jax.config.Config, got {type(cfg).__name__}")
+        raise ConfigError(f"{path}: get_config() must return ragen_jax.trainer.config.Config, got {type(cfg).__name__}")
     for ov in overrides:
         apply_override(cfg, ov)
     return cfg.validate()

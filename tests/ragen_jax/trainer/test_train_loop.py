@@ -14,8 +14,8 @@ import jax
 import numpy as np
 import pytest
 
-from ragen_jax.config import ConfigError, load_config
-from ragen_jax.training.loop import Trainer
+from ragen_jax.trainer.config import ConfigError, load_config
+from ragen_jax.trainer.rl import Trainer
 
 ROOT = Path(__file__).resolve().parents[3]
 # Smaller than configs/tiny_cpu.py so each run is a few seconds after compilation.
@@ -134,7 +134,7 @@ def test_corrupt_checkpoint_is_reported(tmp_path):
     for f in step_dir.rglob("*"):
         if f.is_file() and f.stat().st_size > 0 and "state" in str(f):
             f.write_bytes(b"garbage")
-    from ragen_jax.training.checkpoint import CheckpointError
+    from ragen_jax.trainer.checkpoint import CheckpointError
 
     with pytest.raises(CheckpointError, match="cannot be restored"):
         Trainer(_cfg("--config.train.iterations=2", "--config.train.val_every=0"), wd, quiet=True)
@@ -173,7 +173,7 @@ def test_killed_mid_save_resumes_from_last_complete_checkpoint(ppo_run, tmp_path
 
 def test_run_dir_saved_before_a_config_key_existed(tmp_path):
     """A key added to Config after a run started: its default resumes the run, another value is refused."""
-    from ragen_jax.training.loop import check_run_dir_config
+    from ragen_jax.trainer.setup import check_run_dir_config
 
     cfg = load_config("tiny_cpu.py")
     saved = json.loads(json.dumps(cfg.to_dict(), default=str))

@@ -12,10 +12,10 @@ import pytest
 import envs_jax
 from ragen_jax.models.qwen2.sharding import make_mesh
 from ragen_jax.rollout import Rollout, RolloutConfig
-from ragen_jax.sft import get_teacher
-from ragen_jax.sft.teachers import AnswerTable
+from ragen_jax.rollout.teachers import get_teacher
+from ragen_jax.rollout.teachers import AnswerTable
 from ragen_jax.text import PromptConfig, TextEnv
-from ragen_jax.tokenizer import IM_END, load_tokenizer
+from ragen_jax.text.tokenizer import IM_END, load_tokenizer
 from envs_jax.frozen_lake import rows_from_state
 from tests.envs_jax.ref_frozen_lake import _dynamics
 from tests.envs_jax.ref_sokoban import RefSokoban, bfs_length, room_codes

@@ -38,7 +38,11 @@ import jax.numpy as jnp
 import numpy as np
 
 from ragen_jax.text import render
-from ragen_jax.tokenizer import ENDOFTEXT, IM_END
+from ragen_jax.text.tokenizer import ENDOFTEXT, IM_END
+from envs_jax.bandit import HIGH, LOW
+from envs_jax.sokoban.env import SokobanEnv
+from envs_jax.bandit import Bandit
+from envs_jax.frozen_lake import FrozenLake
 
 ANSWER_SEP = " || "
 THINK_CLOSE = "</think>"
@@ -54,7 +58,7 @@ THOUGHTS = {
 
 def teacher_texts() -> tuple[str, ...]:
     """The fixed texts every teacher answer is made of (besides action names), so that a small task
-    vocabulary (`model.vocab='task'`, ragen_jax.training.loop.build_vocab) covers the demonstrations."""
+    vocabulary (`model.vocab='task'`, ragen_jax.trainer.rl.build_vocab) covers the demonstrations."""
     heads = [f"{t}{THINK_CLOSE}{ANSWER_OPEN}" for t in THOUGHTS.values()]
     return (*heads, THINK_CLOSE + ANSWER_OPEN, ANSWER_CLOSE, ANSWER_SEP)
 
@@ -226,8 +230,6 @@ class BanditTeacher(_Teacher):
         self.high_prob = float(high_prob)
 
     def __call__(self, state, turn, key):
-        from envs_jax.bandit import HIGH, LOW
-
         arm = jnp.where(jax.random.bernoulli(key, self.high_prob), HIGH, LOW).astype(jnp.int32)
         return self.table.ids(jnp.full((self.actions_per_turn,), arm), 1)
 
@@ -244,11 +246,7 @@ _REGISTRY = {
 
 def _env_class(cls):
     if cls is SokobanTeacher:
-        from envs_jax.sokoban.env import SokobanEnv
-
         return SokobanEnv
-    from envs_jax.bandit import Bandit
-    from envs_jax.frozen_lake import FrozenLake
 
     return FrozenLake if cls is FrozenLakeTeacher else Bandit
 

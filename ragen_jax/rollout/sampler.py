@@ -26,6 +26,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 from flax import nnx
+from ragen_jax.models.qwen2.model import KVCache
 
 IM_END = 151645
 ENDOFTEXT = 151643
@@ -434,8 +435,6 @@ def generate_trace_count() -> int:
 
 
 def _make_cache(model, batch: int, max_len: int, dtype):
-    from ragen_jax.models.qwen2.model import KVCache
-
     cfg = getattr(model, "cfg", None)
     if cfg is None:
         raise ValueError("generate() needs a ragen_jax Qwen2 model (an object with a .cfg Qwen2Config)")

@@ -11,7 +11,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from ragen_jax import tokenizer as tkz
-from ragen_jax.tokenizer import ENDOFTEXT, IM_END, IM_START, load_tokenizer, token_bytes_table
+from ragen_jax.text.tokenizer import ENDOFTEXT, IM_END, IM_START, load_tokenizer, token_bytes_table
 
 
 @pytest.fixture(scope="module")

@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 from flax import nnx
 
-from ragen_jax import sampler as S
+from ragen_jax.rollout import sampler as S
 from ragen_jax.models import KVCache, Qwen2, Qwen2Config
 
 V = 512

@@ -7,7 +7,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from ragen_jax.training import losses as L
+from ragen_jax.algorithms import losses as L
 
 T, F = True, False
 

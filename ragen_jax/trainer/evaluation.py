@@ -24,11 +24,19 @@ from typing import Callable, Optional, Sequence
 
 import jax
 import numpy as np
+import orbax.checkpoint as ocp
 from flax import nnx
 
 import envs_jax
-from ragen_jax.config import Config, ConfigError, PromptSettings, config_from_dict
+from ragen_jax.models import Qwen2, Qwen2Config
+from ragen_jax.models.qwen2.weights import from_pretrained, read_config
+from ragen_jax.models.vocab_map import VocabMap
 from ragen_jax.rollout import Rollout, RolloutConfig, format_trajectory, rollout_metrics
+from ragen_jax.text import PromptConfig, TextEnv
+from ragen_jax.text.tokenizer import load_tokenizer
+from ragen_jax.trainer.checkpoint import POLICY_DIR, CheckpointError, load_policy_params
+from ragen_jax.trainer.config import Config, ConfigError, PromptSettings, config_from_dict
+from ragen_jax.trainer.setup import build_text_envs, build_vocab, load_task_tokenizer
 
 DEFAULT_SUITE = ("Sokoban", "NewSymbolsSokoban", "LargerSokoban", "FrozenLake", "Bandit", "BanditTest")
 # Single turn, single action (configs/bandit.py), whatever the prompt settings of the other envs say.
@@ -70,9 +78,6 @@ def _is_run_dir(p: Path) -> bool:
 
 
 def _qwen_config(cfg: Config, vocab=None):
-    from ragen_jax.models import Qwen2Config
-    from ragen_jax.models.qwen2.weights import read_config
-
     m = cfg.model
     if vocab is not None:  # a small task vocabulary exists only for random-init presets (build_policy)
         return Qwen2Config.from_preset(m.preset).replace(dtype=m.dtype, param_dtype=m.param_dtype,
@@ -95,8 +100,6 @@ def _committed(policy):
 
 def _abstract_policy(qcfg):
     """The policy's graph and a ShapeDtypeStruct tree of its state, without allocating weights."""
-    from ragen_jax.models import Qwen2
-
     abstract = nnx.eval_shape(lambda: Qwen2(qcfg, rngs=nnx.Rngs(0)))
     graphdef, state = nnx.split(abstract)
     device = jax.sharding.SingleDeviceSharding(jax.devices()[0])
@@ -107,10 +110,6 @@ def _abstract_policy(qcfg):
 
 def _restore_actor_from_checkpoints(ckpt_dir: Path, like):
     """The actor (policy params) of the latest complete training checkpoint, nothing else restored."""
-    import orbax.checkpoint as ocp
-
-    from ragen_jax.training.checkpoint import CheckpointError
-
     mngr = ocp.CheckpointManager(ckpt_dir.resolve(), options=ocp.CheckpointManagerOptions(create=False))
     step = mngr.latest_step()
     if step is None:
@@ -132,8 +131,6 @@ def _restore_actor_from_checkpoints(ckpt_dir: Path, like):
 
 
 def _load_run_dir(p: Path, config: Optional[Config]):
-    from ragen_jax.training.checkpoint import POLICY_DIR, load_policy_params
-
     if config is None:
         try:
             config = config_from_dict(json.loads((p / "config.json").read_text()))
@@ -141,7 +138,6 @@ def _load_run_dir(p: Path, config: Optional[Config]):
             raise EvalError(f"{p} has no config.json; a run directory needs the config its Trainer wrote") from None
         except (ValueError, TypeError) as e:
             raise EvalError(f"{p / 'config.json'} is not a readable run config ({e})") from None
-    from ragen_jax.training.loop import load_task_tokenizer
 
     tokenizer = load_task_tokenizer(config)
     vocab = _run_vocab(p, config, tokenizer)
@@ -161,8 +157,6 @@ def _run_vocab(p: Path, config: Config, tokenizer):
     """The run's task vocabulary: its vocab.json, else rebuilt from the config (deterministic)."""
     if getattr(config.model, "vocab", "full") != "task":
         return None
-    from ragen_jax.models.vocab_map import VocabMap
-    from ragen_jax.training.loop import build_text_envs, build_vocab
 
     if (p / "vocab.json").is_file():
         try:
@@ -173,9 +167,6 @@ def _run_vocab(p: Path, config: Config, tokenizer):
 
 
 def _load_hf_dir(p: Path, config: Optional[Config], dtype: Optional[str] = None):
-    from ragen_jax.models.qwen2.weights import from_pretrained
-    from ragen_jax.tokenizer import load_tokenizer
-
     param_dtype = dtype
     if dtype is None:
         dtype = config.model.dtype if config is not None else "float32"
@@ -188,9 +179,6 @@ def _load_hf_dir(p: Path, config: Optional[Config], dtype: Optional[str] = None)
 
 
 def _load_preset(name: str, config: Optional[Config], dtype: Optional[str] = None, seed: int = 0):
-    from ragen_jax.models import Qwen2, Qwen2Config
-    from ragen_jax.tokenizer import load_tokenizer
-
     try:
         qcfg = Qwen2Config.from_preset(name)
     except ValueError as e:
@@ -207,8 +195,6 @@ def _load_preset(name: str, config: Optional[Config], dtype: Optional[str] = Non
 def load_source(source: str | Path, config: Optional[Config] = None, *,
                 dtype: Optional[str] = None) -> tuple[LoadedPolicy, Optional[Config]]:
     """`load_for_eval`, plus the run's Config when `source` is a run directory (else None)."""
-    from ragen_jax.training.checkpoint import CheckpointError
-
     s = str(source)
     if s.startswith("preset:"):
         return _load_preset(s[len("preset:"):], config, dtype)
@@ -250,8 +236,6 @@ def load_for_eval(source: str | Path, config: Optional[Config] = None, *, dtype:
 
 # ------------------------------------------------------------------------------------- evaluation
 def _prompt_config(settings, env_name: str):
-    from ragen_jax.text import PromptConfig
-
     s = settings if settings is not None else PromptSettings()
     fields = {f: getattr(s, f) for f in ("think", "max_turns", "max_actions_per_turn", "max_response_words",
                                         "max_response_tokens")}
@@ -286,8 +270,6 @@ def get_rollout(policy, tokenizer, env_name: str, *, num_states: int, rollouts_p
                 greedy: bool, prompt=None, max_context: int = 3600, env_overrides: Optional[dict] = None,
                 mesh=None, cache_dtype: Optional[str] = None, vocab=None) -> Rollout:
     """The cached compiled evaluation rollout of one env (built on first use)."""
-    from ragen_jax.text import TextEnv
-
     pc = _prompt_config(prompt, env_name)
     overrides = dict(env_overrides or {})
     rc = RolloutConfig(num_groups=num_states, group_size=rollouts_per_state, max_context=max_context,

@@ -1,0 +1,139 @@
+"""Run setup shared by the RL trainer, the SFT trainer and evaluation: the pieces a run is built from.
+
+`build_mesh` (devices), `load_task_tokenizer`, `build_text_envs` (one TextEnv per environment of the
+run), `build_vocab` (the task vocabulary of small demo models), `build_policy` (HF directory or random
+preset) and `check_run_dir_config` (a run directory resumes only with its own config).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+
+import jax
+from flax import nnx
+
+import envs_jax
+from ragen_jax.models import Qwen2, Qwen2Config
+from ragen_jax.models.qwen2.sharding import make_mesh
+from ragen_jax.models.qwen2.weights import from_pretrained
+from ragen_jax.models.vocab_map import VocabMap
+from ragen_jax.rollout.teachers import teacher_texts
+from ragen_jax.text import PromptConfig, TextEnv
+from ragen_jax.text.tokenizer import load_tokenizer
+from ragen_jax.trainer.config import Config, ConfigError
+
+
+def _flatten(d: dict, prefix="") -> dict:
+    out = {}
+    for k, v in d.items():
+        key = f"{prefix}{k}"
+        if isinstance(v, dict) and k != "overrides":
+            out.update(_flatten(v, key + "."))
+        else:
+            out[key] = v
+    return out
+
+
+def check_run_dir_config(workdir: Path, cfg: Config, resumable: tuple[str, ...]) -> None:
+    """A run directory may only be resumed with the config it was started with (up to `resumable` keys)."""
+    saved = Path(workdir) / "config.json"
+    if not saved.exists():
+        return
+    try:
+        old = _flatten(json.loads(saved.read_text()))
+    except json.JSONDecodeError:
+        raise ConfigError(f"{saved} is not valid JSON; this directory holds a broken run") from None
+    as_json = lambda c: _flatten(json.loads(json.dumps(c.to_dict(), default=str)))  # noqa: E731
+    new = as_json(cfg)
+    # A key missing from the saved config was added to Config after that run started: the run used
+    # its default behaviour, so only a non-default value is a change.
+    defaults = as_json(Config())
+    old.update({k: defaults.get(k) for k in new if k not in old})
+    diff = sorted(k for k in set(old) | set(new) if old.get(k) != new.get(k) and k not in resumable)
+    if diff:
+        raise ConfigError(f"{workdir} holds a run with a different config ({', '.join(diff[:6])}"
+                          f"{' ...' if len(diff) > 6 else ''}); use another --workdir to start a new run")
+
+
+def log_validation(trainer, step: int) -> dict:
+    """Validate, log the metrics at `step` and print one line; shared by the RL and SFT trainers
+    (anything with `validate()`, `logger` and `_print`)."""
+    m = trainer.validate()
+    trainer.logger.scalars(step, m)
+    summary = ", ".join(f"{k.split('/')[1]} {v:.3f}" for k, v in m.items() if k.endswith("/success"))
+    trainer._print(f"validation @ step {step}: success {summary}")
+    return m
+
+
+def build_mesh(cfg: Config, devices=None):
+    """The run's device mesh; an explicit mesh smaller than the machine uses its first devices."""
+
+    m = cfg.mesh
+    devices = list(devices if devices is not None else jax.devices())
+    sizes = (m.data, m.fsdp, m.tensor)
+    if -1 not in sizes and math.prod(sizes) < len(devices):
+        devices = devices[: math.prod(sizes)]
+    return make_mesh(data=m.data, fsdp=m.fsdp, tensor=m.tensor, devices=devices)
+
+
+def load_task_tokenizer(cfg: Config):
+    """The model directory's own tokenizer when it has one, else the offline-built Qwen2.5 tokenizer."""
+
+    m = cfg.model
+    tok_files = ("tokenizer.json", "tokenizer_config.json")
+    if m.path is not None and any((Path(m.path) / f).exists() for f in tok_files):
+        return load_tokenizer(m.path)
+    return load_tokenizer()
+
+
+def build_text_envs(cfg: Config, tokenizer) -> dict:
+    """TextEnv per environment used by the run: the training env first, then validation envs."""
+
+    p = cfg.prompt
+    prompt = PromptConfig(think=p.think, max_turns=p.max_turns, max_actions_per_turn=p.max_actions_per_turn,
+                          max_response_words=p.max_response_words, max_response_tokens=p.max_response_tokens)
+    out = {}
+    for name in (cfg.env.name, *cfg.env.val_envs):
+        env, params = envs_jax.make(name, **(cfg.env.overrides if name == cfg.env.name else {}))
+        out[name] = TextEnv(env, params, tokenizer, prompt)
+    return out
+
+
+# Texts the task vocabulary must be able to express beyond what the environments render: the
+# answer format, separators and the demonstrations' templated thoughts.
+TASK_VOCAB_TEXTS = (
+    "<think></think><answer></answer>", " <think> </think> <answer> </answer> ", "</think>\n<answer>",
+    " || ", "||", " | ", ", ", ". ", "\n", " ",
+)
+
+
+def build_vocab(cfg: Config, text_envs: dict, tokenizer):
+    """A VocabMap for model.vocab='task' (small model vocabulary), else None (full Qwen vocabulary)."""
+    if cfg.model.vocab != "task":
+        return None
+
+    names = set()
+    for te in text_envs.values():
+        names.update(te.action_names)
+    texts = list(TASK_VOCAB_TEXTS)
+    for n in sorted(names):
+        texts += [n, " " + n, n.lower(), " " + n.lower(), n.upper(), " " + n.upper()]
+    texts += list(teacher_texts())  # the demonstrations' fixed texts
+    return VocabMap.for_text_envs(list(text_envs.values()), tokenizer, extra_texts=texts)
+
+
+def build_policy(cfg: Config, vocab=None):
+    """The policy model from the config: a local HF directory or a random preset (own vocab if mapped)."""
+
+    m = cfg.model
+    if m.path is not None:
+        if vocab is not None:
+            raise ConfigError("model.vocab='task' needs a randomly initialised model (model.random_init=true)")
+        return from_pretrained(m.path, dtype=m.dtype, param_dtype=m.param_dtype)
+    overrides = dict(dtype=m.dtype, param_dtype=m.param_dtype, remat=m.remat)
+    if vocab is not None:
+        overrides["vocab_size"] = vocab.size
+    qcfg = Qwen2Config.from_preset(m.preset).replace(**overrides)
+    return Qwen2(qcfg, rngs=nnx.Rngs(cfg.train.seed))
