@@ -11,5 +11,5 @@ def get_config() -> Config:
     cfg.prompt.max_actions_per_turn = 1
     cfg.prompt.max_response_tokens = 500  # the reference's Bandit response budget
     cfg.model.dtype = "bfloat16"
-    cfg.model.cache_dtype = "bfloat16"
+    cfg.rollout.cache_dtype = "bfloat16"
     return cfg

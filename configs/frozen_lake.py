@@ -7,5 +7,5 @@ def get_config() -> Config:
     cfg = Config()
     cfg.env.name = "FrozenLake"
     cfg.model.dtype = "bfloat16"
-    cfg.model.cache_dtype = "bfloat16"
+    cfg.rollout.cache_dtype = "bfloat16"
     return cfg

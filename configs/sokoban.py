@@ -12,5 +12,5 @@ def get_config() -> Config:
     cfg.env.name = "Sokoban"
     cfg.env.val_envs = ("NewSymbolsSokoban", "LargerSokoban")
     cfg.model.dtype = "bfloat16"  # compute; params and optimizer stay float32
-    cfg.model.cache_dtype = "bfloat16"
+    cfg.rollout.cache_dtype = "bfloat16"
     return cfg

@@ -41,6 +41,16 @@ if __name__ == "__main__":  # before jax is imported: glibc malloc huge pages (w
 
     use_transparent_hugepages()
 
+# After the re-exec above, so that jax starts in the final process.
+import jax  # noqa: E402
+from absl import logging as absl_logging  # noqa: E402
+
+from ragen_jax.trainer.config import ConfigError, load_config  # noqa: E402
+from ragen_jax.trainer.evaluation import evaluate, format_table, write_eval_json  # noqa: E402
+from ragen_jax.trainer.logger import plot_curves  # noqa: E402
+from ragen_jax.trainer.rl import Trainer  # noqa: E402
+from ragen_jax.trainer.sft import SFTTrainer  # noqa: E402
+
 BANDIT_CONFIG = "demo_cpu_bandit.py"
 SOKOBAN_CONFIG = "demo_cpu.py"
 BANDIT_EVAL_ENVS = ("Bandit", "BanditTest")
@@ -131,49 +141,29 @@ def peak_rss_mb() -> float:
 
 
 class StageEvaluator:
-    """Fixed-seed evaluation of one env family's policy after each stage.
+    """Fixed-seed evaluation of one env family's policy after each stage, through the same
+    `evaluation.evaluate` as training validation and launch/eval.py.
 
-    The rollouts are built once from the SFT trainer (its policy graph, task vocabulary, text envs
-    and mesh) and reused for the RL stage's parameters, which have the same graph: one compilation
-    per env for the whole demo. Same seeds and sampling key after every stage, so the stages are
-    compared on identical initial states.
+    Its compiled rollouts are cached by policy graph, so the RL stage's parameters (same graph as
+    the SFT trainer's policy) reuse the SFT stage's programs: one compilation per env for the whole
+    demo. Same seeds and sampling key after every stage, so the stages are compared on identical
+    initial states.
     """
 
     def __init__(self, trainer, envs, num_states: int, seed: int = 0):
-        from flax import nnx
-
-        from ragen_jax.rollout import Rollout, RolloutConfig
-
-        cfg = trainer.cfg
-        model = nnx.merge(trainer.graphdef, trainer.state.params)
-        rc = RolloutConfig(num_groups=num_states, group_size=1, max_context=cfg.rollout.max_context,
-                           temperature=EVAL_TEMPERATURE, cache_dtype=cfg.model.cache_dtype)
-        self.rollouts = {name: Rollout(model, trainer.text_envs[name], rc, mesh=trainer.mesh, vocab=trainer.vocab)
-                         for name in envs}
-        self.num_states = num_states
-        self.seed = seed
+        self.trainer, self.envs, self.num_states, self.seed = trainer, tuple(envs), num_states, seed
 
     def __call__(self, params) -> dict:
-        import jax
-        import numpy as np
-
-        from ragen_jax.trainer.evaluation import episode_metrics
-
-        seeds = np.arange(EVAL_SEED_START, EVAL_SEED_START + self.num_states, dtype=np.int32)
-        out = {}
-        for name, ro in self.rollouts.items():
-            t0 = time.perf_counter()
-            traj = jax.device_get(ro(params, jax.random.PRNGKey(self.seed), seeds))
-            m = episode_metrics(traj, 1, name)
-            m["seconds"] = time.perf_counter() - t0
-            out[name] = m
-        return out
+        t, cfg = self.trainer, self.trainer.cfg
+        return evaluate(t.policy, params, t.tokenizer, self.envs, num_states=self.num_states,
+                        seed_start=EVAL_SEED_START, temperature=EVAL_TEMPERATURE, prompt=cfg.prompt,
+                        max_context=cfg.rollout.max_context, mesh=t.mesh, key=jax.random.PRNGKey(self.seed),
+                        env_overrides={cfg.env.name: cfg.env.overrides}, cache_dtype=cfg.rollout.cache_dtype,
+                        vocab=t.vocab)
 
 
 def stage_configs(config_name: str, base_overrides, user_overrides, workdir: str):
     """(SFT config, RL config): the same file and overrides; RL starts from the SFT export."""
-    from ragen_jax.trainer.config import load_config
-
     over = list(base_overrides) + list(user_overrides)
     sft_cfg = load_config(config_name, over)
     rl_cfg = load_config(config_name, over + [f"model.init_from={os.path.join(workdir, 'sft')}"])
@@ -182,9 +172,6 @@ def stage_configs(config_name: str, base_overrides, user_overrides, workdir: str
 
 def run_family(family: str, config_name: str, envs, quick_over, user_over, args, timings: dict,
                results: dict, curves: list) -> None:
-    from ragen_jax.trainer.sft import SFTTrainer
-    from ragen_jax.trainer.logger import plot_curves
-    from ragen_jax.trainer.rl import Trainer
 
     root = os.path.join(os.path.abspath(args.workdir), family)
     sft_cfg, rl_cfg = stage_configs(config_name, quick_over if args.quick else (), user_over, root)
@@ -257,14 +244,8 @@ def main(argv=None) -> int:
         print("error: --skip-bandit and --skip-sokoban together leave nothing to run", file=sys.stderr)
         return 2
     t_start = time.perf_counter()
-    from absl import logging as absl_logging
 
     absl_logging.set_verbosity(absl_logging.ERROR)  # orbax's checkpoint chatter
-    import jax
-
-    from ragen_jax.trainer.config import ConfigError
-    from ragen_jax.trainer.evaluation import format_table, write_eval_json
-
     os.makedirs(args.workdir, exist_ok=True)
     timings, results, curves = {}, {}, []
     families = []

@@ -85,7 +85,7 @@ def main(argv=None) -> int:
         changes["think"] = False
     prompt = dataclasses.replace(prompt, **changes)
     max_context = args.max_context or (run_cfg.rollout.max_context if run_cfg is not None else 3600)
-    cache_dtype = run_cfg.model.cache_dtype if run_cfg is not None else None
+    cache_dtype = run_cfg.rollout.cache_dtype if run_cfg is not None else None
 
     def progress(name, stage, m):
         if stage == "start":

@@ -18,6 +18,7 @@ Token layout of row b (what the trainer sees):
 
 from __future__ import annotations
 
+import dataclasses
 
 import jax
 import jax.numpy as jnp
@@ -86,7 +87,7 @@ class Rollout:
             raise ValueError("Rollout needs a model (or a teacher for demonstrations)")
         self.graphdef = nnx.split(model)[0] if model is not None else None
         self.text_env = text_env
-        self.config = config
+        self.config = dataclasses.replace(config)  # a copy: later edits of a config never reach the compiled program
         self.mesh = mesh
         self.batch_axes = tuple(a for a in batch_axes if mesh is not None and a in mesh.axis_names)
         self.trace_count = 0

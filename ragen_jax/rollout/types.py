@@ -8,9 +8,10 @@ import jax
 from flax import struct
 
 
-@dataclasses.dataclass(frozen=True)
+@dataclasses.dataclass
 class RolloutConfig:
-    """Static settings of one compiled rollout (changing any of them recompiles)."""
+    """Static settings of one compiled rollout (changing any of them recompiles). The `rollout` section
+    of the experiment config is this class; `Rollout` keeps its own copy."""
 
     # P: initial states per rollout batch (the "groups" that reward normalisation and the StarPO-S
     # filter work on). Reference: 8.
@@ -34,6 +35,9 @@ class RolloutConfig:
     cache_dtype: str | None = None
 
     def __post_init__(self):
+        self.validate()
+
+    def validate(self):
         for name in ("num_groups", "group_size", "max_context"):
             v = getattr(self, name)
             if not isinstance(v, int) or isinstance(v, bool) or v < 1:

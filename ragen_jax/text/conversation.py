@@ -36,7 +36,7 @@ FORCED_ANSWER = "<answer>"
 MAX_REWARD_SPAN = 2000.0
 
 
-@dataclasses.dataclass(frozen=True)
+@dataclasses.dataclass
 class PromptConfig:
     """What the conversation looks like. Validated on construction (ValueError naming the field).
 
@@ -66,7 +66,13 @@ class PromptConfig:
     reward_min: float = -100.0
     reward_max: float = 100.0
 
+    # The `prompt` section of the experiment config is this class (one definition of every prompt knob).
+    # Mutable like the other config sections; TextEnv keeps its own copy, so a later change to the
+    # config never reaches a built TextEnv.
     def __post_init__(self):
+        self.validate()
+
+    def validate(self):
         def positive_int(name, upper=None):
             v = getattr(self, name)
             if isinstance(v, bool) or not isinstance(v, (int, np.integer)) or v < 1:

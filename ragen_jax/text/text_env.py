@@ -35,6 +35,7 @@ are kept as sampled (the reference re-renders them; we never re-tokenize).
 
 from __future__ import annotations
 
+import dataclasses
 import weakref
 from typing import Optional
 
@@ -105,7 +106,8 @@ class TextEnv:
         config = conv.PromptConfig() if config is None else config
         if not isinstance(config, conv.PromptConfig):
             raise ValueError(f"config must be a PromptConfig, got {type(config).__name__}")
-        self.env, self.env_params, self.tokenizer, self.config = env, env_params, tokenizer, config
+        self.env, self.env_params, self.tokenizer = env, env_params, tokenizer
+        self.config = dataclasses.replace(config)  # a copy: later edits of a config never reach the tables
         self.action_names: tuple[str, ...] = tuple(env.action_names(env_params))
         self.max_actions_per_turn = config.max_actions_per_turn
         self.max_turns = config.max_turns

@@ -12,12 +12,19 @@ import ast
 import dataclasses
 import importlib.util
 import os
+import types
 import typing
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Optional
 
+import envs_jax
+
+from ragen_jax.algorithms.advantages import ESTIMATORS, NEEDS_CRITIC, NORMALIZATIONS, TOKEN_REWARD_MODES
 from ragen_jax.algorithms.filters import num_kept_groups
+from ragen_jax.algorithms.losses import KL_ESTIMATORS, LOSS_AGG_MODES
+from ragen_jax.rollout.types import RolloutConfig
+from ragen_jax.text.conversation import PromptConfig
 
 CONFIG_DIR = Path(__file__).resolve().parent.parent.parent / "configs"
 
@@ -50,8 +57,6 @@ class ModelConfig:
     param_dtype: str = "float32"
     # Rematerialise each decoder layer in the backward pass: trades ~30% compute for activation memory.
     remat: bool = False
-    # KV-cache dtype during rollouts; None = compute dtype.
-    cache_dtype: Optional[str] = None
     # Critic: "separate" (a copy of the base model + value head, the reference default), "shared"
     # (value head on the policy trunk) or "none" (GRPO-family estimators need no critic).
     critic: str = "separate"
@@ -71,8 +76,6 @@ class ModelConfig:
         _choice("model.param_dtype", self.param_dtype, ("float32", "bfloat16"))
         _choice("model.critic", self.critic, ("separate", "shared", "none"))
         _choice("model.vocab", self.vocab, ("full", "task"))
-        if self.cache_dtype is not None:
-            _choice("model.cache_dtype", self.cache_dtype, ("float32", "bfloat16"))
 
 
 @dataclass
@@ -83,32 +86,12 @@ class EnvConfig:
     # Extra environments evaluated at validation time (generalisation), e.g. ("LargerSokoban",).
     val_envs: tuple = ()
 
-
-@dataclass
-class PromptSettings:
-    think: bool = True  # forced <think> and the think+answer format (StarPO); False = no-think ablation
-    max_turns: int = 5
-    max_actions_per_turn: int = 5
-    max_response_words: int = 100  # the "Max response length: N words" hint
-    max_response_tokens: int = 400  # per-turn generation budget (reference: 400)
-
-
-@dataclass
-class RolloutSettings:
-    num_groups: int = 8  # P initial states per iteration
-    group_size: int = 16  # N rollouts per initial state
-    max_context: int = 3600  # whole-conversation token budget
-    temperature: float = 1.0
-    top_p: float = 1.0
-    top_k: int = 0
-
     def validate(self):
-        _positive("rollout.num_groups", self.num_groups)
-        _positive("rollout.group_size", self.group_size)
-        _positive("rollout.max_context", self.max_context)
-        _positive("rollout.temperature", self.temperature)
-        if not 0 < self.top_p <= 1:
-            raise ConfigError(f"rollout.top_p must be in (0, 1], got {self.top_p!r}")
+        valid = envs_jax.registered_envs()
+        for name in (self.name, *self.val_envs):
+            _choice("env.name" if name == self.name else "env.val_envs", name, valid)
+        if not isinstance(self.overrides, dict):
+            raise ConfigError(f"env.overrides must be a dict of parameter overrides, got {self.overrides!r}")
 
 
 @dataclass
@@ -144,11 +127,12 @@ class AlgoConfig:
     mini_batch_size: int = 32  # trajectories per optimizer step
 
     def validate(self):
-        _choice("algo.adv_estimator", self.adv_estimator, ("gae", "grpo", "drgrpo", "rloo"))
-        _choice("algo.reward_norm", self.reward_norm, ("identity", "mean_std", "mean", "asym_clip"))
-        _choice("algo.reward_placement", self.reward_placement, ("trajectory", "turn"))
-        _choice("algo.loss_agg", self.loss_agg, ("token-mean", "seq-mean-token-sum", "seq-mean-token-mean"))
-        _choice("algo.kl_type", self.kl_type, ("k1", "k2", "k3"))
+        # Option names come from the registries that implement them (one list per option).
+        _choice("algo.adv_estimator", self.adv_estimator, tuple(ESTIMATORS))
+        _choice("algo.reward_norm", self.reward_norm, tuple(NORMALIZATIONS))
+        _choice("algo.reward_placement", self.reward_placement, TOKEN_REWARD_MODES)
+        _choice("algo.loss_agg", self.loss_agg, LOSS_AGG_MODES)
+        _choice("algo.kl_type", self.kl_type, tuple(KL_ESTIMATORS))
         _choice("algo.filter_mode", self.filter_mode, ("largest", "smallest"))
         _choice("algo.filter_type", self.filter_type, ("top_k", "variance_cover"))
         _choice("algo.filter_rounding", self.filter_rounding, ("floor", "ceil"))
@@ -186,6 +170,14 @@ class MeshConfig:
     data: int = -1
     fsdp: int = 1
     tensor: int = 1
+
+    def validate(self):
+        sizes = {"mesh.data": self.data, "mesh.fsdp": self.fsdp, "mesh.tensor": self.tensor}
+        for name, v in sizes.items():
+            if isinstance(v, bool) or not isinstance(v, int) or (v < 1 and v != -1):
+                raise ConfigError(f"{name} must be a positive number of devices or -1 (all remaining), got {v!r}")
+        if list(sizes.values()).count(-1) > 1:
+            raise ConfigError("at most one of mesh.data, mesh.fsdp, mesh.tensor may be -1 (all remaining devices)")
 
 
 @dataclass
@@ -253,8 +245,10 @@ class SFTConfig:
 class Config:
     model: ModelConfig = field(default_factory=ModelConfig)
     env: EnvConfig = field(default_factory=EnvConfig)
-    prompt: PromptSettings = field(default_factory=PromptSettings)
-    rollout: RolloutSettings = field(default_factory=RolloutSettings)
+    # The conversation (ragen_jax.text.PromptConfig) and the training rollout
+    # (ragen_jax.rollout.RolloutConfig) are configured by the classes that use them.
+    prompt: PromptConfig = field(default_factory=PromptConfig)
+    rollout: RolloutConfig = field(default_factory=RolloutConfig)
     algo: AlgoConfig = field(default_factory=AlgoConfig)
     optim: OptimConfig = field(default_factory=OptimConfig)
     mesh: MeshConfig = field(default_factory=MeshConfig)
@@ -264,8 +258,14 @@ class Config:
     def validate(self) -> "Config":
         for f in dataclasses.fields(self):
             sub = getattr(self, f.name)
-            if hasattr(sub, "validate"):
+            try:
                 sub.validate()
+            except ConfigError:
+                raise
+            except ValueError as e:  # the text and rollout stages name their own classes
+                raise ConfigError(str(e).replace(f"{type(sub).__name__}.", f"{f.name}.")) from None
+        if self.rollout.cache_dtype is not None:
+            _choice("rollout.cache_dtype", self.rollout.cache_dtype, ("float32", "bfloat16"))
         a, r = self.algo, self.rollout
 
         kept = num_kept_groups(r.num_groups, a.filter_ratio, a.filter_rounding) * r.group_size
@@ -277,8 +277,9 @@ class Config:
         if kept % a.mini_batch_size:
             raise ConfigError(f"kept trajectories per iteration ({kept}) must be a multiple of "
                               f"algo.mini_batch_size={a.mini_batch_size}")
-        if a.adv_estimator == "gae" and self.model.critic == "none":
-            raise ConfigError("algo.adv_estimator='gae' needs a critic; set model.critic to 'separate' or 'shared'")
+        if a.adv_estimator in NEEDS_CRITIC and self.model.critic == "none":
+            raise ConfigError(f"algo.adv_estimator={a.adv_estimator!r} needs a critic; set model.critic to 'separate' "
+                              "or 'shared'")
         return self
 
     def to_dict(self) -> dict:
@@ -352,7 +353,7 @@ def _parse_literal(raw: str):
 def _coerce(key: str, raw: str, hint) -> Any:
     origin = typing.get_origin(hint)
     args = typing.get_args(hint)
-    if origin is typing.Union and type(None) in args:
+    if origin in (typing.Union, types.UnionType) and type(None) in args:
         if raw in ("None", "none", "null"):
             return None
         hint = next(a for a in args if a is not type(None))
@@ -387,8 +388,24 @@ def _coerce(key: str, raw: str, hint) -> Any:
     return value
 
 
+# Keys that moved since runs were saved: old dotted name -> new one. A saved run directory's
+# config.json is read through `migrate_saved`, so old runs resume and evaluate unchanged.
+RENAMED_KEYS = {"model.cache_dtype": "rollout.cache_dtype"}
+
+
+def migrate_saved(d: dict) -> dict:
+    """A saved config dict with renamed keys moved to their current place (a new dict)."""
+    out = {k: dict(v) if isinstance(v, dict) else v for k, v in d.items()}
+    for old, new in RENAMED_KEYS.items():
+        (os_, ok), (ns, nk) = old.split("."), new.split(".")
+        if ok in out.get(os_, {}):
+            out.setdefault(ns, {})[nk] = out[os_].pop(ok)
+    return out
+
+
 def config_from_dict(d: dict) -> Config:
     """Inverse of `Config.to_dict` (used to restore the config saved in a run directory)."""
+    d = migrate_saved(d)
     kwargs = {}
     for f in dataclasses.fields(Config):
         sub_cls = typing.get_type_hints(Config)[f.name]

@@ -35,12 +35,12 @@ from ragen_jax.rollout import Rollout, RolloutConfig, format_trajectory, rollout
 from ragen_jax.text import PromptConfig, TextEnv
 from ragen_jax.text.tokenizer import load_tokenizer
 from ragen_jax.trainer.checkpoint import POLICY_DIR, CheckpointError, load_policy_params
-from ragen_jax.trainer.config import Config, ConfigError, PromptSettings, config_from_dict
-from ragen_jax.trainer.setup import build_text_envs, build_vocab, load_task_tokenizer
+from ragen_jax.trainer.config import Config, ConfigError, config_from_dict
+from ragen_jax.trainer.setup import (SINGLE_ACTION_ENVS, build_text_envs, build_vocab, load_task_tokenizer,
+                                     prompt_for_env)
 
 DEFAULT_SUITE = ("Sokoban", "NewSymbolsSokoban", "LargerSokoban", "FrozenLake", "Bandit", "BanditTest")
-# Single turn, single action (configs/bandit.py), whatever the prompt settings of the other envs say.
-BANDIT_ENVS = ("Bandit", "BanditTest")
+BANDIT_ENVS = SINGLE_ACTION_ENVS  # their success is "chose the high-risk arm" (reported as high_arm_rate)
 # The per-env numbers of the table, in column order (pass@k is inserted after format_ok).
 TABLE_METRICS = ("success", "reward_mean", "action_is_valid", "action_is_effective", "num_actions",
                  "response_length", "format_ok")
@@ -62,7 +62,7 @@ class LoadedPolicy(tuple):
     policy = property(lambda self: self[0])  # flax.nnx module (its graph; the numbers are `params`)
     params = property(lambda self: self[1])  # nnx.State of the policy
     tokenizer = property(lambda self: self[2])
-    prompt = property(lambda self: self[3])  # PromptSettings: the run's (defaults for an HF dir or a preset)
+    prompt = property(lambda self: self[3])  # PromptConfig: the run's (defaults for an HF dir or a preset)
 
 
 # ------------------------------------------------------------------------------------- loading
@@ -174,7 +174,7 @@ def _load_hf_dir(p: Path, config: Optional[Config], dtype: Optional[str] = None)
     policy = from_pretrained(str(p), dtype=dtype, param_dtype=param_dtype)
     has_tok = any((p / f).is_file() for f in ("tokenizer.json", "tokenizer_config.json"))
     tokenizer = load_tokenizer(str(p) if has_tok else None)
-    prompt = dataclasses.replace(config.prompt) if config is not None else PromptSettings()
+    prompt = dataclasses.replace(config.prompt) if config is not None else PromptConfig()
     return LoadedPolicy(policy, _committed(policy), tokenizer, prompt), None
 
 
@@ -188,7 +188,7 @@ def _load_preset(name: str, config: Optional[Config], dtype: Optional[str] = Non
     if dtype is not None:
         qcfg = qcfg.replace(dtype=dtype, param_dtype=dtype)
     policy = Qwen2(qcfg, rngs=nnx.Rngs(seed))
-    prompt = dataclasses.replace(config.prompt) if config is not None else PromptSettings()
+    prompt = dataclasses.replace(config.prompt) if config is not None else PromptConfig()
     return LoadedPolicy(policy, _committed(policy), load_tokenizer(), prompt), None
 
 
@@ -235,15 +235,6 @@ def load_for_eval(source: str | Path, config: Optional[Config] = None, *, dtype:
 
 
 # ------------------------------------------------------------------------------------- evaluation
-def _prompt_config(settings, env_name: str):
-    s = settings if settings is not None else PromptSettings()
-    fields = {f: getattr(s, f) for f in ("think", "max_turns", "max_actions_per_turn", "max_response_words",
-                                        "max_response_tokens")}
-    if env_name in BANDIT_ENVS:
-        fields.update(max_turns=1, max_actions_per_turn=1)
-    return PromptConfig(**fields)
-
-
 def check_env_names(envs: Sequence[str]) -> tuple[str, ...]:
     """The names as registered (case-insensitive match); EvalError naming the valid ones otherwise."""
     valid = envs_jax.registered_envs()
@@ -270,14 +261,15 @@ def get_rollout(policy, tokenizer, env_name: str, *, num_states: int, rollouts_p
                 greedy: bool, prompt=None, max_context: int = 3600, env_overrides: Optional[dict] = None,
                 mesh=None, cache_dtype: Optional[str] = None, vocab=None) -> Rollout:
     """The cached compiled evaluation rollout of one env (built on first use)."""
-    pc = _prompt_config(prompt, env_name)
+    pc = prompt_for_env(prompt if prompt is not None else PromptConfig(), env_name)
     overrides = dict(env_overrides or {})
     rc = RolloutConfig(num_groups=num_states, group_size=rollouts_per_state, max_context=max_context,
                        temperature=temperature, greedy=greedy, cache_dtype=cache_dtype)
     graphdef = nnx.split(policy)[0]
     # A vocabulary map by content: reloading the same run gives a new but equal map.
     vocab_key = None if vocab is None else hashlib.sha1(np.asarray(vocab.to_qwen).tobytes()).hexdigest()
-    key = (graphdef, env_name, repr(sorted(overrides.items())), pc, rc, id(tokenizer), id(mesh), vocab_key)
+    key = (graphdef, env_name, repr(sorted(overrides.items())), dataclasses.astuple(pc), dataclasses.astuple(rc),
+           id(tokenizer), id(mesh), vocab_key)
     hit = _ROLLOUTS.get(key)
     # ids are only unique among live objects: the entry keeps the objects themselves to compare.
     if hit is not None and all(a is b for a, b in zip(hit[1], (tokenizer, mesh))):
@@ -315,9 +307,8 @@ def evaluate(policy, params, tokenizer, envs: Sequence[str] = DEFAULT_SUITE, *, 
 
     Initial states are the fixed seeds seed_start .. seed_start + num_states - 1 (the reference's
     validation set: 256 states from 123, one rollout each, temperature 0.5). `key` (default
-    PRNGKey(0)) drives sampling and env randomness, the same for every env. `prompt`: PromptSettings
-    (or any object with think, max_turns, max_actions_per_turn, max_response_words,
-    max_response_tokens); Bandit envs always get one turn with one action. `env_overrides`:
+    PRNGKey(0)) drives sampling and env randomness, the same for every env. `prompt`: PromptConfig;
+    Bandit envs always get one turn with one action (`prompt_for_env`). `env_overrides`:
     {env name: parameter overrides for envs_jax.make}. `vocab`: the VocabMap of a small-vocabulary
     model (`LoadedPolicy.vocab`). `transcripts`: that many sample conversations
     per env (format_trajectory) under "transcripts". `progress(env, "start"|"done", metrics)` is
@@ -361,6 +352,32 @@ def evaluate(policy, params, tokenizer, envs: Sequence[str] = DEFAULT_SUITE, *, 
         if progress is not None:
             progress(name, "done", m)
     return results
+
+
+def validate_run(cfg: Config, policy, params, tokenizer, *, mesh=None, vocab=None) -> dict:
+    """A training run's validation (RL and SFT alike): `train.val_size` fixed states from `train.val_seed`,
+    one rollout each at `train.val_temperature`, on the training env and `env.val_envs`; flat
+    `val/<Env>/<metric>` numbers plus `timing/validation_s`."""
+    t0 = time.perf_counter()
+    envs = list(dict.fromkeys([cfg.env.name, *cfg.env.val_envs]))
+    results = evaluate(
+        policy, params, tokenizer, envs, num_states=cfg.train.val_size, seed_start=cfg.train.val_seed,
+        temperature=cfg.train.val_temperature, prompt=cfg.prompt, max_context=cfg.rollout.max_context, mesh=mesh,
+        key=jax.random.PRNGKey(cfg.train.seed + 7), env_overrides={cfg.env.name: cfg.env.overrides},
+        cache_dtype=cfg.rollout.cache_dtype, vocab=vocab)
+    out = flat_metrics(results)
+    out["timing/validation_s"] = time.perf_counter() - t0
+    return out
+
+
+def log_validation(trainer, step: int) -> dict:
+    """Validate, log the metrics at `step` and print one line; shared by the RL and SFT trainers
+    (anything with `validate()`, `logger` and `_print`)."""
+    m = trainer.validate()
+    trainer.logger.scalars(step, m)
+    summary = ", ".join(f"{k.split('/')[1]} {v:.3f}" for k, v in m.items() if k.endswith("/success"))
+    trainer._print(f"validation @ step {step}: success {summary}")
+    return m
 
 
 # ------------------------------------------------------------------------------------- output
@@ -423,5 +440,5 @@ def format_table(results: dict) -> str:
     return "\n".join(lines)
 
 
-__all__ = ["BANDIT_ENVS", "DEFAULT_SUITE", "EvalError", "LoadedPolicy", "check_env_names", "episode_metrics",
+__all__ = ["validate_run", "log_validation", "BANDIT_ENVS", "DEFAULT_SUITE", "EvalError", "LoadedPolicy", "check_env_names", "episode_metrics",
            "evaluate", "flat_metrics", "format_table", "get_rollout", "load_for_eval", "load_source", "write_eval_json"]

@@ -23,14 +23,14 @@ from tqdm import tqdm
 
 from ragen_jax.models import critic_from_policy
 from ragen_jax.models.qwen2.sharding import param_shardings
-from ragen_jax.rollout import Rollout, RolloutConfig, format_trajectory, group_seeds_for_iteration, rollout_metrics
+from ragen_jax.rollout import Rollout, format_trajectory, group_seeds_for_iteration, rollout_metrics
 from ragen_jax.trainer.checkpoint import Checkpointer, load_policy_params, save_policy, save_run_config
 from ragen_jax.trainer.config import Config, ConfigError
-from ragen_jax.trainer.evaluation import evaluate, flat_metrics
+from ragen_jax.trainer.evaluation import log_validation, validate_run
 from ragen_jax.trainer.logger import EchoTrapMonitor, Logger
 from ragen_jax.trainer.optim import make_optimizer
 from ragen_jax.trainer.setup import (build_mesh, build_policy, build_text_envs, build_vocab, check_run_dir_config,
-                                     load_task_tokenizer, log_validation)
+                                     load_task_tokenizer)
 from ragen_jax.trainer.step import StepPrograms, TrainState, check_batch_fits_mesh
 
 # Config keys that may change when a run is resumed (everything else must match the saved run).
@@ -92,10 +92,7 @@ class Trainer:
         self._update = jax.jit(self.programs.update, out_shardings=(state_shardings, None))
 
         # Rollouts: training (P x N) and validation (val_size states x 1, lower temperature).
-        r = cfg.rollout
-        self.rollout = Rollout(policy, self.text_env, RolloutConfig(
-            num_groups=r.num_groups, group_size=r.group_size, max_context=r.max_context, temperature=r.temperature,
-            top_p=r.top_p, top_k=r.top_k, cache_dtype=cfg.model.cache_dtype), mesh=self.mesh, vocab=self.vocab)
+        self.rollout = Rollout(policy, self.text_env, cfg.rollout, mesh=self.mesh, vocab=self.vocab)
         if cfg.train.val_every > 0 and cfg.train.val_size % n_batch_shards:
             raise ConfigError(f"train.val_size={cfg.train.val_size} is not divisible by the {n_batch_shards} "
                               "data-parallel devices of the mesh")
@@ -117,18 +114,9 @@ class Trainer:
         return int(self.state.iteration)
 
     def validate(self) -> dict:
-        """The reference's validation (fixed seeds, temperature 0.5) on the training and val envs,
-        through `ragen_jax.trainer.evaluation` (compiled once per env, like the rollout)."""
-        cfg = self.cfg
-        t0 = time.perf_counter()
-        results = evaluate(
-            self.policy, self.state.actor, self.tokenizer, list(self.text_envs), num_states=cfg.train.val_size,
-            seed_start=cfg.train.val_seed, temperature=cfg.train.val_temperature, prompt=cfg.prompt,
-            max_context=cfg.rollout.max_context, mesh=self.mesh, key=jax.random.PRNGKey(cfg.train.seed + 7),
-            env_overrides={cfg.env.name: cfg.env.overrides}, cache_dtype=cfg.model.cache_dtype, vocab=self.vocab)
-        out = flat_metrics(results)
-        out["timing/validation_s"] = time.perf_counter() - t0
-        return out
+        """The reference's validation (fixed seeds, temperature 0.5) on the training and val envs
+        (`evaluation.validate_run`: compiled once per env, like the rollout)."""
+        return validate_run(self.cfg, self.policy, self.state.actor, self.tokenizer, mesh=self.mesh, vocab=self.vocab)
 
     def iteration_step(self) -> dict:
         """One training iteration; returns its metrics (host floats)."""

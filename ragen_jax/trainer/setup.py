@@ -7,6 +7,7 @@ preset) and `check_run_dir_config` (a run directory resumes only with its own co
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 from pathlib import Path
@@ -22,7 +23,7 @@ from ragen_jax.models.vocab_map import VocabMap
 from ragen_jax.rollout.teachers import teacher_texts
 from ragen_jax.text import PromptConfig, TextEnv
 from ragen_jax.text.tokenizer import load_tokenizer
-from ragen_jax.trainer.config import Config, ConfigError
+from ragen_jax.trainer.config import Config, ConfigError, migrate_saved
 
 
 def _flatten(d: dict, prefix="") -> dict:
@@ -42,7 +43,7 @@ def check_run_dir_config(workdir: Path, cfg: Config, resumable: tuple[str, ...])
     if not saved.exists():
         return
     try:
-        old = _flatten(json.loads(saved.read_text()))
+        old = _flatten(migrate_saved(json.loads(saved.read_text())))
     except json.JSONDecodeError:
         raise ConfigError(f"{saved} is not valid JSON; this directory holds a broken run") from None
     as_json = lambda c: _flatten(json.loads(json.dumps(c.to_dict(), default=str)))  # noqa: E731
@@ -55,16 +56,6 @@ def check_run_dir_config(workdir: Path, cfg: Config, resumable: tuple[str, ...])
     if diff:
         raise ConfigError(f"{workdir} holds a run with a different config ({', '.join(diff[:6])}"
                           f"{' ...' if len(diff) > 6 else ''}); use another --workdir to start a new run")
-
-
-def log_validation(trainer, step: int) -> dict:
-    """Validate, log the metrics at `step` and print one line; shared by the RL and SFT trainers
-    (anything with `validate()`, `logger` and `_print`)."""
-    m = trainer.validate()
-    trainer.logger.scalars(step, m)
-    summary = ", ".join(f"{k.split('/')[1]} {v:.3f}" for k, v in m.items() if k.endswith("/success"))
-    trainer._print(f"validation @ step {step}: success {summary}")
-    return m
 
 
 def build_mesh(cfg: Config, devices=None):
@@ -90,15 +81,23 @@ def load_task_tokenizer(cfg: Config):
 
 def build_text_envs(cfg: Config, tokenizer) -> dict:
     """TextEnv per environment used by the run: the training env first, then validation envs."""
-
-    p = cfg.prompt
-    prompt = PromptConfig(think=p.think, max_turns=p.max_turns, max_actions_per_turn=p.max_actions_per_turn,
-                          max_response_words=p.max_response_words, max_response_tokens=p.max_response_tokens)
     out = {}
     for name in (cfg.env.name, *cfg.env.val_envs):
         env, params = envs_jax.make(name, **(cfg.env.overrides if name == cfg.env.name else {}))
-        out[name] = TextEnv(env, params, tokenizer, prompt)
+        out[name] = TextEnv(env, params, tokenizer, prompt_for_env(cfg.prompt, name))
     return out
+
+
+# Single turn, single action whatever the prompt settings of the other envs say (configs/bandit.py).
+SINGLE_ACTION_ENVS = ("Bandit", "BanditTest")
+
+
+def prompt_for_env(prompt: PromptConfig, env_name: str) -> PromptConfig:
+    """The conversation settings an environment is run with: the run's, except that one-shot envs
+    (Bandit) always get one turn with one action."""
+    if env_name in SINGLE_ACTION_ENVS:
+        return dataclasses.replace(prompt, max_turns=1, max_actions_per_turn=1)
+    return prompt
 
 
 # Texts the task vocabulary must be able to express beyond what the environments render: the

@@ -31,6 +31,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import json
 import time
@@ -46,12 +47,13 @@ from flax import nnx, struct
 from jax.sharding import NamedSharding, PartitionSpec
 
 from ragen_jax.trainer.config import Config, ConfigError
-from ragen_jax.rollout import Rollout, RolloutConfig, rollout_metrics
+from ragen_jax.rollout import Rollout, rollout_metrics
 from ragen_jax.rollout.teachers import get_teacher
 from ragen_jax.trainer.checkpoint import Checkpointer, save_policy, save_run_config
 from ragen_jax.trainer.logger import Logger
 from ragen_jax.trainer.setup import (build_mesh, build_policy, build_text_envs, build_vocab, check_run_dir_config,
-                                     load_task_tokenizer, log_validation)
+                                     load_task_tokenizer)
+from ragen_jax.trainer.evaluation import log_validation, validate_run
 from ragen_jax.trainer.optim import make_optimizer
 from ragen_jax.models.qwen2.sharding import param_shardings
 from ragen_jax.trainer.checkpoint import load_policy_params
@@ -246,8 +248,8 @@ class SFTTrainer:
         # Demo chunks: a multiple of the data-parallel devices (the rollout shards its batch).
         chunk = min(demo_chunk, cfg.sft.num_demos)
         self.demo_chunk = -(-chunk // self.n_shards) * self.n_shards
-        self.demo_rollout = Rollout(None, self.text_env, RolloutConfig(
-            num_groups=self.demo_chunk, group_size=1, max_context=cfg.rollout.max_context),
+        demo_cfg = dataclasses.replace(cfg.rollout, num_groups=self.demo_chunk, group_size=1)  # teacher: no sampling
+        self.demo_rollout = Rollout(None, self.text_env, demo_cfg,
             mesh=self.mesh, teacher=self.teacher)
 
         self.graphdef, params = nnx.split(policy)
@@ -269,13 +271,8 @@ class SFTTrainer:
         self._step = jax.jit(self._train_step, out_shardings=(state_shardings, None))
         self._loss = jax.jit(functools.partial(sft_loss, self.graphdef, vocab=self.vocab))
 
-        self.val_rollouts = {}
-        if cfg.train.val_every > 0:
-            r = cfg.rollout
-            val_cfg = RolloutConfig(num_groups=cfg.train.val_size, group_size=1, max_context=r.max_context,
-                                    temperature=cfg.train.val_temperature, cache_dtype=cfg.model.cache_dtype)
-            for name, te in self.text_envs.items():
-                self.val_rollouts[name] = Rollout(policy, te, val_cfg, mesh=self.mesh, vocab=self.vocab)
+        self.policy = policy
+        self.validates = cfg.train.val_every > 0
 
         self.ckpt = Checkpointer(self.workdir / "checkpoints", keep=cfg.train.keep_checkpoints)
         self.state = state
@@ -400,17 +397,8 @@ class SFTTrainer:
 
     # -- validation -------------------------------------------------------------------------------
     def validate(self) -> dict:
-        out = {}
-        seeds = self.cfg.train.val_seed + np.arange(self.cfg.train.val_size)  # the fixed validation states
-        for name, ro in self.val_rollouts.items():
-            t0 = time.perf_counter()
-            traj = ro(self.state.params, jax.random.PRNGKey(self.cfg.train.seed + 7), seeds)
-            m = rollout_metrics(traj, 1)
-            for k in ("success", "reward_mean", "action_is_valid", "action_is_effective", "num_actions",
-                      "response_length", "format_ok"):
-                out[f"val/{name}/{k}"] = m[k]
-            out[f"timing/val_{name}_s"] = time.perf_counter() - t0
-        return out
+        """The run's validation, the same as the RL trainer's (`evaluation.validate_run`)."""
+        return validate_run(self.cfg, self.policy, self.state.params, self.tokenizer, mesh=self.mesh, vocab=self.vocab)
 
     def _log_validation(self, step):
         return log_validation(self, step)
@@ -442,7 +430,7 @@ class SFTTrainer:
             total = cfg.sft.epochs * self.steps_per_epoch()
             if start > 0:
                 self._print(f"resuming {self.workdir} from step {start}")
-            if self.val_rollouts and start == 0:
+            if self.validates and start == 0:
                 history.append({"step": 0, **self._log_validation(0)})
             end = total if max_steps is None else min(total, start + max_steps)
             bar = tqdm(range(start, end), initial=start, total=total, desc="sft",
@@ -459,7 +447,7 @@ class SFTTrainer:
                 if step % cfg.sft.save_every == 0 or step == total:
                     self.ckpt.save(step, self.state, extra={"step": step})
             if self.step >= total:
-                if self.val_rollouts and end > start:
+                if self.validates and end > start:
                     history.append({"step": total, **self._log_validation(total)})
                 # Every process takes part: it is a collective save.
                 save_policy(self.workdir, self.state.params)

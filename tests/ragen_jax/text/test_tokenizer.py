@@ -10,7 +10,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from ragen_jax import tokenizer as tkz
+from ragen_jax.text import tokenizer as tkz
 from ragen_jax.text.tokenizer import ENDOFTEXT, IM_END, IM_START, load_tokenizer, token_bytes_table
 
 

@@ -23,16 +23,16 @@ import pytest
 from flax import nnx
 
 import envs_jax
-from ragen_jax.trainer.config import PromptSettings, load_config
+from ragen_jax.trainer.config import load_config
 from ragen_jax.trainer.evaluation import (
     DEFAULT_SUITE, EvalError, evaluate, flat_metrics, format_table, get_rollout, load_for_eval, load_source,
     write_eval_json)
 from ragen_jax.rollout import Rollout, RolloutConfig, rollout_metrics
 from ragen_jax.text import PromptConfig, TextEnv
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 ENVS = ("Bandit", "FrozenLake")
-PROMPT = PromptSettings(max_turns=2, max_response_tokens=8)
+PROMPT = PromptConfig(max_turns=2, max_response_tokens=8)
 SETTINGS = dict(num_states=4, rollouts_per_state=2, max_context=512, prompt=PROMPT, seed_start=123)
 KEY = jax.random.PRNGKey(5)
 # The train-loop test's one-device config (tests/ragen_jax/training/test_train_loop.py), so its
@@ -112,7 +112,7 @@ def test_pass_at_k_on_a_scripted_policy(tiny):
     texts = [[f"x</think><answer>{p}</answer>" if p else "no answer"] for p in picks]
     policy = ScriptedPolicy(make_script(tiny.tokenizer, texts, 1))
     res = evaluate(policy, nnx.state(policy), tiny.tokenizer, ("Bandit",), num_states=4, rollouts_per_state=2,
-                   max_context=512, prompt=PromptSettings(max_response_tokens=12), greedy=True)["Bandit"]
+                   max_context=512, prompt=PromptConfig(max_response_tokens=12), greedy=True)["Bandit"]
     assert res["success"] == pytest.approx(3 / 8)
     assert res["pass@2"] == pytest.approx(2 / 4)
     assert res["format_ok"] == pytest.approx(6 / 8)
@@ -226,7 +226,7 @@ def test_hf_directory_and_presets_load(tiny, tmp_path):
     save_pretrained(tiny.policy, str(tmp_path / "hf"))
     loaded = load_for_eval(tmp_path / "hf")
     _assert_same_params(loaded.params, tiny.params)
-    assert loaded.prompt == PromptSettings()
+    assert loaded.prompt == PromptConfig()
     assert loaded.tokenizer.encode("<|im_end|>") == [151645]
     with pytest.raises(EvalError, match="does not exist"):
         load_for_eval(tmp_path / "missing")
