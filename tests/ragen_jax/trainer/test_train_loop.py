@@ -184,3 +184,32 @@ def test_run_dir_saved_before_a_config_key_existed(tmp_path):
         check_run_dir_config(tmp_path, load_config("tiny_cpu.py", ["sft.lr_schedule=cosine"]), ())
     with pytest.raises(ConfigError, match="sft.lr"):
         check_run_dir_config(tmp_path, load_config("tiny_cpu.py", ["sft.lr=0.5"]), ())
+
+
+def test_run_dir_saved_before_a_key_moved(tmp_path):
+    """model.cache_dtype moved to rollout.cache_dtype: a run saved with the old key resumes with the same
+    value under the new one (and is refused with another), and evaluation reads its config."""
+    from ragen_jax.trainer.config import config_from_dict
+    from ragen_jax.trainer.setup import check_run_dir_config
+
+    cfg = load_config("tiny_cpu.py", ["rollout.cache_dtype=bfloat16"])
+    saved = json.loads(json.dumps(cfg.to_dict(), default=str))
+    saved["model"]["cache_dtype"] = saved["rollout"].pop("cache_dtype")  # as written before the move
+    (tmp_path / "config.json").write_text(json.dumps(saved))
+    check_run_dir_config(tmp_path, cfg, ())
+    with pytest.raises(ConfigError, match="rollout.cache_dtype"):
+        check_run_dir_config(tmp_path, load_config("tiny_cpu.py"), ())
+    assert config_from_dict(saved).rollout.cache_dtype == "bfloat16"
+
+
+def test_prompt_and_rollout_knobs_reach_the_objects_that_use_them():
+    """Every field of the classes that use the prompt and rollout sections is settable from the command
+    line (no hand-copied mirror that drops some): format_penalty and stop_at_answer included."""
+    cfg = load_config("tiny_cpu.py", ["rollout.format_penalty=-0.5", "rollout.stop_at_answer=false",
+                                      "prompt.system_prompt=Be brief.", "prompt.max_actions_per_episode=7"])
+    assert cfg.rollout.format_penalty == -0.5 and cfg.rollout.stop_at_answer is False
+    assert cfg.prompt.system_prompt == "Be brief." and cfg.prompt.max_actions_per_episode == 7
+    with pytest.raises(ConfigError, match="prompt.max_turns"):
+        load_config("tiny_cpu.py", ["prompt.max_turns=0"])
+    with pytest.raises(ConfigError, match="rollout.top_p"):
+        load_config("tiny_cpu.py", ["rollout.top_p=1.5"])
