@@ -22,11 +22,9 @@ from typing import Iterable, Sequence
 
 import jax.numpy as jnp
 import numpy as np
-from ragen_jax.text.tokenizer import token_bytes_table
 
-ENDOFTEXT = 151643
-IM_START = 151644
-IM_END = 151645
+from ragen_jax.text.tokenizer import ENDOFTEXT, IM_END, IM_START, token_bytes_table
+
 QWEN_VOCAB = 151936
 
 

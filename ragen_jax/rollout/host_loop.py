@@ -15,14 +15,12 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 import numpy as np
-
 from flax import nnx
 
 from ragen_jax.rollout import sampler
 from ragen_jax.rollout.rollout import init_cache
-
-IM_END = 151645
-ENDOFTEXT = 151643
+from ragen_jax.text.parse import format_penalty_applies
+from ragen_jax.text.tokenizer import ENDOFTEXT, IM_END
 
 
 _GEN = {}
@@ -105,7 +103,7 @@ def host_rollout(model, text_env, parser, cfg, key, group_seeds, token_bytes):
                 _, st, rew, _, _ = step(k, st, jnp.int32(parsed.actions[a]), params)
                 reward += float(rew)
             states[a_row] = st
-            bad = bool(parsed.has_invalid) or int(parsed.num_actions) == 0
+            bad = bool(format_penalty_applies(parsed))
             reward += cfg.format_penalty if bad else 0.0
             turn_rewards[a_row].append(np.float32(reward))
             prev_reward[a_row] = reward
