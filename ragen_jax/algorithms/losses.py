@@ -239,6 +239,14 @@ def token_logprobs_and_entropy(hidden: jax.Array, targets: jax.Array,
     """
     if hidden.ndim != 3 or targets.shape != hidden.shape[:2]:
         raise ValueError(f"expected hidden [B, T, H] and targets [B, T], got {hidden.shape} and {targets.shape}")
+    return map_time_chunks(lambda h, y: _chunk_logp_entropy(logits_fn, h, y), hidden, targets, chunk)
+
+
+def map_time_chunks(chunk_fn: Callable, hidden: jax.Array, targets: jax.Array, chunk: int = 128):
+    """`chunk_fn(hidden [B, c, H], targets [B, c]) -> tuple of [B, c] arrays`, applied to the time axis
+    in chunks of `chunk` (the last one zero-padded) under a `lax.map` with a `jax.checkpoint`ed body,
+    so neither the forward nor the backward pass holds more than one chunk's [B, c, V] logits.
+    Returns the tuple of [B, T] results. Shared by the RL losses and the SFT loss."""
     if not isinstance(chunk, int) or chunk < 1:
         raise ValueError(f"chunk must be a positive integer, got {chunk!r}")
     b, t, h = hidden.shape
@@ -251,11 +259,8 @@ def token_logprobs_and_entropy(hidden: jax.Array, targets: jax.Array,
         targets = jnp.pad(targets, ((0, 0), (0, pad)))
     hs = hidden.reshape(b, n, c, h).swapaxes(0, 1)  # [n, B, c, H]
     ys = targets.reshape(b, n, c).swapaxes(0, 1)
-    body = jax.checkpoint(lambda xs: _chunk_logp_entropy(logits_fn, *xs))
-    logp, ent = jax.lax.map(body, (hs, ys))
-    logp = logp.swapaxes(0, 1).reshape(b, n * c)[:, :t]
-    ent = ent.swapaxes(0, 1).reshape(b, n * c)[:, :t]
-    return logp, ent
+    out = jax.lax.map(jax.checkpoint(lambda xs: chunk_fn(*xs)), (hs, ys))
+    return tuple(o.swapaxes(0, 1).reshape(b, n * c)[:, :t] for o in out)
 
 
 def entropy_loss(entropy: jax.Array, mask: jax.Array, agg_mode: str = "token-mean", norm=None) -> jax.Array:

@@ -46,17 +46,17 @@ import optax
 from flax import nnx, struct
 from jax.sharding import NamedSharding, PartitionSpec
 
-from ragen_jax.trainer.config import Config, ConfigError
+from ragen_jax.algorithms import losses as loss_lib
+from ragen_jax.models.qwen2.sharding import param_shardings
 from ragen_jax.rollout import Rollout, rollout_metrics
 from ragen_jax.rollout.teachers import get_teacher
-from ragen_jax.trainer.checkpoint import Checkpointer, save_policy, save_run_config
+from ragen_jax.trainer.checkpoint import Checkpointer, load_policy_params, save_policy, save_run_config
+from ragen_jax.trainer.config import Config, ConfigError
+from ragen_jax.trainer.evaluation import log_validation, validate_run
 from ragen_jax.trainer.logger import Logger
+from ragen_jax.trainer.optim import make_optimizer
 from ragen_jax.trainer.setup import (build_mesh, build_policy, build_text_envs, build_vocab, check_run_dir_config,
                                      load_task_tokenizer)
-from ragen_jax.trainer.evaluation import log_validation, validate_run
-from ragen_jax.trainer.optim import make_optimizer
-from ragen_jax.models.qwen2.sharding import param_shardings
-from ragen_jax.trainer.checkpoint import load_policy_params
 from tqdm import tqdm
 
 # Config keys that may change when an SFT run is resumed (everything else must match the saved run).
@@ -161,19 +161,7 @@ def token_logprobs_and_hits(graphdef, params, tokens, valid, chunk: int = 128, v
     if prefix is not None:
         shared = model.prefix_kv(prefix if vocab is None else vocab.model_ids(prefix))
     hidden, _ = model(ids, valid, None, prefix=shared)
-    hidden, targets = hidden[:, :-1], ids[:, 1:].astype(jnp.int32)
-    b, t, h = hidden.shape
-    c = min(chunk, t)
-    n = -(-t // c)
-    pad = n * c - t
-    if pad:
-        hidden = jnp.pad(hidden, ((0, 0), (0, pad), (0, 0)))
-        targets = jnp.pad(targets, ((0, 0), (0, pad)))
-    hs = hidden.reshape(b, n, c, h).swapaxes(0, 1)
-    ys = targets.reshape(b, n, c).swapaxes(0, 1)
-    body = jax.checkpoint(lambda xs: _chunk_logp_hit(model.logits, *xs))
-    logp, hit = jax.lax.map(body, (hs, ys))
-    return (logp.swapaxes(0, 1).reshape(b, n * c)[:, :t], hit.swapaxes(0, 1).reshape(b, n * c)[:, :t])
+    return loss_lib.map_time_chunks(lambda h, y: _chunk_logp_hit(model.logits, h, y), hidden[:, :-1], ids[:, 1:], chunk)
 
 
 def sft_loss(graphdef, params, prefix, tokens, loss_mask, length, vocab=None):
