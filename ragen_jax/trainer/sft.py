@@ -45,6 +45,7 @@ import numpy as np
 import optax
 from flax import nnx, struct
 from jax.sharding import NamedSharding, PartitionSpec
+from tqdm import tqdm
 
 from ragen_jax.algorithms import losses as loss_lib
 from ragen_jax.models.qwen2.sharding import param_shardings
@@ -57,7 +58,6 @@ from ragen_jax.trainer.logger import Logger
 from ragen_jax.trainer.optim import make_optimizer
 from ragen_jax.trainer.setup import (build_mesh, build_policy, build_text_envs, build_vocab, check_run_dir_config,
                                      load_task_tokenizer)
-from tqdm import tqdm
 
 # Config keys that may change when an SFT run is resumed (everything else must match the saved run).
 RESUMABLE_CHANGES = ("sft.epochs", "sft.save_every", "train.val_every", "train.keep_checkpoints",
