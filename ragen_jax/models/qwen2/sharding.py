@@ -31,6 +31,17 @@ LOGICAL_AXES: tuple[tuple[str, tuple[str | None, ...]], ...] = (
     (r"layers/self_attn/o_proj/kernel$", ("layers", "heads", "embed")),
     (r"layers/mlp/(gate_proj|up_proj)/kernel$", ("layers", "embed", "mlp")),
     (r"layers/mlp/down_proj/kernel$", ("layers", "mlp", "embed")),
+    # LoRA adapters (models/lora.py): A [L, in, r] shards `in` like its kernel, B [L, r, out] shards
+    # `out` like its kernel; the small rank axis stays whole.
+    (r"layers/self_attn/q_proj/lora_b$", ("layers", None, "heads")),
+    (r"layers/self_attn/(k_proj|v_proj)/lora_b$", ("layers", None, "kv_heads")),
+    (r"layers/self_attn/(q_proj|k_proj|v_proj)/lora_a$", ("layers", "embed", None)),
+    (r"layers/self_attn/o_proj/lora_a$", ("layers", "heads", None)),
+    (r"layers/self_attn/o_proj/lora_b$", ("layers", None, "embed")),
+    (r"layers/mlp/(gate_proj|up_proj)/lora_a$", ("layers", "embed", None)),
+    (r"layers/mlp/(gate_proj|up_proj)/lora_b$", ("layers", None, "mlp")),
+    (r"layers/mlp/down_proj/lora_a$", ("layers", "mlp", None)),
+    (r"layers/mlp/down_proj/lora_b$", ("layers", None, "embed")),
     (r"model/norm/scale$", ("norm",)),
     (r"lm_head/kernel$", ("embed", "vocab")),
     (r"value_head/kernel$", ("embed", None)),
