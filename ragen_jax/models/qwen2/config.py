@@ -42,6 +42,11 @@ class Qwen2Config:
     param_dtype: str = "float32"  # storage dtype of the parameters
     # Rematerialise each decoder layer in the backward pass (trades compute for activation memory).
     remat: bool = False
+    # LoRA adapters on the targeted projections (models/lora.py `add_lora` sets these; 0 = none).
+    # The forward adds (lora_alpha / lora_rank) * (x @ A) @ B to each targeted projection.
+    lora_rank: int = 0
+    lora_alpha: float = 0.0
+    lora_targets: tuple = ()
 
     def __post_init__(self):
         for name in (
@@ -90,6 +95,11 @@ class Qwen2Config:
     def num_groups(self) -> int:
         """Query heads per key/value head (grouped-query attention)."""
         return self.num_attention_heads // self.num_key_value_heads
+
+    @property
+    def lora_scale(self) -> float:
+        """PEFT's LoRA scale alpha / rank (0 without adapters)."""
+        return self.lora_alpha / self.lora_rank if self.lora_rank else 0.0
 
     def replace(self, **changes) -> "Qwen2Config":
         return dataclasses.replace(self, **changes)

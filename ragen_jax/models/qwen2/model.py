@@ -130,8 +130,10 @@ def attend(q: jax.Array, k: jax.Array, v: jax.Array, mask: jax.Array) -> jax.Arr
     return out.reshape(b, t, nh * d)
 
 
-def _dense(x, p):
+def _dense(x, p, lora_scale: float = 0.0):
     y = x @ p["kernel"].astype(x.dtype)
+    if "lora_a" in p:  # applied on the fly: the frozen base is never copied into merged weights
+        y = y + ((x @ p["lora_a"].astype(x.dtype)) @ p["lora_b"].astype(x.dtype)) * jnp.asarray(lora_scale, x.dtype)
     if "bias" in p:
         y = y + p["bias"].astype(x.dtype)
     return y
@@ -141,18 +143,19 @@ def _attn_in(cfg: Qwen2Config, p, x, cos, sin):
     """Pre-norm + q/k/v projections + RoPE for one layer."""
     b, t, _ = x.shape
     h = rms_norm(x, p["input_layernorm"]["scale"], cfg.rms_norm_eps)
-    a = p["self_attn"]
-    q = _dense(h, a["q_proj"]).reshape(b, t, cfg.num_attention_heads, cfg.head_dim)
-    k = _dense(h, a["k_proj"]).reshape(b, t, cfg.num_key_value_heads, cfg.head_dim)
-    v = _dense(h, a["v_proj"]).reshape(b, t, cfg.num_key_value_heads, cfg.head_dim)
+    a, s = p["self_attn"], cfg.lora_scale
+    q = _dense(h, a["q_proj"], s).reshape(b, t, cfg.num_attention_heads, cfg.head_dim)
+    k = _dense(h, a["k_proj"], s).reshape(b, t, cfg.num_key_value_heads, cfg.head_dim)
+    v = _dense(h, a["v_proj"], s).reshape(b, t, cfg.num_key_value_heads, cfg.head_dim)
     return apply_rope(q, cos, sin), apply_rope(k, cos, sin), v
 
 
 def _attn_out_mlp(cfg: Qwen2Config, p, x, attn):
-    x = x + _dense(attn, p["self_attn"]["o_proj"])
+    s = cfg.lora_scale
+    x = x + _dense(attn, p["self_attn"]["o_proj"], s)
     h = rms_norm(x, p["post_attention_layernorm"]["scale"], cfg.rms_norm_eps)
     m = p["mlp"]
-    return x + _dense(jax.nn.silu(_dense(h, m["gate_proj"])) * _dense(h, m["up_proj"]), m["down_proj"])
+    return x + _dense(jax.nn.silu(_dense(h, m["gate_proj"], s)) * _dense(h, m["up_proj"], s), m["down_proj"], s)
 
 
 def decoder_stack(cfg: Qwen2Config, layers, x, valid, cache: KVCache | None, prefix: "PrefixKV | None" = None,
