@@ -23,7 +23,8 @@ def _tokens(b=2, t=9, seed=0):
     rng = np.random.default_rng(seed)
     tokens = rng.integers(0, CFG.vocab_size, (b, t)).astype(np.int32)
     valid = np.ones((b, t), bool)
-    valid[1, 6:] = False  # a right-padded row
+    if b > 1:
+        valid[1, 6:] = False  # a right-padded row
     return tokens, valid
 
 
@@ -140,7 +141,7 @@ def test_peft_adapter_loads_onto_transformers_and_gives_our_logits(tmp_path):
     add_lora(model, RANK, ALPHA, rngs=nnx.Rngs(1))
     _randomise_b(model)
     save_peft_adapter(model, str(tmp_path / "adapter"), base_model=str(tmp_path / "base"))
-    hf = AutoModelForCausalLM.from_pretrained(str(tmp_path / "base"), torch_dtype=torch.float32)
+    hf = AutoModelForCausalLM.from_pretrained(str(tmp_path / "base"), dtype=torch.float32)
     hf = PeftModel.from_pretrained(hf, str(tmp_path / "adapter")).eval()
     tokens, _ = _tokens(b=1, t=8)
     with torch.no_grad():
