@@ -54,7 +54,9 @@ class LoRAParam(nnx.Param):
 def check_targets(targets: Sequence[str]) -> tuple[str, ...]:
     """The targets as a tuple; ValueError naming the valid ones for anything else ("all-linear" = all)."""
     if isinstance(targets, str):
-        targets = ALL_TARGETS if targets == "all-linear" else tuple(t for t in targets.split(",") if t)
+        targets = tuple(t.strip() for t in targets.split(",") if t.strip())
+    if "all-linear" in targets:
+        return ALL_TARGETS
     bad = [t for t in targets if t not in TARGETS]
     if bad or not targets:
         raise ValueError(f"unknown LoRA target(s) {bad or list(targets)}; valid: {', '.join(ALL_TARGETS)} "
