@@ -10,6 +10,10 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
+import jax
+
+from ragen_jax.models.attention import IMPLEMENTATIONS
+
 _DTYPES = ("float32", "bfloat16")
 _ALIASES = {"f32": "float32", "fp32": "float32", "bf16": "bfloat16"}
 
@@ -24,6 +28,13 @@ def _canonical_dtype(value) -> str:
     except TypeError:
         return repr(value)
 HF_ARCHITECTURE = "Qwen2ForCausalLM"
+# What a rematerialised layer keeps for the backward pass (Qwen2Config.remat_policy).
+REMAT_POLICIES = {
+    "full": None,  # nothing: the whole layer is recomputed from its input
+    # the matmul outputs without batch dimensions (projections, MLP); attention and elementwise
+    # ops are recomputed
+    "dots": jax.checkpoint_policies.dots_with_no_batch_dims_saveable,
+}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -42,6 +53,12 @@ class Qwen2Config:
     param_dtype: str = "float32"  # storage dtype of the parameters
     # Rematerialise each decoder layer in the backward pass (trades compute for activation memory).
     remat: bool = False
+    # What a rematerialised layer keeps (REMAT_POLICIES): "full" nothing, "dots" the matmul outputs.
+    remat_policy: str = "full"
+    # Attention kernel (models/attention.py IMPLEMENTATIONS): auto | xla | chunked | cudnn | splash.
+    attention: str = "auto"
+    # Query/key block of the chunked kernel: its memory is O(T x block) per layer.
+    attention_block: int = 512
     # LoRA adapters on the targeted projections (models/lora.py `add_lora` sets these; 0 = none).
     # The forward adds (lora_alpha / lora_rank) * (x @ A) @ B to each targeted projection.
     lora_rank: int = 0
@@ -57,6 +74,7 @@ class Qwen2Config:
             "num_attention_heads",
             "num_key_value_heads",
             "max_position_embeddings",
+            "attention_block",
         ):
             value = getattr(self, name)
             if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
@@ -71,6 +89,12 @@ class Qwen2Config:
                 f"num_attention_heads ({self.num_attention_heads}) must be divisible by "
                 f"num_key_value_heads ({self.num_key_value_heads})"
             )
+        if self.attention not in IMPLEMENTATIONS:
+            raise ValueError(f"Qwen2Config.attention must be one of {', '.join(IMPLEMENTATIONS)}, "
+                             f"got {self.attention!r}")
+        if self.remat_policy not in REMAT_POLICIES:
+            raise ValueError(f"Qwen2Config.remat_policy must be one of {', '.join(REMAT_POLICIES)}, "
+                             f"got {self.remat_policy!r}")
         if self.head_dim % 2:
             raise ValueError(f"head_dim ({self.head_dim}) must be even for rotary embeddings")
         if not self.rope_theta > 0:

@@ -36,16 +36,16 @@ Jitting pure functions over the parameters (what the sampler and trainer do):
 
 from __future__ import annotations
 
+import functools
+
 import jax
 import jax.numpy as jnp
 from flax import nnx, struct
 
-from ragen_jax.models.qwen2.config import Qwen2Config
+from ragen_jax.models.attention import attention
+from ragen_jax.models.qwen2.config import REMAT_POLICIES, Qwen2Config
 
 f32 = jnp.float32
-# Finite rather than -inf: a query with no visible key (left padding) then gets a uniform garbage
-# distribution instead of NaN, which would otherwise leak into gradients through `where`.
-_MASK_VALUE = -1e30
 
 
 # ----------------------------------------------------------------------------- KV cache
@@ -113,23 +113,6 @@ def apply_rope(x: jax.Array, cos: jax.Array, sin: jax.Array) -> jax.Array:
     return x * cos + rotated * sin
 
 
-def attend(q: jax.Array, k: jax.Array, v: jax.Array, mask: jax.Array) -> jax.Array:
-    """Grouped-query attention without repeating k/v.
-
-    q [B, T, nH, D], k/v [B, S, nKV, D], mask [B, T, S] bool -> [B, T, nH * D].
-    Scores and softmax in float32; the value matmul in the compute dtype.
-    """
-    b, t, nh, d = q.shape
-    nkv = k.shape[2]
-    q = q.reshape(b, t, nkv, nh // nkv, d)
-    scores = jnp.einsum("btkgd,bskd->bkgts", q, k.astype(q.dtype), preferred_element_type=f32)
-    scores = scores * (d**-0.5)
-    scores = jnp.where(mask[:, None, None], scores, _MASK_VALUE)
-    probs = jax.nn.softmax(scores, axis=-1).astype(q.dtype)
-    out = jnp.einsum("bkgts,bskd->btkgd", probs, v.astype(q.dtype))
-    return out.reshape(b, t, nh * d)
-
-
 def _dense(x, p, lora_scale: float = 0.0):
     y = x @ p["kernel"].astype(x.dtype)
     if "lora_a" in p:  # applied on the fly: the frozen base is never copied into merged weights
@@ -165,15 +148,17 @@ def decoder_stack(cfg: Qwen2Config, layers, x, valid, cache: KVCache | None, pre
 
     `prefix` (no-cache path only): keys/values of a prefix SHARED by every row, computed once
     (`Qwen2.prefix_kv`); the rows then start at RoPE position P and attend to all P prefix slots
-    before their own causal, valid keys. Exactly the full-sequence forward of prefix + row."""
+    before their own causal, valid keys. Exactly the full-sequence forward of prefix + row.
+
+    Attention uses `cfg.attention` (models/attention.py: the kernel is chosen per call from the
+    layout, shapes, dtype and backend; single-token decode always takes the cheap xla path)."""
     b, t, _ = x.shape
+    attend = functools.partial(attention, implementation=cfg.attention, block=cfg.attention_block)
     if cache is None:
         p_len = 0 if prefix is None else prefix.length
         pos = p_len + jnp.cumsum(valid, axis=1, dtype=jnp.int32) - 1
-        idx = jnp.arange(t)
-        mask = (idx[None, :, None] >= idx[None, None, :]) & valid[:, None, :]  # [B, Tq, Tk]
-        if prefix is not None:
-            mask = jnp.concatenate([jnp.ones((b, t, p_len), bool), mask], axis=-1)
+        # Self-attention layout: query t sees the P prefix slots and the row's valid keys <= t.
+        kv_valid = valid if prefix is None else jnp.concatenate([jnp.ones((b, p_len), bool), valid], axis=1)
         cos, sin = rope_cos_sin(pos, cfg.head_dim, cfg.rope_theta)
 
         def layer(x, xs):
@@ -183,10 +168,11 @@ def decoder_stack(cfg: Qwen2Config, layers, x, valid, cache: KVCache | None, pre
             if prefix is not None:  # [P, nKV, D] broadcast over rows: the prefix is computed once
                 keys = jnp.concatenate([jnp.broadcast_to(pk.astype(k.dtype), (b, *pk.shape)), k], axis=1)
                 vals = jnp.concatenate([jnp.broadcast_to(pv.astype(v.dtype), (b, *pv.shape)), v], axis=1)
-            return _attn_out_mlp(cfg, p, x, attend(q, keys, vals, mask)), ((k, v) if return_kv else None)
+            out = attend(q, keys, vals, kv_valid, q_valid=valid)
+            return _attn_out_mlp(cfg, p, x, out), ((k, v) if return_kv else None)
 
         if cfg.remat:
-            layer = jax.checkpoint(layer)
+            layer = jax.checkpoint(layer, policy=REMAT_POLICIES[cfg.remat_policy])
         xs = (layers, None, None) if prefix is None else (layers, prefix.k, prefix.v)
         x, kv = jax.lax.scan(layer, x, xs)
         return x, kv
@@ -197,7 +183,6 @@ def decoder_stack(cfg: Qwen2Config, layers, x, valid, cache: KVCache | None, pre
     # Invalid tokens (and overflow past S) target slot S, which mode="drop" discards.
     write = jnp.where(valid & (pos >= 0) & (pos < s), pos, s)
     rows = jnp.arange(b)[:, None]
-    mask = jnp.arange(s)[None, None, :] <= pos[:, :, None]  # [B, T, S]
     cos, sin = rope_cos_sin(pos, cfg.head_dim, cfg.rope_theta)
 
     def layer(carry, xs):
@@ -210,7 +195,9 @@ def decoder_stack(cfg: Qwen2Config, layers, x, valid, cache: KVCache | None, pre
         cv = cv.at[li, rows, write].set(v.astype(cv.dtype), mode="drop")
         keys = jax.lax.dynamic_index_in_dim(ck, li, axis=0, keepdims=False)
         vals = jax.lax.dynamic_index_in_dim(cv, li, axis=0, keepdims=False)
-        return (_attn_out_mlp(cfg, p, x, attend(q, keys, vals, mask)), ck, cv), None
+        # A query sees every slot <= its own (the cache rule); per-row offsets, so no cudnn/splash.
+        out = attend(q, keys, vals, None, q_slot=pos, q_valid=valid)
+        return (_attn_out_mlp(cfg, p, x, out), ck, cv), None
 
     # No remat here: the cached path is inference (remat would only keep per-layer cache copies alive).
     li = jnp.arange(cfg.num_hidden_layers, dtype=jnp.int32)

@@ -1,0 +1,346 @@
+"""Attention with a choice of kernel: one function, `attention(q, k, v, ...)`, for every layout the
+model uses (training / prefill rows, a shared prefix, KV-cache appends, single-token decode).
+
+The rule every implementation computes (docs/design.md, "Cache semantics"):
+
+    query t of row b sees key slot j  iff  kv_valid[b, j]  and  j <= q_slot[b, t]
+
+`q_slot=None` is the self-attention layout of the no-cache forward: the queries are the LAST T of the
+S key slots (q_slot = S - T + t; the first S - T slots are a prefix every row shares, `PrefixKV`).
+With a KV cache, `q_slot` is each query's cache slot (== its RoPE position) and `kv_valid` is None.
+
+Implementations (`model.attention`, `IMPLEMENTATIONS`):
+  xla      the einsum path: [B, heads, T, S] float32 scores. The exact reference.
+  chunked  blockwise online softmax (flash-style) in plain JAX with its own backward (custom_vjp):
+           memory O(T x block) forward and backward; blocks no query can see are skipped. Any backend.
+  cudnn    `jax.nn.dot_product_attention(implementation="cudnn")`: causal + per-row lengths. GPU,
+           bf16/fp16, no shared prefix; assumes right-padded rows (valid tokens contiguous from slot
+           0), which is what every trainer passes (`valid = arange(T) < length`).
+  splash   the Pallas TPU splash-attention kernel: causal mask (offset = prefix length) + segment ids
+           (1 valid, 0 padding; exact for any padding pattern). Off TPU it runs in the Pallas
+           interpreter (slow; for tests only).
+  auto     per call: decode and short sequences -> xla; no-cache rows -> cudnn on GPU (bf16/fp16,
+           head_dim a multiple of 8 up to 128, no prefix), splash on TPU, chunked elsewhere once a
+           row's score matrix reaches `CHUNKED_MIN_SCORES`; cache appends of more than one token ->
+           chunked from that size on (cudnn/splash have no per-row query offset).
+An explicit cudnn/splash is used where its layout fits and the call falls back to the `auto` choice
+otherwise (cudnn with a shared prefix, any kernel for cache appends).
+"""
+
+from __future__ import annotations
+
+import functools
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+f32 = jnp.float32
+
+IMPLEMENTATIONS = ("auto", "xla", "chunked", "cudnn", "splash")
+# Finite rather than -inf: a query with no visible key (left padding) then gets a garbage but finite
+# distribution instead of NaN, which would otherwise leak into gradients through `where`.
+MASK_VALUE = -1e30
+# `auto` switches from xla to chunked once one row-head's score matrix (T x S) has this many entries:
+# below it xla's [B, heads, T, S] buffers are small and its few large matmuls are faster; above it
+# they dominate activation memory (bench/results/attention.json has the speed ratio and memory).
+CHUNKED_MIN_SCORES = 1024 * 1024
+# Query and key block of the chunked kernel (Qwen2Config.attention_block overrides it).
+DEFAULT_BLOCK = 512
+_CUDNN_DTYPES = ("bfloat16", "float16")
+
+
+# ----------------------------------------------------------------------------- choice
+def check_available(implementation: str, dtype, backend: str | None = None, interpret_ok: bool = True) -> None:
+    """Raise ValueError (one sentence naming the fix) when `implementation` cannot run here.
+    `interpret_ok=False`: splash off TPU (the slow Pallas interpreter) counts as unavailable."""
+    backend = backend or jax.default_backend()
+    if implementation not in IMPLEMENTATIONS:
+        raise ValueError(f"attention implementation {implementation!r} is unknown; choose one of "
+                         f"{', '.join(IMPLEMENTATIONS)}")
+    if implementation == "cudnn":
+        if backend != "gpu":
+            raise ValueError(f"attention implementation 'cudnn' runs only on a GPU (this backend is {backend!r}); "
+                             "use 'auto' or 'chunked'")
+        if jnp.dtype(dtype).name not in _CUDNN_DTYPES:
+            raise ValueError(f"attention implementation 'cudnn' needs a bfloat16/float16 compute dtype, got "
+                             f"{jnp.dtype(dtype).name}; set model.dtype=bfloat16 or use 'auto'/'chunked'")
+    if implementation == "splash" and backend != "tpu" and not interpret_ok:
+        raise ValueError(f"attention implementation 'splash' runs only on a TPU (this backend is {backend!r}; "
+                         "elsewhere only in the slow Pallas interpreter); use 'auto' or 'chunked'")
+
+
+def resolve(implementation: str, *, t: int, s: int, self_layout: bool, dtype, head_dim: int,
+            backend: str | None = None) -> str:
+    """The kernel one call uses (static: shapes, dtype and backend only)."""
+    backend = backend or jax.default_backend()
+    prefix = s != t
+    if implementation == "cudnn" and self_layout and not prefix:
+        return "cudnn"
+    if implementation == "splash" and self_layout:
+        return "splash"
+    if implementation in ("xla", "chunked"):
+        return implementation
+    # auto, or an explicit cudnn/splash whose layout does not fit this call.
+    if t == 1:
+        return "xla"  # decode: [B, heads, 1, S] scores are already O(S)
+    if self_layout and implementation == "auto":
+        if backend == "gpu" and jnp.dtype(dtype).name in _CUDNN_DTYPES and head_dim % 8 == 0 and head_dim <= 128 \
+                and not prefix:
+            return "cudnn"
+        if backend == "tpu":
+            return "splash"
+    return "chunked" if t * s >= CHUNKED_MIN_SCORES else "xla"
+
+
+def attention(q: jax.Array, k: jax.Array, v: jax.Array, kv_valid: jax.Array | None = None,
+              q_slot: jax.Array | None = None, q_valid: jax.Array | None = None, *,
+              implementation: str = "auto", block: int = DEFAULT_BLOCK) -> jax.Array:
+    """Grouped-query attention without repeating k/v. q [B, T, nH, D], k/v [B, S, nKV, D] -> [B, T, nH*D].
+
+    kv_valid [B, S] bool (None: all), q_slot [B, T] int (None: self-attention layout, see the module
+    docstring). q_valid [B, T] bool (optional): the queries whose outputs are used; the others' outputs
+    are unspecified but finite (lets the chunked kernel skip padding). Scores and softmax in float32.
+    """
+    b, t, nh, d = q.shape
+    s, nkv = k.shape[1], k.shape[2]
+    if nh % nkv:
+        raise ValueError(f"query heads ({nh}) must be a multiple of key/value heads ({nkv})")
+    if q_slot is None and s < t:
+        raise ValueError(f"self-attention layout needs at least as many key slots ({s}) as queries ({t})")
+    check_available(implementation, q.dtype)
+    impl = resolve(implementation, t=t, s=s, self_layout=q_slot is None, dtype=q.dtype, head_dim=d)
+    if impl == "cudnn":
+        return cudnn_attention(q, k, v, kv_valid).reshape(b, t, nh * d)
+    if impl == "splash":
+        return splash_attention(q, k, v, kv_valid, interpret=jax.default_backend() != "tpu").reshape(b, t, nh * d)
+    if q_slot is None:
+        q_slot = jnp.broadcast_to(jnp.arange(s - t, s, dtype=jnp.int32), (b, t))
+    if impl == "chunked":
+        return chunked_attention(q, k, v, kv_valid, q_slot, q_valid, block=block).reshape(b, t, nh * d)
+    return xla_attention(q, k, v, visible_mask(kv_valid, q_slot, s))
+
+
+def visible_mask(kv_valid: jax.Array | None, q_slot: jax.Array, s: int) -> jax.Array:
+    """The rule as a [B, T, S] bool mask."""
+    mask = jnp.arange(s)[None, None, :] <= q_slot[:, :, None]
+    return mask if kv_valid is None else mask & kv_valid[:, None, :]
+
+
+# ----------------------------------------------------------------------------- xla
+def xla_attention(q: jax.Array, k: jax.Array, v: jax.Array, mask: jax.Array) -> jax.Array:
+    """q [B, T, nH, D], k/v [B, S, nKV, D], mask [B, T, S] bool -> [B, T, nH * D].
+    Scores and softmax in float32; the value matmul in the compute dtype."""
+    b, t, nh, d = q.shape
+    nkv = k.shape[2]
+    q = q.reshape(b, t, nkv, nh // nkv, d)
+    scores = jnp.einsum("btkgd,bskd->bkgts", q, k.astype(q.dtype), preferred_element_type=f32)
+    scores = scores * (d**-0.5)
+    scores = jnp.where(mask[:, None, None], scores, MASK_VALUE)
+    probs = jax.nn.softmax(scores, axis=-1).astype(q.dtype)
+    out = jnp.einsum("bkgts,bskd->btkgd", probs, v.astype(q.dtype))
+    return out.reshape(b, t, nh * d)
+
+
+# ----------------------------------------------------------------------------- chunked
+def _round_up(n: int, m: int) -> int:
+    return -(-n // m) * m
+
+
+def chunked_attention(q, k, v, kv_valid, q_slot, q_valid=None, *, block: int = DEFAULT_BLOCK) -> jax.Array:
+    """The rule with q_slot given explicitly; returns [B, T, nH, D] in q's dtype."""
+    b, t, nh, d = q.shape
+    s, nkv = k.shape[1], k.shape[2]
+    g = nh // nkv
+    bq, bk = min(block, t), min(block, s)
+    tp, sp = _round_up(t, bq), _round_up(s, bk)
+    nq, nk = tp // bq, sp // bk
+    k, v = k.astype(q.dtype), v.astype(q.dtype)
+    kv_valid = jnp.ones((b, s), bool) if kv_valid is None else kv_valid.astype(bool)
+    q_valid = jnp.ones((b, t), bool) if q_valid is None else q_valid.astype(bool)
+    q_slot = q_slot.astype(jnp.int32)
+    if tp > t:  # padded queries see nothing (slot -1) and are dropped below
+        q = jnp.pad(q, ((0, 0), (0, tp - t), (0, 0), (0, 0)))
+        q_slot = jnp.pad(q_slot, ((0, 0), (0, tp - t)), constant_values=-1)
+        q_valid = jnp.pad(q_valid, ((0, 0), (0, tp - t)))
+    if sp > s:
+        k = jnp.pad(k, ((0, 0), (0, sp - s), (0, 0), (0, 0)))
+        v = jnp.pad(v, ((0, 0), (0, sp - s), (0, 0), (0, 0)))
+        kv_valid = jnp.pad(kv_valid, ((0, 0), (0, sp - s)))
+    # Block-major layouts: the loops index the leading axis.
+    qb = q.reshape(b, nq, bq, nkv, g, d).swapaxes(0, 1)  # [nq, B, bq, nKV, G, D]
+    kb = k.reshape(b, nk, bk, nkv, d).swapaxes(0, 1)  # [nk, B, bk, nKV, D]
+    vb = v.reshape(b, nk, bk, nkv, d).swapaxes(0, 1)
+    validb = kv_valid.reshape(b, nk, bk).swapaxes(0, 1)  # [nk, B, bk]
+    slotb = q_slot.reshape(b, nq, bq).swapaxes(0, 1)  # [nq, B, bq]
+    # Which blocks can matter (scalars shared by the batch, so the loops skip work for real):
+    # q block i needs key blocks whose first slot is <= the largest slot of its used queries, and
+    # only key blocks holding at least one valid key.
+    bound = jnp.max(jnp.where(q_valid, q_slot, -1).reshape(b, nq, bq), axis=(0, 2))  # [nq]
+    kv_any = jnp.any(validb, axis=(1, 2))  # [nk]
+    out = _flash(qb, kb, vb, validb, slotb, bound, kv_any, bk)  # [nq, B, bq, nKV, G, D]
+    return out.swapaxes(0, 1).reshape(b, tp, nh, d)[:, :t]
+
+
+def _block_scores(qi, kj, valid_j, slot_i, j, bk):
+    """Masked float32 scores [B, nKV, G, bq, bk] of q block i against key block j, and the mask."""
+    d = qi.shape[-1]
+    s = jnp.einsum("bqkgd,bskd->bkgqs", qi, kj, preferred_element_type=f32) * (d**-0.5)
+    slots = j * bk + jnp.arange(bk, dtype=jnp.int32)
+    mask = valid_j[:, None, :] & (slots[None, None, :] <= slot_i[:, :, None])  # [B, bq, bk]
+    mask = mask[:, None, None]
+    return jnp.where(mask, s, MASK_VALUE), mask
+
+
+def _flash_forward(q, k, v, valid, slot, bound, kv_any, bk):
+    nk = k.shape[0]
+    _, b, bq, nkv, g, d = q.shape
+
+    def q_block(_, xs):
+        qi, slot_i, bound_i = xs
+
+        def kv_block(j, carry):
+            def compute(carry):
+                m, l, acc = carry
+                s, _ = _block_scores(qi, k[j], valid[j], slot_i, j, bk)
+                m_new = jnp.maximum(m, s.max(-1))
+                p = jnp.exp(s - m_new[..., None])
+                corr = jnp.exp(m - m_new)
+                acc = acc * corr[..., None] + jnp.einsum("bkgqs,bskd->bkgqd", p.astype(v.dtype), v[j],
+                                                         preferred_element_type=f32)
+                return m_new, l * corr + p.sum(-1), acc
+
+            return jax.lax.cond(kv_any[j], compute, lambda c: c, carry)
+
+        init = (jnp.full((b, nkv, g, bq), MASK_VALUE, f32), jnp.zeros((b, nkv, g, bq), f32),
+                jnp.zeros((b, nkv, g, bq, d), f32))
+        hi = jnp.clip(bound_i // bk + 1, 0, nk)  # key blocks past the last visible slot are skipped
+        m, l, acc = jax.lax.fori_loop(0, hi, kv_block, init)
+        l = jnp.where(l > 0, l, 1.0)  # queries that saw no block: output 0, not NaN
+        o = (acc / l[..., None]).transpose(0, 3, 1, 2, 4).astype(q.dtype)  # [B, bq, nKV, G, D]
+        return None, (o, m + jnp.log(l))
+
+    _, (o, lse) = jax.lax.scan(q_block, None, (q, slot, bound))
+    return o, lse
+
+
+@functools.partial(jax.custom_vjp, nondiff_argnums=(7,))
+def _flash(q, k, v, valid, slot, bound, kv_any, bk):
+    return _flash_forward(q, k, v, valid, slot, bound, kv_any, bk)[0]
+
+
+def _flash_fwd(q, k, v, valid, slot, bound, kv_any, bk):
+    o, lse = _flash_forward(q, k, v, valid, slot, bound, kv_any, bk)
+    return o, (q, k, v, valid, slot, bound, kv_any, o, lse)
+
+
+def _flash_bwd(bk, res, do):
+    """Flash-attention backward: per key block, loop over the query blocks that see it, recompute
+    the probabilities from the saved log-sum-exp, accumulate dK/dV for the block and dQ in place."""
+    q, k, v, valid, slot, bound, kv_any, o, lse = res
+    nq = q.shape[0]
+    d = q.shape[-1]
+    scale = d**-0.5
+    # delta_i = rowsum(dO * O): the softmax-Jacobian term, [nq, B, nKV, G, bq]
+    delta = jnp.sum(do.astype(f32) * o.astype(f32), axis=-1).transpose(0, 1, 3, 4, 2)
+
+    def kv_block(dq, xs):
+        kj, vj, valid_j, any_j, j = xs
+
+        def q_block(i, carry):
+            def compute(carry):
+                dk, dv, dq = carry
+                qi, doi = q[i], do[i]
+                s, mask = _block_scores(qi, kj, valid_j, slot[i], j, bk)
+                p = jnp.where(mask, jnp.exp(s - lse[i][..., None]), 0.0)  # [B, nKV, G, bq, bk]
+                dp = jnp.einsum("bqkgd,bskd->bkgqs", doi, vj, preferred_element_type=f32)
+                ds = (p * (dp - delta[i][..., None])).astype(q.dtype)
+                dv = dv + jnp.einsum("bkgqs,bqkgd->bskd", p.astype(q.dtype), doi, preferred_element_type=f32)
+                dk = dk + jnp.einsum("bkgqs,bqkgd->bskd", ds, qi, preferred_element_type=f32) * scale
+                dqi = jnp.einsum("bkgqs,bskd->bqkgd", ds, kj, preferred_element_type=f32) * scale
+                return dk, dv, dq.at[i].add(dqi)
+
+            return jax.lax.cond(j * bk <= bound[i], compute, lambda c: c, carry)
+
+        zeros = jnp.zeros(kj.shape, f32)
+        dk, dv, dq = jax.lax.cond(any_j, lambda dq: jax.lax.fori_loop(0, nq, q_block, (zeros, zeros, dq)),
+                                  lambda dq: (zeros, zeros, dq), dq)
+        return dq, (dk.astype(kj.dtype), dv.astype(vj.dtype))
+
+    nk = k.shape[0]
+    dq, (dk, dv) = jax.lax.scan(kv_block, jnp.zeros(q.shape, f32),
+                                (k, v, valid, kv_any, jnp.arange(nk, dtype=jnp.int32)))
+    return dq.astype(q.dtype), dk, dv, None, None, None, None
+
+
+_flash.defvjp(_flash_fwd, _flash_bwd)
+
+
+# ----------------------------------------------------------------------------- cudnn
+def cudnn_attention(q, k, v, kv_valid, *, _implementation: str = "cudnn") -> jax.Array:
+    """Causal self-attention (S == T) with per-row lengths = number of valid tokens (right padding).
+    Never a boolean mask: cuDNN would turn it into a full [B, heads, T, S] bias.
+    `_implementation="xla"` runs jax's reference of the same call (tests on CPU)."""
+    b, t = q.shape[:2]
+    lengths = jnp.full((b,), t, jnp.int32) if kv_valid is None else jnp.sum(kv_valid, axis=1, dtype=jnp.int32)
+    return jax.nn.dot_product_attention(q, k.astype(q.dtype), v.astype(q.dtype), scale=q.shape[-1] ** -0.5,
+                                        is_causal=True, query_seq_lengths=lengths, key_value_seq_lengths=lengths,
+                                        implementation=_implementation)
+
+
+# ----------------------------------------------------------------------------- splash
+_SPLASH_LANES = 128  # splash blocks are multiples of the TPU lane width
+
+
+def splash_attention(q, k, v, kv_valid, *, interpret: bool = False) -> jax.Array:
+    """Self-attention layout (the last T of S key slots are the queries) with the splash kernel.
+    Returns [B, T, nH, D]."""
+    # Pallas (and its TPU kernels) loads only when splash is used: a heavy import CPU/GPU runs skip.
+    from jax.experimental.pallas.ops.tpu import splash_attention as sa
+
+    b, t, nh, d = q.shape
+    s, nkv = k.shape[1], k.shape[2]
+    g, p = nh // nkv, s - t
+    # Pad queries to a lane multiple and keys so that every padded query's own slot exists (it then
+    # sees itself: segment 0 == 0, no empty softmax row).
+    tp = _round_up(t, _SPLASH_LANES)
+    sp = _round_up(p + tp, _SPLASH_LANES)
+    blk = next(x for x in (512, 256, 128) if tp % x == 0 and sp % x == 0)
+    kv_valid = jnp.ones((b, s), bool) if kv_valid is None else kv_valid.astype(bool)
+    kv_valid = jnp.pad(kv_valid, ((0, 0), (0, sp - s)))
+    seg_kv = kv_valid.astype(jnp.int32)
+    seg_q = seg_kv[:, p: p + tp]
+    k, v = k.astype(q.dtype), v.astype(q.dtype)
+    q = jnp.pad(q * jnp.asarray(d**-0.5, q.dtype), ((0, 0), (0, tp - t), (0, 0), (0, 0)))
+    k = jnp.pad(k, ((0, 0), (0, sp - s), (0, 0), (0, 0)))
+    v = jnp.pad(v, ((0, 0), (0, sp - s), (0, 0), (0, 0)))
+    mask = sa.MultiHeadMask([sa.CausalMask((tp, sp), offset=p) for _ in range(g)])
+    sizes = sa.BlockSizes(block_q=blk, block_kv=blk, block_kv_compute=blk, block_q_dkv=blk, block_kv_dkv=blk,
+                          block_kv_dkv_compute=blk, block_q_dq=blk, block_kv_dq=blk)
+    # One MQA kernel per key/value head (GQA without repeating k/v), vmapped over heads and rows.
+    kernel = sa.make_splash_mqa_single_device(mask, block_sizes=sizes, interpret=interpret)
+    qh = q.reshape(b, tp, nkv, g, d).transpose(0, 2, 3, 1, 4)  # [B, nKV, G, tp, D]
+    kh, vh = k.transpose(0, 2, 1, 3), v.transpose(0, 2, 1, 3)  # [B, nKV, sp, D]
+
+    def one(qx, kx, vx, sq, skv):
+        return kernel(qx, kx, vx, segment_ids=sa.SegmentIds(q=sq, kv=skv))
+
+    per_head = jax.vmap(one, in_axes=(0, 0, 0, None, None))
+    out = jax.vmap(per_head)(qh, kh, vh, seg_q, seg_kv)  # [B, nKV, G, tp, D]
+    return out.transpose(0, 3, 1, 2, 4).reshape(b, tp, nh, d)[:, :t].astype(q.dtype)
+
+
+__all__ = [
+    "CHUNKED_MIN_SCORES",
+    "DEFAULT_BLOCK",
+    "IMPLEMENTATIONS",
+    "MASK_VALUE",
+    "attention",
+    "check_available",
+    "chunked_attention",
+    "cudnn_attention",
+    "resolve",
+    "splash_attention",
+    "visible_mask",
+    "xla_attention",
+]
