@@ -19,21 +19,23 @@ Token layout of row b (what the trainer sees):
 from __future__ import annotations
 
 import dataclasses
+import functools
+import itertools
+from typing import Any, NamedTuple
 
+import chex
+import flax.struct
 import jax
 import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 from jax.sharding import NamedSharding, PartitionSpec
 
+from ragen_jax.models.qwen2.model import KVCache
 from ragen_jax.rollout import sampler
 from ragen_jax.rollout.types import RolloutConfig, Trajectories
-from ragen_jax.models.qwen2.model import KVCache
-from ragen_jax.text.parse import Parser
-from ragen_jax.text.tokenizer import token_bytes_table
-
-IM_END = 151645
-ENDOFTEXT = 151643
+from ragen_jax.text.parse import Parsed, Parser, format_penalty_applies
+from ragen_jax.text.tokenizer import ENDOFTEXT, IM_END, token_bytes_table
 
 
 def init_cache(model, batch: int, max_len: int, dtype=None):
@@ -62,6 +64,73 @@ def _tree_where(cond, new, old):
     return jax.tree.map(sel, new, old)
 
 
+def _pure(tree):
+    """Nested dicts of arrays: the form `nnx.merge` needs, without Variable metadata to compare."""
+    return nnx.to_pure_dict(tree) if isinstance(tree, nnx.State) else tree
+
+
+_TRACE_LIMITED = itertools.count()
+
+
+def _limit_traces(fn, n: int):
+    """`fn` under `chex.assert_max_traces(n)`, with a trace counter of its own.
+
+    chex counts traces per function footprint (definition-site stack, source, name), which every
+    Rollout's `_run` shares; a unique name gives each instance its own count.
+    """
+
+    def traced(*args):
+        return fn(*args)
+
+    traced.__name__ = traced.__qualname__ = f"Rollout._run#{next(_TRACE_LIMITED)}"
+    return chex.assert_max_traces(traced, n=n)
+
+
+@flax.struct.dataclass
+class _Carry:
+    """State of the turn loop. B = P x N rows, T = max_context, K = max_turns."""
+
+    turn: jax.Array  # [] int32: turns taken so far = 0-based index of the next turn
+    key: jax.Array  # PRNG key; every turn splits off its sampling and env keys
+    state: Any  # env state pytree, leading axis B
+    cache: Any  # KV cache holding each row's conversation so far (None in teacher mode)
+    tokens: jax.Array  # [B, T] int32: the conversation, ENDOFTEXT from `pos` on
+    loss_mask: jax.Array  # [B, T] bool: positions the policy sampled
+    logprobs: jax.Array  # [B, T] f32: sampling log-prob at sampled positions, 0 elsewhere
+    pos: jax.Array  # [B] int32: conversation length = where the next segment goes
+    done: jax.Array  # [B] bool: episode over (env done, context full, or last turn taken)
+    prev_reward: jax.Array  # [B] f32: last turn's reward, penalty included: the next "Reward:" line
+    prev_closed: jax.Array  # [B] bool: last answer ended with <|im_end|> (else the next segment adds it)
+    turn_end: jax.Array  # [B, K] int32: position of each turn's last sampled token, -1 if none
+    turn_reward: jax.Array  # [B, K] f32: env rewards + format penalty of each turn
+    all_valid: jax.Array  # [B] bool: no turn so far got the format penalty
+    num_actions: jax.Array  # [B] int32: executed actions
+    num_effective: jax.Array  # [B] int32: executed actions that changed the state
+    num_turns: jax.Array  # [B] int32: turns taken by this row
+    num_format_errors: jax.Array  # [B] int32: turns that got the format penalty
+    response_length: jax.Array  # [B] int32: sampled tokens over all turns
+    truncated: jax.Array  # [B] bool: ended because the next turn would not fit in T
+
+
+class _Segment(NamedTuple):
+    """A turn's observation segment (the user message and the forced assistant opening)."""
+
+    ids: jax.Array  # [B, S] int32, S = max_segment_len
+    length: jax.Array  # [B] int32; 0 for rows that take no turn
+    active: jax.Array  # [B] bool: rows that take this turn (live, and segment + one token fit)
+    overflow: jax.Array  # [B] bool: live rows whose turn does not fit: they end here, truncated
+    budget: jax.Array  # [B] int32: answer tokens that still fit (<= max_response_tokens)
+
+
+class _Executed(NamedTuple):
+    """What a turn's parsed actions did in the env."""
+
+    state: Any  # env state after them
+    reward: jax.Array  # [B] f32: sum of their env rewards
+    num_actions: jax.Array  # [B] int32: actions executed (none once the episode has ended)
+    num_effective: jax.Array  # [B] int32: executed actions that changed the state
+
+
 class Rollout:
     """A compiled rollout for one (policy graph, TextEnv, RolloutConfig).
 
@@ -70,6 +139,7 @@ class Rollout:
 
     `group_seeds` [P] int32: group g's initial state is `env.reset_env(PRNGKey(seed_g))` for all N of
     its rollouts. `key` drives sampling and env randomness (e.g. FrozenLake slips), differently per row.
+    `params` must have the shapes and dtypes of `nnx.state(model)` (checked when the program is traced).
     `mesh`: optional; the batch axis is sharded over `batch_axes` of the mesh (params keep the
     shardings they arrive with), giving the same numbers as one device.
     `vocab`: optional `VocabMap` for a model with its own small vocabulary (the CPU demo).
@@ -77,15 +147,21 @@ class Rollout:
     place of sampling (per row, vmapped; `turn` is 1-based). With a teacher the policy is never run
     (`model` may be None, `params` is ignored): this makes solver demonstrations in exactly the
     conversation format of the rollout (the supervised warm start).
+    `max_traces`: optional; tracing (= compiling) the program more often raises an AssertionError
+    (`chex.assert_max_traces`), so an unintended recompilation fails instead of running slowly.
+    `trace_count` counts the traces either way.
     """
 
     def __init__(self, model, text_env, config: RolloutConfig, *, mesh=None, batch_axes=("data", "fsdp"),
-                 teacher=None, vocab=None):
+                 teacher=None, vocab=None, max_traces: int | None = None):
         self.teacher = teacher
         self.vocab = vocab  # optional VocabMap: a small-vocabulary model inside the Qwen id space
         if model is None and teacher is None:
             raise ValueError("Rollout needs a model (or a teacher for demonstrations)")
         self.graphdef = nnx.split(model)[0] if model is not None else None
+        # Shapes and dtypes only: holding the arrays would keep a second copy of the model alive.
+        self.params_spec = (jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype), nnx.state(model))
+                            if model is not None else None)
         self.text_env = text_env
         self.config = dataclasses.replace(config)  # a copy: later edits of a config never reach the compiled program
         self.mesh = mesh
@@ -111,26 +187,14 @@ class Rollout:
                     f"batch P*N = {config.batch_size} is not divisible by the {n_shards} devices of mesh axes "
                     f"{self.batch_axes}; change num_groups/group_size or the mesh")
 
-
         # The parser sees forced prefix + sampled ids, so its static budget covers both.
         self.parser = Parser(text_env.tokenizer, text_env.action_names, self.max_actions,
                              think=pc.think, max_tokens=len(self.forced) + self.max_new)
         self.stop_table = None
         if config.stop_at_answer:
             self.stop_table = sampler.make_stop_table(("</answer>",), token_bytes_table(text_env.tokenizer))
-        self._jitted = jax.jit(self._run)
-
-    # ------------------------------------------------------------------------------------------
-    def _teach(self, state, turn, key, active, budget):
-        keys = jax.random.split(key, self.config.batch_size)
-        ids, n = jax.vmap(self.teacher, in_axes=(0, None, 0))(state, turn, keys)
-        ids = jnp.asarray(ids, jnp.int32)
-        if ids.shape[1] != self.max_new:
-            raise ValueError(f"teacher must return ids of length max_response_tokens={self.max_new}, got {ids.shape[1]}")
-        n = jnp.where(active, jnp.minimum(jnp.asarray(n, jnp.int32), budget), 0)
-        ids = jnp.where(jnp.arange(self.max_new)[None, :] < n[:, None], ids, ENDOFTEXT)
-        return sampler.SampleOutput(tokens=ids, logprobs=jnp.zeros(ids.shape, jnp.float32), lengths=n,
-                                    cache=None, stopped_by=jnp.zeros_like(n))
+        run = self._run if max_traces is None else _limit_traces(self._run, max_traces)
+        self._jitted = jax.jit(run)
 
     def __call__(self, params, key, group_seeds) -> Trajectories:
         group_seeds = jnp.asarray(group_seeds, jnp.int32)
@@ -139,48 +203,53 @@ class Rollout:
                              f"got {tuple(group_seeds.shape)}")
         return self._jitted(params, jnp.asarray(key), group_seeds, self.stop_table)
 
-    def _shard(self, x, batch_dim=0):
-        if self.mesh is None or not self.batch_axes:
-            return x
-        spec = [None] * x.ndim
-        spec[batch_dim] = self.batch_axes
-        return jax.lax.with_sharding_constraint(x, NamedSharding(self.mesh, PartitionSpec(*spec)))
+    # ------------------------------------------------------------------------------------------
+    # The compiled program: set up, take turns while any episode is live, return the record.
 
     def _run(self, params, key, group_seeds, stop_table) -> Trajectories:
         self.trace_count += 1  # runs only while tracing: counts compilations
-        cfg, te = self.config, self.text_env
-        env, env_params = te.env, te.env_params
-        model = nnx.merge(self.graphdef, params) if self.teacher is None else None
-        if model is not None and self.vocab is not None:
-            model = self.vocab.wrap(model)
-        n_grp, n_per = cfg.num_groups, cfg.group_size
-        b, t_max = cfg.batch_size, cfg.max_context
-        rows = jnp.arange(b)
+        model = self._policy(params)
+        seeds = jnp.repeat(group_seeds, self.config.group_size)
+        carry = self._start(model, key, seeds)
+        carry = jax.lax.while_loop(self._any_turn_left, functools.partial(self._turn, model, stop_table), carry)
+        return self._trajectories(carry, seeds)
 
-        seeds = jnp.repeat(group_seeds, n_per)
-        reset_keys = jax.vmap(jax.random.PRNGKey)(seeds)
-        _, state = jax.vmap(env.reset_env, in_axes=(0, None))(reset_keys, env_params)
-        state = jax.tree.map(self._shard, state)
+    def _policy(self, params):
+        """The model the program samples from; None in teacher mode."""
+        if self.teacher is not None:
+            return None
+        try:
+            chex.assert_trees_all_equal_shapes_and_dtypes(_pure(params), _pure(self.params_spec))
+        except AssertionError as e:
+            raise ValueError(f"params do not match the model this Rollout was built with; pass "
+                             f"nnx.state(model) of that model ({e})") from None
+        model = nnx.merge(self.graphdef, params)
+        return model if self.vocab is None else self.vocab.wrap(model)
 
-        prefix = jnp.broadcast_to(jnp.asarray(self.prefix), (b, len(self.prefix)))
+    def _start(self, model, key, seeds) -> _Carry:
+        """Reset every row's env from its group's seed; prefill the shared prompt prefix."""
+        cfg = self.config
+        b, t_max, n_prefix = cfg.batch_size, cfg.max_context, len(self.prefix)
+        env, env_params = self.text_env.env, self.text_env.env_params
+        _, state = jax.vmap(env.reset_env, in_axes=(0, None))(jax.vmap(jax.random.PRNGKey)(seeds), env_params)
+        prefix = jnp.broadcast_to(jnp.asarray(self.prefix), (b, n_prefix))
         cache = None
         if model is not None:
             cache = init_cache(model, b, t_max, cfg.cache_dtype)
             if hasattr(cache, "k"):
                 cache = cache.replace(k=self._shard(cache.k, 1), v=self._shard(cache.v, 1), end=self._shard(cache.end))
             _, cache = model(prefix, jnp.ones(prefix.shape, bool), cache)
-        tokens = jnp.full((b, t_max), ENDOFTEXT, jnp.int32).at[:, : len(self.prefix)].set(prefix)
-
+        tokens = jnp.full((b, t_max), ENDOFTEXT, jnp.int32).at[:, :n_prefix].set(prefix)
         zeros_i = jnp.zeros((b,), jnp.int32)
-        carry = dict(
+        return _Carry(
             turn=jnp.zeros((), jnp.int32),
             key=key,
-            state=state,
+            state=jax.tree.map(self._shard, state),
             cache=cache,
             tokens=self._shard(tokens),
             loss_mask=self._shard(jnp.zeros((b, t_max), bool)),
             logprobs=self._shard(jnp.zeros((b, t_max), jnp.float32)),
-            pos=zeros_i + len(self.prefix),
+            pos=zeros_i + n_prefix,
             done=jnp.zeros((b,), bool),
             prev_reward=jnp.zeros((b,), jnp.float32),
             prev_closed=jnp.ones((b,), bool),
@@ -194,113 +263,154 @@ class Rollout:
             response_length=zeros_i,
             truncated=jnp.zeros((b,), bool),
         )
-        forced = jnp.broadcast_to(jnp.asarray(self.forced), (b, len(self.forced)))
-        max_new = self.max_new
 
-        def cond(c):
-            return (c["turn"] < self.max_turns) & ~jnp.all(c["done"])
+    def _any_turn_left(self, c: _Carry):
+        return (c.turn < self.max_turns) & ~jnp.all(c.done)
 
-        def body(c):
-            turn = c["turn"]
-            key, k_sample, k_env = jax.random.split(c["key"], 3)
-            st = c["state"]
-            actions_left = self.max_actions_per_episode - st.time
-            seg, seg_len = jax.vmap(te.render_ids, in_axes=(0, None, 0, 0, 0))(
-                st, turn + 1, actions_left, c["prev_reward"], c["prev_closed"])
-            # A turn is started only if its segment and at least one sampled token fit in T_max.
-            room = t_max - c["pos"] - seg_len
-            live = ~c["done"]
-            overflow = live & (room < 1)
-            active = live & ~overflow
-            seg_len = jnp.where(active, seg_len, 0)
-            budget = jnp.clip(room, 0, max_new)
+    def _turn(self, model, stop_table, c: _Carry) -> _Carry:
+        """One assistant turn of every live row."""
+        key, k_sample, k_env = jax.random.split(c.key, 3)
+        seg = self._segment(c)
+        out = self._answer(model, stop_table, c, seg, k_sample)
+        parsed = self._parse(out)
+        executed = self._execute(c.state, parsed, seg.active, k_env)
+        return self._record(c, key, seg, out, parsed, executed)
 
-            tokens = _write_rows(c["tokens"], c["pos"], seg, seg_len)
-            gen_start = c["pos"] + seg_len
-            if self.teacher is None:
-                valid = jnp.arange(seg.shape[1])[None, :] < seg_len[:, None]
-                logits, cache = sampler.prefill(model, c["cache"], seg, valid)
-                out = sampler.decode(
-                    model, cache, logits, k_sample, max_new_tokens=max_new, budget=budget, active=active,
-                    temperature=cfg.temperature, top_p=cfg.top_p, top_k=cfg.top_k, greedy=cfg.greedy,
-                    use_top_p=(cfg.top_p < 1.0) and not cfg.greedy, stop_ids=(IM_END, ENDOFTEXT),
-                    stop_table=stop_table)
-            else:
-                out = self._teach(st, turn + 1, k_sample, active, budget)
-            n_gen = out.lengths
-            tokens = _write_rows(tokens, gen_start, out.tokens, n_gen)
-            loss_mask = _write_rows(c["loss_mask"], gen_start, jnp.ones(out.tokens.shape, bool), n_gen)
-            logprobs = _write_rows(c["logprobs"], gen_start, out.logprobs, n_gen)
+    # ------------------------------------------------------------------------------------------
+    # The phases of a turn.
 
-            # Parse exactly what was sampled, behind the forced <think>/<answer> of the segment.
-            parsed = jax.vmap(self.parser.parse)(
-                jnp.concatenate([forced, out.tokens], axis=1), len(self.forced) + n_gen)
+    def _segment(self, c: _Carry) -> _Segment:
+        """Render each row's next observation segment; decide who takes the turn and its token budget."""
+        actions_left = self.max_actions_per_episode - c.state.time
+        ids, length = jax.vmap(self.text_env.render_ids, in_axes=(0, None, 0, 0, 0))(
+            c.state, c.turn + 1, actions_left, c.prev_reward, c.prev_closed)
+        # A turn is started only if its segment and at least one sampled token fit in T_max.
+        room = self.config.max_context - c.pos - length
+        live = ~c.done
+        overflow = live & (room < 1)
+        active = live & ~overflow
+        return _Segment(ids=ids, length=jnp.where(active, length, 0), active=active, overflow=overflow,
+                        budget=jnp.clip(room, 0, self.max_new))
 
-            def execute(carry, a):
-                st, rew, n_exec, n_eff = carry
-                do = active & (a < parsed.num_actions)
-                step_keys = jax.vmap(lambda r: jax.random.fold_in(jax.random.fold_in(k_env, a), r))(rows)
-                _, st2, r, _, info = jax.vmap(env.step_env, in_axes=(0, 0, 0, None))(
-                    step_keys, st, parsed.actions[:, a], env_params)
-                executed = do & ~st.done  # the env itself ignores actions once the episode ended
-                rew = rew + jnp.where(do, r, 0.0)
-                n_exec = n_exec + executed.astype(jnp.int32)
-                n_eff = n_eff + (executed & info["action_is_effective"].astype(bool)).astype(jnp.int32)
-                return (_tree_where(do, st2, st), rew, n_exec, n_eff), None
+    def _answer(self, model, stop_table, c: _Carry, seg: _Segment, key) -> sampler.SampleOutput:
+        """Prefill the segment onto the cache and decode the answer (or write the teacher's)."""
+        if self.teacher is not None:
+            return self._teach(c.state, c.turn + 1, key, seg.active, seg.budget)
+        cfg = self.config
+        valid = jnp.arange(seg.ids.shape[1])[None, :] < seg.length[:, None]
+        logits, cache = sampler.prefill(model, c.cache, seg.ids, valid)
+        return sampler.decode(
+            model, cache, logits, key, max_new_tokens=self.max_new, budget=seg.budget, active=seg.active,
+            temperature=cfg.temperature, top_p=cfg.top_p, top_k=cfg.top_k, greedy=cfg.greedy,
+            use_top_p=(cfg.top_p < 1.0) and not cfg.greedy, stop_ids=(IM_END, ENDOFTEXT),
+            stop_table=stop_table)
 
-            (st, env_rew, n_exec, n_eff), _ = jax.lax.scan(
-                execute, (st, jnp.zeros((b,), jnp.float32), zeros_i, zeros_i), jnp.arange(self.max_actions))
-            bad_format = active & (parsed.has_invalid | (parsed.num_actions == 0))
-            turn_rew = jnp.where(active, env_rew + jnp.where(bad_format, cfg.format_penalty, 0.0), 0.0)
+    def _teach(self, state, turn, key, active, budget) -> sampler.SampleOutput:
+        keys = jax.random.split(key, self.config.batch_size)
+        ids, n = jax.vmap(self.teacher, in_axes=(0, None, 0))(state, turn, keys)
+        ids = jnp.asarray(ids, jnp.int32)
+        if ids.shape[1] != self.max_new:
+            raise ValueError(f"teacher must return ids of length max_response_tokens={self.max_new}, got {ids.shape[1]}")
+        n = jnp.where(active, jnp.minimum(jnp.asarray(n, jnp.int32), budget), 0)
+        ids = jnp.where(jnp.arange(self.max_new)[None, :] < n[:, None], ids, ENDOFTEXT)
+        return sampler.SampleOutput(tokens=ids, logprobs=jnp.zeros(ids.shape, jnp.float32), lengths=n,
+                                    cache=None, stopped_by=jnp.zeros_like(n))
 
-            last_tok = jnp.take_along_axis(out.tokens, jnp.maximum(n_gen - 1, 0)[:, None], axis=1)[:, 0]
-            turn_end = c["turn_end"].at[:, turn].set(jnp.where(active & (n_gen > 0), gen_start + n_gen - 1, -1))
-            done = c["done"] | overflow | (active & st.done) | (turn + 1 >= self.max_turns)
-            return dict(
-                turn=turn + 1,
-                key=key,
-                state=st,
-                cache=out.cache,
-                tokens=tokens,
-                loss_mask=loss_mask,
-                logprobs=logprobs,
-                pos=gen_start + n_gen,
-                done=done,
-                # The "Reward:" line of the next turn shows this turn's reward, penalty included.
-                prev_reward=jnp.where(active, turn_rew, c["prev_reward"]),
-                prev_closed=jnp.where(active, (n_gen > 0) & (last_tok == IM_END), c["prev_closed"]),
-                turn_end=turn_end,
-                turn_reward=c["turn_reward"].at[:, turn].set(turn_rew),
-                all_valid=c["all_valid"] & ~bad_format,
-                num_actions=c["num_actions"] + n_exec,
-                num_effective=c["num_effective"] + n_eff,
-                num_turns=c["num_turns"] + active.astype(jnp.int32),
-                num_format_errors=c["num_format_errors"] + bad_format.astype(jnp.int32),
-                response_length=c["response_length"] + n_gen,
-                truncated=c["truncated"] | overflow,
-            )
+    def _parse(self, out: sampler.SampleOutput) -> Parsed:
+        """Parse exactly what was sampled, behind the forced <think>/<answer> of the segment."""
+        forced = jnp.broadcast_to(jnp.asarray(self.forced), (out.tokens.shape[0], len(self.forced)))
+        return jax.vmap(self.parser.parse)(jnp.concatenate([forced, out.tokens], axis=1),
+                                           len(self.forced) + out.lengths)
 
-        c = jax.lax.while_loop(cond, body, carry)
-        success = jax.vmap(env.is_success, in_axes=(0, None))(c["state"], env_params)
-        return Trajectories(
-            tokens=c["tokens"],
-            length=c["pos"],
-            loss_mask=c["loss_mask"],
-            logprobs=c["logprobs"],
-            turn_end=c["turn_end"],
-            turn_reward=c["turn_reward"],
-            reward=jnp.sum(c["turn_reward"], axis=1),
-            group=jnp.repeat(jnp.arange(n_grp, dtype=jnp.int32), n_per),
+    def _execute(self, state, parsed: Parsed, active, key) -> _Executed:
+        """Step the env with each active row's valid actions, in answer order."""
+        env, env_params = self.text_env.env, self.text_env.env_params
+        rows = jnp.arange(self.config.batch_size)
+
+        def step(carry: _Executed, a):
+            st = carry.state
+            do = active & (a < parsed.num_actions)
+            step_keys = jax.vmap(lambda r: jax.random.fold_in(jax.random.fold_in(key, a), r))(rows)
+            _, st2, r, _, info = jax.vmap(env.step_env, in_axes=(0, 0, 0, None))(
+                step_keys, st, parsed.actions[:, a], env_params)
+            executed = do & ~st.done  # the env itself ignores actions once the episode ended
+            return _Executed(
+                state=_tree_where(do, st2, st),
+                reward=carry.reward + jnp.where(do, r, 0.0),
+                num_actions=carry.num_actions + executed.astype(jnp.int32),
+                num_effective=carry.num_effective
+                + (executed & info["action_is_effective"].astype(bool)).astype(jnp.int32),
+            ), None
+
+        zeros_i = jnp.zeros((self.config.batch_size,), jnp.int32)
+        init = _Executed(state=state, reward=jnp.zeros((self.config.batch_size,), jnp.float32),
+                         num_actions=zeros_i, num_effective=zeros_i)
+        return jax.lax.scan(step, init, jnp.arange(self.max_actions))[0]
+
+    def _record(self, c: _Carry, key, seg: _Segment, out: sampler.SampleOutput, parsed: Parsed,
+                executed: _Executed) -> _Carry:
+        """Append segment and answer to the conversation; book the turn's reward, end and counts."""
+        active, n_gen, turn = seg.active, out.lengths, c.turn
+        gen_start = c.pos + seg.length
+        bad_format = active & format_penalty_applies(parsed)
+        reward = jnp.where(active, executed.reward + jnp.where(bad_format, self.config.format_penalty, 0.0), 0.0)
+        last_tok = jnp.take_along_axis(out.tokens, jnp.maximum(n_gen - 1, 0)[:, None], axis=1)[:, 0]
+        return _Carry(
+            turn=turn + 1,
+            key=key,
+            state=executed.state,
+            cache=out.cache,
+            tokens=_write_rows(_write_rows(c.tokens, c.pos, seg.ids, seg.length), gen_start, out.tokens, n_gen),
+            loss_mask=_write_rows(c.loss_mask, gen_start, jnp.ones(out.tokens.shape, bool), n_gen),
+            logprobs=_write_rows(c.logprobs, gen_start, out.logprobs, n_gen),
+            pos=gen_start + n_gen,
+            done=c.done | seg.overflow | (active & executed.state.done) | (turn + 1 >= self.max_turns),
+            prev_reward=jnp.where(active, reward, c.prev_reward),
+            prev_closed=jnp.where(active, (n_gen > 0) & (last_tok == IM_END), c.prev_closed),
+            turn_end=c.turn_end.at[:, turn].set(jnp.where(active & (n_gen > 0), gen_start + n_gen - 1, -1)),
+            turn_reward=c.turn_reward.at[:, turn].set(reward),
+            all_valid=c.all_valid & ~bad_format,
+            num_actions=c.num_actions + executed.num_actions,
+            num_effective=c.num_effective + executed.num_effective,
+            num_turns=c.num_turns + active.astype(jnp.int32),
+            num_format_errors=c.num_format_errors + bad_format.astype(jnp.int32),
+            response_length=c.response_length + n_gen,
+            truncated=c.truncated | seg.overflow,
+        )
+
+    # ------------------------------------------------------------------------------------------
+
+    def _trajectories(self, c: _Carry, seeds) -> Trajectories:
+        cfg = self.config
+        success = jax.vmap(self.text_env.env.is_success, in_axes=(0, None))(c.state, self.text_env.env_params)
+        traj = Trajectories(
+            tokens=c.tokens,
+            length=c.pos,
+            loss_mask=c.loss_mask,
+            logprobs=c.logprobs,
+            turn_end=c.turn_end,
+            turn_reward=c.turn_reward,
+            reward=jnp.sum(c.turn_reward, axis=1),
+            group=jnp.repeat(jnp.arange(cfg.num_groups, dtype=jnp.int32), cfg.group_size),
             seed=seeds,
             success=success.astype(bool),
-            action_is_valid=c["all_valid"] & (c["num_turns"] > 0),
-            num_actions=c["num_actions"],
-            num_effective=c["num_effective"],
-            num_turns=c["num_turns"],
-            num_format_errors=c["num_format_errors"],
-            response_length=c["response_length"],
-            truncated=c["truncated"],
+            action_is_valid=c.all_valid & (c.num_turns > 0),
+            num_actions=c.num_actions,
+            num_effective=c.num_effective,
+            num_turns=c.num_turns,
+            num_format_errors=c.num_format_errors,
+            response_length=c.response_length,
+            truncated=c.truncated,
         )
+        traj.assert_shapes(cfg.batch_size, cfg.max_context, self.max_turns)
+        return traj
+
+    def _shard(self, x, batch_dim=0):
+        if self.mesh is None or not self.batch_axes:
+            return x
+        spec = [None] * x.ndim
+        spec[batch_dim] = self.batch_axes
+        return jax.lax.with_sharding_constraint(x, NamedSharding(self.mesh, PartitionSpec(*spec)))
 
 
 def group_seeds_for_iteration(iteration: int, num_groups: int, base: int = 10000) -> np.ndarray:

@@ -17,19 +17,19 @@ policy log-probability the trainer recomputes, and it never is -inf for a token 
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import threading
-from typing import Any, Sequence
+from typing import Any, Callable, Sequence
 
+import chex
 import flax.struct
 import jax
 import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 from ragen_jax.models.qwen2.model import KVCache
-
-IM_END = 151645
-ENDOFTEXT = 151643
+from ragen_jax.text.tokenizer import ENDOFTEXT, IM_END
 
 # `SampleOutput.stopped_by` codes.
 STOP_NONE = 0  # row was inactive (generated nothing) or had budget 0
@@ -269,16 +269,115 @@ def _stop_string_step(window, tok, stop: StopTable):
 
 @flax.struct.dataclass
 class _Carry:
-    step: jax.Array  # tokens sampled so far (global step; a row samples at a prefix of the steps)
-    cache: Any
+    """State of the decode loop. B rows, N = max_new_tokens, W = longest stop string - 1 bytes."""
+
+    step: jax.Array  # [] int32: tokens sampled so far (global step; a row samples at a prefix of the steps)
+    cache: Any  # KV cache: prompt + every sampled token except the pending ones
     pending: jax.Array  # [B] bool: the row's last sampled token is not yet in the cache
-    last: jax.Array  # [B] int32: that token
-    done: jax.Array
-    lengths: jax.Array
-    tokens: jax.Array
-    logprobs: jax.Array
-    stopped_by: jax.Array
-    window: jax.Array
+    last: jax.Array  # [B] int32: that token (an in-range dummy where not pending)
+    done: jax.Array  # [B] bool: the row has stopped (or never started)
+    lengths: jax.Array  # [B] int32: tokens sampled, the stop token included
+    tokens: jax.Array  # [B, N+1] int32: sampled ids, pad_id after the row stopped (one spare column)
+    logprobs: jax.Array  # [B, N+1] f32: their log-probs, 0 after the row stopped
+    stopped_by: jax.Array  # [B] int32: STOP_* code
+    window: jax.Array  # [B, W] int32: the row's most recent decoded bytes (stop strings)
+
+
+@dataclasses.dataclass(frozen=True)
+class _Picker:
+    """How one decode call picks a token per row (fixed for the call; the arrays may be traced)."""
+
+    key: jax.Array  # step t draws with fold_in(key, t)
+    temperature: jax.Array  # [] f32
+    top_p: jax.Array  # [] f32
+    greedy: bool
+    top_k: int
+    use_top_p: bool
+    # A model with its own small vocabulary (models.vocab_map.MappedModel) samples an index into its
+    # logits; `output_ids` turns it into the token id that is stored, fed back and stop-checked.
+    output_ids: Callable | None
+
+    def __call__(self, logits, step):
+        """(token [B] int32, logprob [B] f32) from next-token logits [B, V]."""
+        tok, logp = _sample(logits, jax.random.fold_in(self.key, step), self.temperature, self.top_p,
+                            greedy=self.greedy, top_k=self.top_k, use_top_p=self.use_top_p)
+        return (tok if self.output_ids is None else self.output_ids(tok)), logp
+
+
+@dataclasses.dataclass(frozen=True)
+class _StopRules:
+    """When a row stops (fixed for one decode call)."""
+
+    budget: jax.Array  # [B] int32: per-row token limit
+    stop_ids: jax.Array | None  # [k] int32, None: no stop ids
+    table: StopTable | None  # None: no stop strings
+    pad_id: int  # written after a row stopped
+
+
+def _initial_carry(cache, active, budget, n: int, rules: _StopRules) -> _Carry:
+    b = active.shape[0]
+    w = rules.table.patterns.shape[1] - 1 if rules.table is not None else 0
+    return _Carry(
+        step=jnp.zeros((), jnp.int32),
+        cache=cache,
+        pending=jnp.zeros((b,), bool),
+        last=jnp.zeros((b,), jnp.int32),
+        done=~active | (budget <= 0),
+        lengths=jnp.zeros((b,), jnp.int32),
+        # One spare column: the last, feed-only iteration records (nothing) at step n.
+        tokens=jnp.full((b, n + 1), rules.pad_id, jnp.int32),
+        logprobs=jnp.zeros((b, n + 1), jnp.float32),
+        stopped_by=jnp.full((b,), STOP_NONE, jnp.int32),
+        window=jnp.full((b, w), _NO_BYTE, jnp.int32),
+    )
+
+
+def _record(c: _Carry, tok, logp, rules: _StopRules) -> _Carry:
+    """Store the token each unfinished row sampled at step `c.step`; apply the stop rules."""
+    live = ~c.done
+    tokens = jax.lax.dynamic_update_slice(c.tokens, jnp.where(live, tok, rules.pad_id)[:, None], (0, c.step))
+    logprobs = jax.lax.dynamic_update_slice(c.logprobs, jnp.where(live, logp, 0.0)[:, None], (0, c.step))
+    lengths = c.lengths + live.astype(jnp.int32)
+    if rules.stop_ids is not None:
+        hit_eos = live & jnp.any(tok[:, None] == rules.stop_ids[None, :], axis=1)
+    else:
+        hit_eos = jnp.zeros_like(live)
+    window = c.window
+    if rules.table is not None:
+        window, hit_str = _stop_string_step(c.window, tok, rules.table)
+        hit_str = live & hit_str
+        window = jnp.where(live[:, None], window, c.window)
+    else:
+        hit_str = jnp.zeros_like(live)
+    hit_budget = live & (lengths >= rules.budget)
+    finished = hit_eos | hit_str | hit_budget
+    code = jnp.where(hit_eos, STOP_EOS, jnp.where(hit_str, STOP_STRING, STOP_BUDGET))
+    return c.replace(
+        step=c.step + 1,
+        pending=live,
+        last=jnp.where(live, tok, 0),  # rows not pending feed an in-range dummy with valid=False
+        done=c.done | finished,
+        lengths=lengths,
+        tokens=tokens,
+        logprobs=logprobs,
+        stopped_by=jnp.where(finished, code, c.stopped_by),
+        window=window,
+    )
+
+
+def _feed_and_sample(model, pick: _Picker, rules: _StopRules, c: _Carry) -> _Carry:
+    """One loop iteration: write the pending tokens to the cache, sample the next step from their hidden states."""
+    hidden, cache = model(c.last[:, None], c.pending[:, None], c.cache)
+    c = c.replace(cache=cache)
+    b = c.last.shape[0]
+    # The final iteration only feeds: skip the vocabulary head when no row samples.
+    tok, logp = jax.lax.cond(
+        jnp.all(c.done),
+        lambda h: (jnp.zeros((b,), jnp.int32), jnp.zeros((b,), jnp.float32)),
+        lambda h: pick(model.logits(h[:, None])[:, 0], c.step),
+        hidden[:, 0],
+    )
+    return _record(c, tok, logp, rules)
 
 
 def decode(
@@ -316,109 +415,33 @@ def decode(
     """
     b = first_logits.shape[0]
     n = int(max_new_tokens)
-    top_k = int(top_k)
     if n < 1:
         raise ValueError(f"max_new_tokens must be >= 1, got {max_new_tokens}")
-    if top_k < 0:
+    if int(top_k) < 0:
         raise ValueError(f"top_k must be >= 0 (0 disables it), got {top_k}")
     if use_top_p is None:
         try:
             use_top_p = float(top_p) < 1.0
         except jax.errors.ConcretizationTypeError:
             raise ValueError("top_p is traced: pass use_top_p=True/False explicitly") from None
-    use_top_p = bool(use_top_p) and not greedy
+    budget = jnp.minimum(jnp.asarray(budget if budget is not None else jnp.full((b,), n, jnp.int32), jnp.int32), n)
+    active = active if active is not None else jnp.ones((b,), bool)
+    chex.assert_rank(first_logits, 2)
+    chex.assert_shape([budget, active], (b,))
+    chex.assert_type(active, bool)
+
+    pick = _Picker(key=key, temperature=jnp.asarray(temperature, jnp.float32), top_p=jnp.asarray(top_p, jnp.float32),
+                   greedy=greedy, top_k=int(top_k), use_top_p=bool(use_top_p) and not greedy,
+                   output_ids=getattr(model, "output_ids", None))
     stop_ids = tuple(int(s) for s in stop_ids)
-    if budget is None:
-        budget = jnp.full((b,), n, jnp.int32)
-    budget = jnp.minimum(jnp.asarray(budget, jnp.int32), n)
-    if active is None:
-        active = jnp.ones((b,), bool)
-    temperature = jnp.asarray(temperature, jnp.float32)
-    top_p = jnp.asarray(top_p, jnp.float32)
-    stop_arr = jnp.asarray(stop_ids, jnp.int32) if stop_ids else None
-    w = stop_table.patterns.shape[1] - 1 if stop_table is not None else 0
-
-    # A model with its own small vocabulary (models.vocab_map.MappedModel) samples an index into its
-    # logits; `output_ids` turns it into the token id that is stored, fed back and stop-checked.
-    out_ids = getattr(model, "output_ids", None)
-
-    def sample_logits(logits, step):
-        tok, logp = _sample(logits, jax.random.fold_in(key, step), temperature, top_p, greedy=greedy, top_k=top_k,
-                            use_top_p=use_top_p)
-        return (tok if out_ids is None else out_ids(tok)), logp
-
-    def sample_hidden(hidden, step):
-        return sample_logits(model.logits(hidden[:, None])[:, 0], step)
-
-    def record(c: _Carry, tok, logp) -> _Carry:
-        """Store the token each unfinished row sampled at step `c.step`; apply the stop rules."""
-        live = ~c.done
-        tokens = jax.lax.dynamic_update_slice(c.tokens, jnp.where(live, tok, pad_id)[:, None], (0, c.step))
-        logprobs = jax.lax.dynamic_update_slice(c.logprobs, jnp.where(live, logp, 0.0)[:, None], (0, c.step))
-        lengths = c.lengths + live.astype(jnp.int32)
-        if stop_ids:
-            hit_eos = live & jnp.any(tok[:, None] == stop_arr[None, :], axis=1)
-        else:
-            hit_eos = jnp.zeros_like(live)
-        window = c.window
-        if stop_table is not None:
-            window, hit_str = _stop_string_step(c.window, tok, stop_table)
-            hit_str = live & hit_str
-            window = jnp.where(live[:, None], window, c.window)
-        else:
-            hit_str = jnp.zeros_like(live)
-        hit_budget = live & (lengths >= budget)
-        finished = hit_eos | hit_str | hit_budget
-        code = jnp.where(hit_eos, STOP_EOS, jnp.where(hit_str, STOP_STRING, STOP_BUDGET))
-        return c.replace(
-            step=c.step + 1,
-            pending=live,
-            last=jnp.where(live, tok, 0),  # rows not pending feed an in-range dummy with valid=False
-            done=c.done | finished,
-            lengths=lengths,
-            tokens=tokens,
-            logprobs=logprobs,
-            stopped_by=jnp.where(finished, code, c.stopped_by),
-            window=window,
-        )
-
-    init = _Carry(
-        step=jnp.zeros((), jnp.int32),
-        cache=cache,
-        pending=jnp.zeros((b,), bool),
-        last=jnp.zeros((b,), jnp.int32),
-        done=~active | (budget <= 0),
-        lengths=jnp.zeros((b,), jnp.int32),
-        # One spare column: the last, feed-only iteration records (nothing) at step n.
-        tokens=jnp.full((b, n + 1), pad_id, jnp.int32),
-        logprobs=jnp.zeros((b, n + 1), jnp.float32),
-        stopped_by=jnp.full((b,), STOP_NONE, jnp.int32),
-        window=jnp.full((b, w), _NO_BYTE, jnp.int32),
-    )
+    rules = _StopRules(budget=budget, stop_ids=jnp.asarray(stop_ids, jnp.int32) if stop_ids else None,
+                       table=stop_table, pad_id=pad_id)
     # Step 0 samples from the prefill logits; each loop iteration feeds the pending tokens (so the
     # cache ends up holding every sampled token) and samples the next step from their hidden states.
-    init = record(init, *sample_logits(first_logits, 0))
-
-    def body(c: _Carry):
-        hidden, cache = model(c.last[:, None], c.pending[:, None], c.cache)
-        c = c.replace(cache=cache)
-        # The final iteration only feeds: skip the vocabulary head when no row samples.
-        tok, logp = jax.lax.cond(
-            jnp.all(c.done),
-            lambda h: (jnp.zeros((b,), jnp.int32), jnp.zeros((b,), jnp.float32)),
-            lambda h: sample_hidden(h, c.step),
-            hidden[:, 0],
-        )
-        return record(c, tok, logp)
-
-    final = jax.lax.while_loop(lambda c: jnp.any(c.pending), body, init)
-    return SampleOutput(
-        tokens=final.tokens[:, :n],
-        logprobs=final.logprobs[:, :n],
-        lengths=final.lengths,
-        cache=final.cache,
-        stopped_by=final.stopped_by,
-    )
+    c = _record(_initial_carry(cache, active, budget, n, rules), *pick(first_logits, 0), rules)
+    c = jax.lax.while_loop(lambda c: jnp.any(c.pending), functools.partial(_feed_and_sample, model, pick, rules), c)
+    return SampleOutput(tokens=c.tokens[:, :n], logprobs=c.logprobs[:, :n], lengths=c.lengths, cache=c.cache,
+                        stopped_by=c.stopped_by)
 
 
 # --------------------------------------------------------------------------------------------------
@@ -426,12 +449,6 @@ def decode(
 
 _GENERATE_FNS: dict = {}
 _GENERATE_LOCK = threading.Lock()
-_TRACE_COUNT = [0]
-
-
-def generate_trace_count() -> int:
-    """How many times `generate`'s program was traced (== compiled) in this process; for tests."""
-    return _TRACE_COUNT[0]
 
 
 def _make_cache(model, batch: int, max_len: int, dtype):
@@ -442,7 +459,6 @@ def _make_cache(model, batch: int, max_len: int, dtype):
 
 
 def _generate_impl(state, tokens, valid, key, temperature, top_p, stop_table, *, graphdef, statics):
-    _TRACE_COUNT[0] += 1
     (max_new_tokens, cache_len, top_k, greedy, use_top_p, stop_ids, pad_id, cache_dtype) = statics
     model = nnx.merge(graphdef, state)
     cache = _make_cache(model, tokens.shape[0], cache_len, cache_dtype)

@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import dataclasses
 
+import chex
 import jax
+import jax.numpy as jnp
 from flax import struct
 
 
@@ -79,3 +81,18 @@ class Trajectories:
     @property
     def batch_size(self) -> int:
         return self.tokens.shape[0]
+
+    def assert_shapes(self, batch: int, max_context: int, max_turns: int) -> None:
+        """chex assertions that every field has the shape and dtype written above (arrays or tracers)."""
+        b, t, k = batch, max_context, max_turns
+        chex.assert_shape([self.tokens, self.loss_mask, self.logprobs], (b, t))
+        chex.assert_shape([self.turn_end, self.turn_reward], (b, k))
+        per_row = [self.length, self.reward, self.group, self.seed, self.success, self.action_is_valid,
+                   self.num_actions, self.num_effective, self.num_turns, self.num_format_errors,
+                   self.response_length, self.truncated]
+        chex.assert_shape(per_row, (b,))
+        chex.assert_type([self.tokens, self.length, self.turn_end, self.group, self.seed, self.num_actions,
+                          self.num_effective, self.num_turns, self.num_format_errors, self.response_length],
+                         jnp.int32)
+        chex.assert_type([self.logprobs, self.turn_reward, self.reward], jnp.float32)
+        chex.assert_type([self.loss_mask, self.success, self.action_is_valid, self.truncated], bool)

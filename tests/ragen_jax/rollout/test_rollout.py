@@ -3,6 +3,7 @@ solutions, garbage answers), the slow host loop of ragen_jax/rollout/host_loop.p
 
 from __future__ import annotations
 
+import chex
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -167,10 +168,11 @@ def test_no_recompilation_and_sharded_equals_single_device(tok, tiny_model):
     te = _text_env(tok, "FrozenLake", max_turns=2, max_response_tokens=8)
     cfg = RolloutConfig(num_groups=2, group_size=4, max_context=512, temperature=1.0)
     params = nnx.state(tiny_model)
-    ro = Rollout(tiny_model, te, cfg)
+    ro = Rollout(tiny_model, te, cfg, max_traces=1)  # a second trace raises (chex.assert_max_traces)
     outs = [ro(params, jax.random.PRNGKey(i), np.array([i, i + 50])) for i in range(3)]
-    assert ro.trace_count == 1
     assert not np.array_equal(np.asarray(outs[0].tokens), np.asarray(outs[1].tokens))
+    with pytest.raises(AssertionError, match="traced > 1 times"):  # the check can fail: a new key type
+        ro(params, jax.random.key(0), np.array([0, 50]))
 
     devices = np.array(jax.devices()[:8])
     if len(devices) < 8:
@@ -180,10 +182,11 @@ def test_no_recompilation_and_sharded_equals_single_device(tok, tiny_model):
     with mesh:
         t8 = jax.device_get(ro8(params, jax.random.PRNGKey(0), np.array([0, 50])))
     t1 = jax.device_get(outs[0])
-    np.testing.assert_array_equal(t8.tokens, t1.tokens)
-    np.testing.assert_array_equal(t8.loss_mask, t1.loss_mask)
-    np.testing.assert_allclose(t8.logprobs, t1.logprobs, atol=1e-4)
-    np.testing.assert_allclose(t8.reward, t1.reward, atol=1e-6)
+    floats = ("logprobs", "turn_reward", "reward")
+    # Every token, mask, position, count and flag identical; the float fields close.
+    chex.assert_trees_all_equal(t8.replace(**dict.fromkeys(floats)), t1.replace(**dict.fromkeys(floats)))
+    chex.assert_trees_all_close(t8.logprobs, t1.logprobs, atol=1e-4)
+    chex.assert_trees_all_close((t8.turn_reward, t8.reward), (t1.turn_reward, t1.reward), atol=1e-6)
 
 
 def test_bad_settings_are_rejected(tok):
@@ -195,6 +198,8 @@ def test_bad_settings_are_rejected(tok):
     ro = Rollout(ScriptedPolicy(np.zeros((2, 1, 1))), te, RolloutConfig(num_groups=2, group_size=1, max_context=512))
     with pytest.raises(ValueError, match="group_seeds"):
         ro(None, jax.random.PRNGKey(0), np.array([1, 2, 3]))
+    with pytest.raises(ValueError, match="params do not match"):  # another model's parameters
+        ro(nnx.state(ScriptedPolicy(np.zeros((2, 1, 3)))), jax.random.PRNGKey(0), np.array([1, 2]))
 
 
 def test_teacher_mode_writes_the_teacher_tokens_without_a_model(tok):
@@ -211,3 +216,17 @@ def test_teacher_mode_writes_the_teacher_tokens_without_a_model(tok):
         turns = int(traj.num_turns[r])
         assert _sampled(traj, r) == ids * turns
         assert int(traj.num_format_errors[r]) == 0 and int(traj.num_actions[r]) == 2 * turns
+
+
+def test_trajectories_shape_assertions(tok):
+    te = _text_env(tok, "Bandit", max_turns=1, max_response_tokens=8)
+    cfg = RolloutConfig(num_groups=2, group_size=1, max_context=512, greedy=True)
+    policy = ScriptedPolicy(make_script(tok, [["</think><answer>A</answer>"]] * 2, 1))
+    traj = Rollout(policy, te, cfg)(nnx.state(policy), jax.random.PRNGKey(0), np.array([1, 2]))
+    traj.assert_shapes(2, 512, 1)
+    with pytest.raises(AssertionError):
+        traj.assert_shapes(2, 512, 2)  # turn_end / turn_reward have max_turns columns
+    with pytest.raises(AssertionError):
+        traj.replace(length=traj.length.astype(jnp.float32)).assert_shapes(2, 512, 1)
+    with pytest.raises(AssertionError):
+        traj.replace(success=traj.success.astype(jnp.int32)).assert_shapes(2, 512, 1)
