@@ -116,7 +116,9 @@ class AlgoConfig:
     kl_type: str = "k3"
     kl_in_reward: bool = False
     value_clip: float = 0.5
-    critic_warmup: int = 0  # iterations that train only the critic
+    # verl trainer.critic_warmup: the actor trains from global step k on (steps count from 1), so k gives
+    # k - 1 critic-only iterations (0 and 1: none).
+    critic_warmup: int = 0
     # StarPO-S filter: keep this fraction of groups with the largest in-group reward std (1 = off).
     filter_ratio: float = 0.25
     filter_mode: str = "largest"

@@ -58,15 +58,19 @@ class Batch:
 
 
 # ----------------------------------------------------------------------------------- forward helpers
-def sequence_logprobs(graphdef, params, tokens, valid, chunk: int = 128, vocab=None):
+def sequence_logprobs(graphdef, params, tokens, valid, chunk: int = 128, vocab=None, temperature: float = 1.0):
     """Per-target log-probs and entropies [K, T-1], never materialising [K, T, V] logits.
 
     `vocab`: optional VocabMap of a small-vocabulary model; tokens stay Qwen ids outside the model.
+    `temperature`: the logits are divided by it, as the sampler does (and verl's actor, which divides
+    by the rollout temperature): the PPO ratio and the entropy are then those of the policy that
+    actually sampled the tokens, and `old_logp` equals the rollout's recorded log-probs.
     """
     model = nnx.merge(graphdef, params)
     ids = tokens if vocab is None else vocab.model_ids(tokens)
     hidden, _ = model(ids, valid, None)
-    return loss_lib.token_logprobs_and_entropy(hidden[:, :-1], ids[:, 1:], model.logits, chunk=chunk)
+    logits_fn = model.logits if temperature == 1.0 else (lambda h: model.logits(h) / temperature)
+    return loss_lib.token_logprobs_and_entropy(hidden[:, :-1], ids[:, 1:], logits_fn, chunk=chunk)
 
 
 def sequence_values(graphdef, params, tokens, valid, vocab=None):
@@ -93,6 +97,8 @@ class StepPrograms:
         self.actor_opt, self.critic_opt = actor_opt, critic_opt
         self.has_critic = critic_graph is not None
         self.use_ref = cfg.algo.kl_coef > 0
+        # Log-probs and entropy of the policy the rollout sampled from: logits / rollout temperature.
+        self.temperature = 1.0 if cfg.rollout.greedy else float(cfg.rollout.temperature)
         r, a = cfg.rollout, cfg.algo
         self.kept_groups = filter_lib.num_kept_groups(r.num_groups, a.filter_ratio, a.filter_rounding)
         self.kept_rows = self.kept_groups * r.group_size
@@ -115,11 +121,13 @@ class StepPrograms:
         mask = t.loss_mask[:, 1:] & (f.row_weight[:, None] > 0)
         mb = min(a.mini_batch_size, k)
 
-        logp_fn = functools.partial(sequence_logprobs, self.actor_graph, actor, vocab=self.vocab)
+        logp_fn = functools.partial(sequence_logprobs, self.actor_graph, actor, vocab=self.vocab,
+                                    temperature=self.temperature)
         old_logp, _ = _in_minibatches(lambda x, v: logp_fn(x, v), k, mb, t.tokens, valid)
         ref_logp = jnp.zeros_like(old_logp)
         if self.use_ref:
-            ref_fn = functools.partial(sequence_logprobs, self.actor_graph, ref, vocab=self.vocab)
+            ref_fn = functools.partial(sequence_logprobs, self.actor_graph, ref, vocab=self.vocab,
+                                       temperature=self.temperature)
             ref_logp, _ = _in_minibatches(lambda x, v: ref_fn(x, v), k, mb, t.tokens, valid)
         values = jnp.zeros_like(old_logp)
         if self.has_critic:
@@ -153,7 +161,8 @@ class StepPrograms:
     # -- update: epochs x mini-batches ---------------------------------------------------------
     def _actor_loss(self, params, mb: Batch):
         a = self.cfg.algo
-        logp, entropy = sequence_logprobs(self.actor_graph, params, mb.tokens, mb.valid, vocab=self.vocab)
+        logp, entropy = sequence_logprobs(self.actor_graph, params, mb.tokens, mb.valid, vocab=self.vocab,
+                                          temperature=self.temperature)
         pg_loss, pm = loss_lib.ppo_policy_loss(
             logp, mb.old_logp, mb.advantages, mb.mask, eps_low=a.eps_low, eps_high=a.eps_high,
             dual_clip=a.dual_clip, agg_mode=a.loss_agg)
@@ -181,7 +190,10 @@ class StepPrograms:
         k = batch.tokens.shape[0]
         mb = a.mini_batch_size
         n_mb = k // mb
-        train_actor = state.iteration >= a.critic_warmup
+        # verl: `if critic_warmup <= global_steps: update_actor`, with global_steps = 1 on the first
+        # iteration; `state.iteration` counts completed iterations, so global_steps = iteration + 1 and
+        # critic_warmup = k gives k - 1 critic-only iterations (none for k <= 1).
+        train_actor = state.iteration + 1 >= a.critic_warmup
 
         def minibatch_step(carry, idx):
             actor, actor_opt, critic, critic_opt, skipped = carry
