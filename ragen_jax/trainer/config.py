@@ -43,6 +43,14 @@ def _positive(name: str, value, allow_zero=False):
         raise ConfigError(f"{name} must be {'>= 0' if allow_zero else '> 0'}, got {value!r}")
 
 
+def _micro_batch(name: str, value, batch_name: str, batch):
+    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+        raise ConfigError(f"{name} must be a whole number of trajectories >= 0 (0: all of {batch_name}), got {value!r}")
+    if value and batch % value:
+        raise ConfigError(f"{name}={value} must divide {batch_name}={batch} (each optimizer step is an equal "
+                          "number of micro-batches)")
+
+
 @dataclass
 class ModelConfig:
     # Local Hugging Face directory (config.json + safetensors). None: random init from `preset`
@@ -127,6 +135,13 @@ class AlgoConfig:
     filter_cover: float = 0.9  # variance_cover: fraction of total variance to cover
     ppo_epochs: int = 1
     mini_batch_size: int = 32  # trajectories per optimizer step
+    # Trajectories per forward/backward pass (verl's ppo_micro_batch_size_per_gpu, but for the whole
+    # mesh): a mini-batch's gradient is accumulated over mini_batch_size / micro_batch_size passes,
+    # which bounds activation memory without changing the optimizer step (same loss and gradient
+    # for every loss_agg mode). Also the row block of the no-grad log-prob/value passes. 0: the
+    # whole mini-batch in one pass. Must divide mini_batch_size and be a multiple of the mesh's
+    # data x fsdp devices.
+    micro_batch_size: int = 0
 
     def validate(self):
         # Option names come from the registries that implement them (one list per option).
@@ -146,6 +161,7 @@ class AlgoConfig:
             raise ConfigError(f"algo.dual_clip must be > 1, got {self.dual_clip!r}")
         _positive("algo.ppo_epochs", self.ppo_epochs)
         _positive("algo.mini_batch_size", self.mini_batch_size)
+        _micro_batch("algo.micro_batch_size", self.micro_batch_size, "algo.mini_batch_size", self.mini_batch_size)
         _positive("algo.kl_coef", self.kl_coef, allow_zero=True)
 
 
@@ -194,6 +210,10 @@ class TrainConfig:
     save_every: int = 10
     keep_checkpoints: int = 3
     log_samples: int = 2  # conversations written to TensorBoard as text per log step
+    # Device memory (GiB) the compiled programs must fit in, checked before the first iteration from
+    # their memory_analysis (see step.program_memory). 0: what the device reports (GPU/TPU
+    # bytes_limit); CPU reports nothing, so there the check runs only when this is set.
+    device_memory_gib: float = 0.0
 
     def validate(self):
         _positive("train.iterations", self.iterations)
@@ -201,6 +221,7 @@ class TrainConfig:
         _positive("train.val_size", self.val_size)
         _positive("train.save_every", self.save_every)
         _positive("train.keep_checkpoints", self.keep_checkpoints)
+        _positive("train.device_memory_gib", self.device_memory_gib, allow_zero=True)
 
 
 @dataclass
@@ -211,6 +232,10 @@ class SFTConfig:
     demo_seed: int = 50000  # demos use seeds demo_seed.. (disjoint from training and validation seeds)
     epochs: int = 2
     batch_size: int = 32  # trajectories per optimizer step
+    # Trajectories per forward/backward pass; the step's gradient is accumulated over
+    # batch_size / micro_batch_size passes (same loss and gradient, less activation memory).
+    # 0: the whole batch in one pass. Must divide batch_size (and split over the mesh's batch devices).
+    micro_batch_size: int = 0
     lr: float = 1e-5
     # "constant" (after optim.warmup_steps), or "cosine": decay to 0 over the planned steps
     # (epochs x num_demos // batch_size; dropped demos end it slightly above 0). Annealing makes the
@@ -237,6 +262,7 @@ class SFTConfig:
                               f"got {self.length_bucket!r}")
         _positive("sft.epochs", self.epochs)
         _positive("sft.batch_size", self.batch_size)
+        _micro_batch("sft.micro_batch_size", self.micro_batch_size, "sft.batch_size", self.batch_size)
         _positive("sft.lr", self.lr)
         _choice("sft.lr_schedule", self.lr_schedule, ("constant", "cosine"))
         if not 0 <= self.bandit_high_prob <= 1:

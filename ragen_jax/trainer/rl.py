@@ -31,11 +31,12 @@ from ragen_jax.trainer.logger import EchoTrapMonitor, Logger
 from ragen_jax.trainer.optim import make_optimizer
 from ragen_jax.trainer.setup import (build_mesh, build_policy, build_text_envs, build_vocab, check_run_dir_config,
                                      load_task_tokenizer)
-from ragen_jax.trainer.step import StepPrograms, TrainState, check_batch_fits_mesh
+from ragen_jax.trainer.step import (StepPrograms, TrainState, aot_compile, check_batch_fits_mesh, check_memory_fits,
+                                    device_memory_limit)
 
 # Config keys that may change when a run is resumed (everything else must match the saved run).
 RESUMABLE_CHANGES = ("train.iterations", "train.val_every", "train.save_every", "train.log_samples",
-                     "train.keep_checkpoints")
+                     "train.keep_checkpoints", "train.device_memory_gib")
 
 
 class Trainer:
@@ -53,14 +54,10 @@ class Trainer:
         self.text_envs = build_text_envs(cfg, self.tokenizer)
         self.text_env = self.text_envs[cfg.env.name]
         self.vocab = build_vocab(cfg, self.text_envs, self.tokenizer)
-        policy = build_policy(cfg, self.vocab)
+        policy = build_policy(cfg, self.vocab, mesh=self.mesh)  # parameters placed on the mesh as they load
         self.policy_graph, actor = nnx.split(policy)
         self.policy = policy
-        critic_graph, critic = None, {}
-        if cfg.model.critic == "separate" and cfg.algo.adv_estimator == "gae":
-            critic_model = critic_from_policy(policy, nnx.Rngs(cfg.train.seed + 1))
-            critic_graph, critic = nnx.split(critic_model)
-        elif cfg.model.critic == "shared":
+        if cfg.model.critic == "shared":
             raise ConfigError("model.critic='shared' is not supported yet; use 'separate' (the reference default)")
 
         def put(tree):
@@ -69,11 +66,19 @@ class Trainer:
         actor = put(actor)
         if cfg.model.init_from:
             actor = load_policy_params(cfg.model.init_from, actor)  # e.g. the SFT warm start
-            if critic_graph is not None:  # the critic's trunk starts from the same weights
-                critic_model = critic_from_policy(nnx.merge(self.policy_graph, actor), nnx.Rngs(cfg.train.seed + 1))
-                critic_graph, critic = nnx.split(critic_model)
-        critic = put(critic)
-        self.ref = actor if cfg.algo.kl_coef > 0 else None  # the frozen initial policy (same arrays, never updated)
+        critic_graph, critic = None, {}
+        if cfg.model.critic == "separate" and cfg.algo.adv_estimator == "gae":
+            # The critic's trunk starts from the actor's weights, cloned on the mesh: nnx.clone shares the
+            # (immutable) sharded arrays, jnp.copy then gives the critic its own buffers shard by shard
+            # (the update donates both models, so they may not share one).
+            critic_model = critic_from_policy(nnx.merge(self.policy_graph, actor), nnx.Rngs(cfg.train.seed + 1))
+            critic_graph, critic = nnx.split(critic_model)
+            critic = jax.tree.map(jnp.copy, put(critic))
+        # The frozen initial policy: a copy, because the update donates (overwrites) the actor's arrays.
+        self.ref = jax.tree.map(jnp.copy, actor) if cfg.algo.kl_coef > 0 else None
+        # The module keeps only the graph and shapes (rollouts and validation take the parameters as
+        # arguments): holding its initial arrays would keep a second, unsharded copy of the model.
+        nnx.update(policy, jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype), actor))
         actor_opt = make_optimizer(cfg.optim.actor_lr, cfg.optim)
         critic_opt = make_optimizer(cfg.optim.critic_lr, cfg.optim)
         replicated = NamedSharding(self.mesh, PartitionSpec())
@@ -89,7 +94,10 @@ class Trainer:
         self.programs = StepPrograms(cfg, self.policy_graph, critic_graph, actor_opt, critic_opt, vocab=self.vocab)
         state_shardings = jax.tree.map(lambda x: x.sharding, state)
         self._prepare = jax.jit(self.programs.prepare)
-        self._update = jax.jit(self.programs.update, out_shardings=(state_shardings, None))
+        # The update donates the train state: parameters and optimizer state exist once, updated in place.
+        # The prepare pass donates nothing: none of its outputs has the shape of an input (the
+        # trajectories are P*N rows, the batch the kept K), and the host reads the trajectories later.
+        self._update = jax.jit(self.programs.update, out_shardings=(state_shardings, None), donate_argnums=(0,))
 
         # Rollouts: training (P x N) and validation (val_size states x 1, lower temperature).
         self.rollout = Rollout(policy, self.text_env, cfg.rollout, mesh=self.mesh, vocab=self.vocab)
@@ -97,6 +105,12 @@ class Trainer:
             raise ConfigError(f"train.val_size={cfg.train.val_size} is not divisible by the {n_batch_shards} "
                               "data-parallel devices of the mesh")
 
+        # Fail before the first iteration (and before anything is written) when the compiled programs
+        # do not fit the device.
+        self.memory = None
+        limit = device_memory_limit(cfg, self.mesh.devices.flat[0])
+        if limit is not None:
+            self.memory = self._check_memory(state, limit)
         self.ckpt = Checkpointer(self.workdir / "checkpoints", keep=cfg.train.keep_checkpoints)
         self.state = state
         latest = self.ckpt.latest_step()
@@ -104,6 +118,19 @@ class Trainer:
             self.state, _ = self.ckpt.restore(latest, state)  # raises CheckpointError naming the path
         self.echo = EchoTrapMonitor()
         self.logger = None
+
+    def _check_memory(self, state: TrainState, limit: int) -> dict:
+        """AOT-compile the rollout, prepare and update programs for the run's shapes and shardings,
+        raise ConfigError (`step.check_memory_fits`) when one needs more than `limit` bytes per device,
+        and run prepare/update with these executables (no second compilation). Returns the usage."""
+        r = self.cfg.rollout
+        seeds = jnp.asarray(group_seeds_for_iteration(0, r.num_groups, self.cfg.train.seed_base), jnp.int32)
+        # The rollout's own jit is private to Rollout; lowering it here compiles the same program.
+        compiled, usage = aot_compile(self.rollout._jitted, self._prepare, self._update, state, self.ref,
+                                      jax.random.fold_in(state.key, 1), seeds, self.rollout.stop_table)
+        check_memory_fits(self.cfg, usage, limit)
+        self._prepare, self._update = compiled["prepare"], compiled["update"]
+        return usage
 
     # ------------------------------------------------------------------------------------------
     def _check_workdir(self):

@@ -17,7 +17,7 @@ from flax import nnx
 
 import envs_jax
 from ragen_jax.models import Qwen2, Qwen2Config
-from ragen_jax.models.qwen2.sharding import make_mesh
+from ragen_jax.models.qwen2.sharding import make_mesh, param_shardings
 from ragen_jax.models.qwen2.weights import from_pretrained
 from ragen_jax.models.vocab_map import VocabMap
 from ragen_jax.rollout.teachers import teacher_texts
@@ -123,16 +123,25 @@ def build_vocab(cfg: Config, text_envs: dict, tokenizer):
     return VocabMap.for_text_envs(list(text_envs.values()), tokenizer, extra_texts=texts)
 
 
-def build_policy(cfg: Config, vocab=None):
-    """The policy model from the config: a local HF directory or a random preset (own vocab if mapped)."""
+def build_policy(cfg: Config, vocab=None, mesh=None):
+    """The policy model from the config: a local HF directory or a random preset (own vocab if mapped).
+
+    With `mesh`, every parameter is created directly in its mesh sharding (`param_shardings`): a
+    checkpoint is read slice by slice into the shards each device holds, a random init runs under a
+    jit with those output shardings. The whole model never sits on one device."""
 
     m = cfg.model
+    overrides = dict(dtype=m.dtype, param_dtype=m.param_dtype, remat=m.remat)
     if m.path is not None:
         if vocab is not None:
             raise ConfigError("model.vocab='task' needs a randomly initialised model (model.random_init=true)")
-        return from_pretrained(m.path, dtype=m.dtype, param_dtype=m.param_dtype)
-    overrides = dict(dtype=m.dtype, param_dtype=m.param_dtype, remat=m.remat)
+        return from_pretrained(m.path, mesh=mesh, **overrides)
     if vocab is not None:
         overrides["vocab_size"] = vocab.size
     qcfg = Qwen2Config.from_preset(m.preset).replace(**overrides)
-    return Qwen2(qcfg, rngs=nnx.Rngs(cfg.train.seed))
+    if mesh is None:
+        return Qwen2(qcfg, rngs=nnx.Rngs(cfg.train.seed))
+    graphdef, abstract = nnx.split(nnx.eval_shape(lambda: Qwen2(qcfg, rngs=nnx.Rngs(cfg.train.seed))))
+    init = jax.jit(lambda: nnx.split(Qwen2(qcfg, rngs=nnx.Rngs(cfg.train.seed)))[1],
+                   out_shardings=param_shardings(abstract, mesh))
+    return nnx.merge(graphdef, init())

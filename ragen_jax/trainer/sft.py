@@ -58,6 +58,7 @@ from ragen_jax.trainer.logger import Logger
 from ragen_jax.trainer.optim import make_optimizer
 from ragen_jax.trainer.setup import (build_mesh, build_policy, build_text_envs, build_vocab, check_run_dir_config,
                                      load_task_tokenizer)
+from ragen_jax.trainer.step import accumulated_value_and_grad, effective_micro_batch
 
 # Config keys that may change when an SFT run is resumed (everything else must match the saved run).
 RESUMABLE_CHANGES = ("sft.epochs", "sft.save_every", "train.val_every", "train.keep_checkpoints",
@@ -164,16 +165,23 @@ def token_logprobs_and_hits(graphdef, params, tokens, valid, chunk: int = 128, v
     return loss_lib.map_time_chunks(lambda h, y: _chunk_logp_hit(model.logits, h, y), hidden[:, :-1], ids[:, 1:], chunk)
 
 
-def sft_loss(graphdef, params, prefix, tokens, loss_mask, length, vocab=None):
+def sft_target_mask(loss_mask, length):
+    """[B, T-1] float32: the targets that carry loss (assistant tokens inside the row's length)."""
+    valid = jnp.arange(loss_mask.shape[1])[None, :] < length[:, None]
+    return (loss_mask[:, 1:] & valid[:, 1:]).astype(jnp.float32)
+
+
+def sft_loss(graphdef, params, prefix, tokens, loss_mask, length, vocab=None, norm=None):
     """(token-mean NLL over the assistant's tokens, metrics). tokens/loss_mask [B, T], length [B]
     (the rows after `prefix`, a [P] sequence shared by all rows, or None; see `shared_prefix_length`
     for why the row's first token carries no loss). An all-zero mask gives loss 0 (and zero
-    gradients), not a division by zero."""
+    gradients), not a division by zero. `norm`: the token count to divide by instead of this batch's
+    (the whole batch's, when these rows are one micro-batch of it: the loss and metrics then add up)."""
     t = tokens.shape[1]
     valid = jnp.arange(t)[None, :] < length[:, None]
-    mask = (loss_mask[:, 1:] & valid[:, 1:]).astype(jnp.float32)
+    mask = sft_target_mask(loss_mask, length)
     logp, hit = token_logprobs_and_hits(graphdef, params, tokens, valid, vocab=vocab, prefix=prefix)
-    n = jnp.maximum(jnp.sum(mask), 1.0)
+    n = jnp.maximum(jnp.sum(mask), 1.0) if norm is None else norm
     loss = -jnp.sum(logp * mask) / n
     return loss, {"sft/token_accuracy": jnp.sum(hit * mask) / n, "sft/tokens": jnp.sum(mask)}
 
@@ -220,6 +228,10 @@ class SFTTrainer:
         if cfg.sft.batch_size % self.n_shards:
             raise ConfigError(f"sft.batch_size = {cfg.sft.batch_size} is not divisible by the {self.n_shards} devices "
                               "of the mesh's data x fsdp axes; change sft.batch_size or mesh.data/mesh.fsdp")
+        self.micro_batch = effective_micro_batch(cfg.sft.batch_size, cfg.sft.micro_batch_size)
+        if self.micro_batch % self.n_shards:
+            raise ConfigError(f"sft.micro_batch_size = {self.micro_batch} is not divisible by the {self.n_shards} "
+                              "devices of the mesh's data x fsdp axes; change sft.micro_batch_size or mesh.data/mesh.fsdp")
         if cfg.train.val_every > 0 and cfg.train.val_size % self.n_shards:
             raise ConfigError(f"train.val_size={cfg.train.val_size} is not divisible by the {self.n_shards} "
                               "data-parallel devices of the mesh")
@@ -244,6 +256,9 @@ class SFTTrainer:
         params = jax.device_put(params, param_shardings(params, self.mesh))
         if cfg.model.init_from:
             params = load_policy_params(cfg.model.init_from, params)
+        # The module keeps only the graph and shapes (the step donates the parameters; holding the
+        # initial arrays would keep a second, unsharded copy of the model).
+        nnx.update(policy, jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype), params))
         # The schedule is fixed before the demos exist, so it plans for all of them (an upper bound).
         planned = cfg.sft.epochs * max(1, cfg.sft.num_demos // cfg.sft.batch_size)
         self.tx = make_optimizer(cfg.sft.lr, cfg.optim,
@@ -256,7 +271,8 @@ class SFTTrainer:
         self.batch_sharding = NamedSharding(self.mesh, PartitionSpec(BATCH_AXES))
         state_shardings = jax.tree.map(lambda x: x.sharding, state)
         self.trace_count = 0
-        self._step = jax.jit(self._train_step, out_shardings=(state_shardings, None))
+        # The state is donated: parameters and optimizer state exist once on the devices, updated in place.
+        self._step = jax.jit(self._train_step, out_shardings=(state_shardings, None), donate_argnums=(0,))
         self._loss = jax.jit(functools.partial(sft_loss, self.graphdef, vocab=self.vocab))
 
         self.policy = policy
@@ -340,8 +356,13 @@ class SFTTrainer:
     # -- the compiled step -----------------------------------------------------------------------
     def _train_step(self, state: SFTState, prefix, tokens, loss_mask, length):
         self.trace_count += 1  # runs only while tracing: counts compilations (one per batch width)
-        loss_fn = lambda p: sft_loss(self.graphdef, p, prefix, tokens, loss_mask, length, self.vocab)  # noqa: E731
-        (loss, m), grads = jax.value_and_grad(loss_fn, has_aux=True)(state.params)
+        norm = jnp.maximum(jnp.sum(sft_target_mask(loss_mask, length)), 1.0)  # the whole batch's tokens
+
+        def loss_fn(p, rows):
+            return sft_loss(self.graphdef, p, prefix, *rows, self.vocab, norm=norm)
+
+        n_micro = tokens.shape[0] // self.micro_batch
+        (loss, m), grads = accumulated_value_and_grad(loss_fn, state.params, (tokens, loss_mask, length), n_micro)
         updates, opt_state = self.tx.update(grads, state.opt_state, state.params)
         params = optax.apply_updates(state.params, updates)
         m = {**m, "sft/loss": loss, "sft/grad_norm": optax.global_norm(grads)}

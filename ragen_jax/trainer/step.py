@@ -79,11 +79,56 @@ def sequence_values(graphdef, params, tokens, valid, vocab=None):
     return nnx.merge(graphdef, params)(ids, valid)[:, :-1].astype(jnp.float32)
 
 
+def effective_micro_batch(mini_batch_size: int, micro_batch_size: int) -> int:
+    """Rows per forward/backward pass: `micro_batch_size`, or the whole mini-batch when it is 0."""
+    return micro_batch_size or mini_batch_size
+
+
+def split_rows(tree, n: int):
+    """Rows [R, ...] -> [n, R // n, ...]: block j holds rows j, j + n, j + 2n, ... (strided, not
+    contiguous). The rows arrive sharded in contiguous blocks over the batch devices; strided blocks
+    keep every block spread over all of them (a contiguous cut would put each block on few devices)."""
+    return jax.tree.map(lambda a: a.reshape((a.shape[0] // n, n) + a.shape[1:]).swapaxes(0, 1), tree)
+
+
+def join_rows(tree):
+    """Inverse of `split_rows`: [n, R // n, ...] -> [R, ...] in the original row order."""
+    return jax.tree.map(lambda a: a.swapaxes(0, 1).reshape((a.shape[0] * a.shape[1],) + a.shape[2:]), tree)
+
+
 def _in_minibatches(fn, n_rows: int, mb: int, *arrays):
     """Apply `fn` to row blocks of `mb` (bounds activation memory of the no-grad passes)."""
-    blocks = [a.reshape((n_rows // mb, mb) + a.shape[1:]) for a in arrays]
-    out = jax.lax.map(lambda xs: fn(*xs), tuple(blocks))
-    return jax.tree.map(lambda o: o.reshape((n_rows,) + o.shape[2:]), out)
+    if mb >= n_rows:
+        return fn(*arrays)
+    out = jax.lax.map(lambda xs: fn(*xs), split_rows(tuple(arrays), n_rows // mb))
+    return join_rows(out)
+
+
+def loss_norms(mask: jax.Array) -> tuple[jax.Array, jax.Array]:
+    """The denominators of `agg_loss` for a whole mini-batch: (masked tokens, rows with a masked
+    token), each at least 1. Micro-batch losses divided by these sum to the mini-batch's loss."""
+    m = mask.astype(jnp.float32)
+    return jnp.maximum(jnp.sum(m), 1.0), jnp.maximum(jnp.sum(jnp.any(mask, axis=-1)).astype(jnp.float32), 1.0)
+
+
+def accumulated_value_and_grad(loss_fn, params, batch, n_micro: int):
+    """`jax.value_and_grad(loss_fn, has_aux=True)(params, batch)` computed over `n_micro` micro-batches
+    of rows (`split_rows`) under a `lax.scan`, the loss, metrics and gradients SUMMED: only one
+    micro-batch's activations are alive at a time. `loss_fn` must make its micro-batch loss and
+    metrics additive, i.e. normalise by the whole batch (`loss_norms`) rather than by its own rows;
+    then the sum equals the single-pass value (up to float summation order)."""
+    vg = jax.value_and_grad(loss_fn, has_aux=True)
+    if n_micro == 1:
+        return vg(params, batch)
+    micro = split_rows(batch, n_micro)
+    shapes = jax.eval_shape(vg, params, jax.tree.map(lambda x: x[0], micro))
+    zeros = jax.tree.map(lambda s: jnp.zeros(s.shape, s.dtype), shapes)
+
+    def body(acc, mb):
+        return jax.tree.map(jnp.add, acc, vg(params, mb)), None
+
+    out, _ = jax.lax.scan(body, zeros, micro)
+    return out
 
 
 # ----------------------------------------------------------------------------------- the programs
@@ -119,7 +164,7 @@ class StepPrograms:
         k, t_max = t.tokens.shape
         valid = jnp.arange(t_max)[None, :] < t.length[:, None]
         mask = t.loss_mask[:, 1:] & (f.row_weight[:, None] > 0)
-        mb = min(a.mini_batch_size, k)
+        mb = min(effective_micro_batch(a.mini_batch_size, a.micro_batch_size), k)
 
         logp_fn = functools.partial(sequence_logprobs, self.actor_graph, actor, vocab=self.vocab,
                                     temperature=self.temperature)
@@ -159,30 +204,52 @@ class StepPrograms:
         return batch, metrics
 
     # -- update: epochs x mini-batches ---------------------------------------------------------
-    def _actor_loss(self, params, mb: Batch):
+    def _actor_loss(self, params, mb: Batch, norms):
+        """Loss and metrics of (a micro-batch of) a mini-batch; `norms` = `loss_norms` of the whole
+        mini-batch, so that micro-batch values add up to the mini-batch's (token-mean weighs each
+        micro-batch by its masked tokens, the seq-mean modes by its rows). The masked-mean metrics
+        are weighted by the micro-batch's share of the masked tokens for the same reason."""
         a = self.cfg.algo
+        tok_norm, row_norm = norms
+        norm = tok_norm if a.loss_agg == "token-mean" else row_norm
+        share = jnp.sum(mb.mask.astype(jnp.float32)) / tok_norm
         logp, entropy = sequence_logprobs(self.actor_graph, params, mb.tokens, mb.valid, vocab=self.vocab,
                                           temperature=self.temperature)
         pg_loss, pm = loss_lib.ppo_policy_loss(
             logp, mb.old_logp, mb.advantages, mb.mask, eps_low=a.eps_low, eps_high=a.eps_high,
-            dual_clip=a.dual_clip, agg_mode=a.loss_agg)
-        ent = loss_lib.entropy_loss(entropy, mb.mask, a.loss_agg)
+            dual_clip=a.dual_clip, agg_mode=a.loss_agg, norm=norm)
+        ent = loss_lib.entropy_loss(entropy, mb.mask, a.loss_agg, norm)
         loss = pg_loss - a.entropy_coef * ent
-        m = {f"actor/{k}": v for k, v in pm.items()}
-        m["actor/approx_kl"] = pm["ppo_kl"]
+        m = {f"actor/{k}": (v if k == "pg_loss" else v * share) for k, v in pm.items()}
+        m["actor/approx_kl"] = m["actor/ppo_kl"]
         if self.use_ref and not a.kl_in_reward:
-            kl = loss_lib.kl_loss(logp, mb.ref_logp, mb.mask, a.kl_type, a.loss_agg)
+            kl = loss_lib.kl_loss(logp, mb.ref_logp, mb.mask, a.kl_type, a.loss_agg, norm)
             loss = loss + a.kl_coef * kl
-            m["actor/kl_loss"] = kl
+            m["actor/kl_loss"] = jax.lax.stop_gradient(kl)
         m["actor/entropy"] = jax.lax.stop_gradient(ent)
         return loss, m
 
-    def _critic_loss(self, params, mb: Batch):
+    def _critic_loss(self, params, mb: Batch, norms):
+        tok_norm, _ = norms
+        share = jnp.sum(mb.mask.astype(jnp.float32)) / tok_norm
         v = sequence_values(self.critic_graph, params, mb.tokens, mb.valid, vocab=self.vocab)
         loss, m = loss_lib.value_loss(v, mb.values, mb.returns, mb.mask, clip=self.cfg.algo.value_clip,
-                                      agg_mode="token-mean")
-        return loss, {"critic/value_loss": m["vf_loss"], "critic/vf_clipfrac": m["vf_clipfrac"],
-                      "critic/vpred_mean": m["vpred_mean"]}
+                                      agg_mode="token-mean", norm=tok_norm)
+        return loss, {"critic/value_loss": m["vf_loss"], "critic/vf_clipfrac": m["vf_clipfrac"] * share,
+                      "critic/vpred_mean": m["vpred_mean"] * share}
+
+    def actor_value_and_grad(self, params, mbatch: Batch):
+        """((loss, metrics), grads) of one mini-batch, over `algo.micro_batch_size` micro-batches."""
+        a = self.cfg.algo
+        n_micro = a.mini_batch_size // effective_micro_batch(a.mini_batch_size, a.micro_batch_size)
+        norms = loss_norms(mbatch.mask)
+        return accumulated_value_and_grad(lambda p, b: self._actor_loss(p, b, norms), params, mbatch, n_micro)
+
+    def critic_value_and_grad(self, params, mbatch: Batch):
+        a = self.cfg.algo
+        n_micro = a.mini_batch_size // effective_micro_batch(a.mini_batch_size, a.micro_batch_size)
+        norms = loss_norms(mbatch.mask)
+        return accumulated_value_and_grad(lambda p, b: self._critic_loss(p, b, norms), params, mbatch, n_micro)
 
     def update(self, state: TrainState, batch: Batch) -> tuple[TrainState, dict]:
         self.trace_counts["update"] += 1
@@ -198,7 +265,7 @@ class StepPrograms:
         def minibatch_step(carry, idx):
             actor, actor_opt, critic, critic_opt, skipped = carry
             mbatch = jax.tree.map(lambda x: x[idx], batch)
-            (_, am), g = jax.value_and_grad(self._actor_loss, has_aux=True)(actor, mbatch)
+            (_, am), g = self.actor_value_and_grad(actor, mbatch)
             gnorm = optax.global_norm(g)
             upd, new_opt = self.actor_opt.update(g, actor_opt, actor)
             new_actor = optax.apply_updates(actor, upd)
@@ -209,7 +276,7 @@ class StepPrograms:
             skipped = skipped + (train_actor & ~finite).astype(jnp.int32)
             am = {**am, "actor/grad_norm": gnorm}
             if self.has_critic:
-                (_, cm), cg = jax.value_and_grad(self._critic_loss, has_aux=True)(critic, mbatch)
+                (_, cm), cg = self.critic_value_and_grad(critic, mbatch)
                 cnorm = optax.global_norm(cg)
                 cupd, critic_opt = self.critic_opt.update(cg, critic_opt, critic)
                 critic = optax.apply_updates(critic, cupd)
@@ -235,15 +302,114 @@ class StepPrograms:
         return new_state, metrics
 
 
+# ----------------------------------------------------------------------------------- memory
+GIB = 2**30
+
+
+def program_memory(compiled) -> dict:
+    """Bytes per device of one compiled program (`jax.jit(f).lower(...).compile()`), from XLA's
+    memory_analysis. peak = arguments + outputs - aliased + temporaries: the inputs and outputs are
+    all alive at the end of the program, except outputs written into donated inputs (aliased,
+    counted once), and the temporaries are XLA's peak scratch allocation. Generated code is left out."""
+    m = compiled.memory_analysis()
+    out = {"argument_bytes": int(m.argument_size_in_bytes), "output_bytes": int(m.output_size_in_bytes),
+           "alias_bytes": int(m.alias_size_in_bytes), "temp_bytes": int(m.temp_size_in_bytes)}
+    out["peak_bytes"] = out["argument_bytes"] + out["output_bytes"] - out["alias_bytes"] + out["temp_bytes"]
+    return out
+
+
+def bytes_per_device(tree) -> int:
+    """Bytes the arrays (or ShapeDtypeStructs with a sharding) of `tree` take on one device: each
+    array's shard shape (its whole shape when it has no sharding) times its item size."""
+    total = 0
+    for x in jax.tree.leaves(tree):
+        sharding = getattr(x, "sharding", None)
+        shape = sharding.shard_shape(x.shape) if sharding is not None else x.shape
+        n = 1
+        for d in shape:
+            n *= int(d)
+        total += n * jnp.dtype(x.dtype).itemsize
+    return total
+
+
+def device_memory_limit(cfg: Config, device) -> int | None:
+    """The bytes the programs must fit in: `train.device_memory_gib` when set, else the device's own
+    `bytes_limit` (GPU/TPU); None where neither exists (CPU): no check."""
+    if cfg.train.device_memory_gib:
+        return int(cfg.train.device_memory_gib * GIB)
+    try:
+        stats = device.memory_stats()
+    except Exception:  # noqa: BLE001  backends without memory stats raise (or return None)
+        stats = None
+    limit = (stats or {}).get("bytes_limit")
+    return int(limit) if limit else None
+
+
+def _abstract(tree):
+    """ShapeDtypeStructs carrying each array's sharding (ShapeDtypeStructs pass through)."""
+    return jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=getattr(x, "sharding", None)), tree)
+
+
+def _outputs(compiled):
+    return jax.tree.map(lambda i, sh: jax.ShapeDtypeStruct(i.shape, i.dtype, sharding=sh),
+                        compiled.out_info, compiled.output_shardings)
+
+
+def aot_compile(rollout_jit, prepare_jit, update_jit, state: TrainState, ref, key, group_seeds, stop_table):
+    """Compile the three programs of one iteration ahead of time for the shapes and shardings of
+    `state` and `ref` (arrays, or ShapeDtypeStructs with shardings: nothing is allocated), each one's
+    inputs being the previous one's outputs. Returns ({name: compiled}, {name: (program_memory,
+    resident bytes per device)}), the resident bytes being the train state (and reference policy,
+    and the trajectories during the update) that stay on the device while the program runs without
+    being among its arguments (the input of `check_memory_fits`)."""
+    st, ref = _abstract(state), _abstract(ref)
+    rollout = rollout_jit.lower(st.actor, key, group_seeds, stop_table).compile()
+    traj = _outputs(rollout)
+    prepare = prepare_jit.lower(st.actor, st.critic, ref, traj).compile()
+    batch = _outputs(prepare)[0]
+    update = update_jit.lower(st, batch).compile()
+    ref_bytes = bytes_per_device(ref) if ref is not None else 0
+    usage = {
+        "rollout": (program_memory(rollout), bytes_per_device((st.actor_opt, st.critic, st.critic_opt)) + ref_bytes),
+        "prepare": (program_memory(prepare), bytes_per_device((st.actor_opt, st.critic_opt))),
+        "update": (program_memory(update), ref_bytes + bytes_per_device(traj)),
+    }
+    return {"rollout": rollout, "prepare": prepare, "update": update}, usage
+
+
+def _size(n: int) -> str:
+    return f"{n / GIB:.2f} GiB" if n >= GIB // 10 else f"{n / 2**20:.1f} MiB"
+
+
+def check_memory_fits(cfg: Config, usage: dict, limit: int) -> None:
+    """Raise ConfigError when a program does not fit. `usage`: program name -> (program_memory dict,
+    bytes per device of what stays resident while it runs without being one of its arguments, e.g.
+    the optimizer state during the rollout). Needed = peak + resident."""
+    for name, (mem, resident) in usage.items():
+        need = mem["peak_bytes"] + resident
+        if need > limit:
+            a = cfg.algo
+            micro = effective_micro_batch(a.mini_batch_size, a.micro_batch_size)
+            raise ConfigError(
+                f"the compiled {name} program needs {_size(need)} per device ({_size(mem['peak_bytes'])} "
+                f"of arguments + outputs - donated + temporaries, plus {_size(resident)} of training state "
+                f"held between programs) but the device has {_size(limit)}; lower algo.micro_batch_size "
+                f"(now {micro}), set model.remat=true (now {str(cfg.model.remat).lower()}) or shard the parameters over "
+                f"more devices with mesh.fsdp (now {cfg.mesh.fsdp})")
+
+
 def check_batch_fits_mesh(cfg: Config, n_batch_shards: int) -> None:
     r, a = cfg.rollout, cfg.algo
     b = r.num_groups * r.group_size
     kept = filter_lib.num_kept_groups(r.num_groups, a.filter_ratio, a.filter_rounding) * r.group_size
-    for what, n in (("rollout batch P*N", b), ("kept trajectories", kept), ("algo.mini_batch_size", a.mini_batch_size)):
+    micro = effective_micro_batch(a.mini_batch_size, a.micro_batch_size)
+    for what, n in (("rollout batch P*N", b), ("kept trajectories", kept), ("algo.mini_batch_size", a.mini_batch_size),
+                    ("algo.micro_batch_size (0: = mini_batch_size)", micro)):
         if n % n_batch_shards:
             raise ConfigError(f"{what} = {n} is not divisible by the {n_batch_shards} devices of the mesh's "
                               "data x fsdp axes; change the batch settings or mesh.data/mesh.fsdp")
 
 
-__all__ = ["Batch", "StepPrograms", "TrainState", "check_batch_fits_mesh", "sequence_logprobs",
-           "sequence_values"]
+__all__ = ["Batch", "GIB", "StepPrograms", "TrainState", "accumulated_value_and_grad", "aot_compile", "bytes_per_device",
+           "check_batch_fits_mesh", "check_memory_fits", "device_memory_limit", "effective_micro_batch", "join_rows",
+           "loss_norms", "program_memory", "sequence_logprobs", "sequence_values", "split_rows"]

@@ -17,7 +17,7 @@ import jax.numpy as jnp
 import ml_dtypes
 import numpy as np
 from flax import nnx
-from jax.sharding import Mesh
+from jax.sharding import Mesh, SingleDeviceSharding
 from safetensors import safe_open
 from safetensors.numpy import save_file
 
@@ -117,21 +117,38 @@ def _weight_files(path: str) -> dict[str, str]:
     raise FileNotFoundError(f"{path}: no weights found (expected {SINGLE_FILE} or {INDEX_FILE})")
 
 
+def _norm_index(index, shape) -> tuple[slice, ...]:
+    """A device's index (tuple of slices, possibly shorter than the rank) as explicit unit-step slices."""
+    index = tuple(index) + (slice(None),) * (len(shape) - len(index))
+    out = []
+    for sl, n in zip(index, shape):
+        start, stop, step = sl.indices(n)
+        if step != 1:
+            raise ValueError(f"unexpected strided shard index {sl}")
+        out.append(slice(start, stop))
+    return tuple(out)
+
+
 def from_pretrained(
     path: str,
     dtype: str | None = None,
     param_dtype: str | None = None,
     mesh: Mesh | None = None,
     rules=None,
+    **overrides,
 ) -> Qwen2:
     """Load a Qwen2ForCausalLM directory. `dtype`: compute dtype (default float32); `param_dtype`:
-    storage dtype (default: same as `dtype`). bf16 checkpoints load as is (no torch).
+    storage dtype (default: same as `dtype`). bf16 checkpoints load as is (no torch). `overrides`:
+    further Qwen2Config fields that are not in config.json (e.g. remat).
 
-    With `mesh`, every parameter is placed directly with its `param_shardings(..., mesh, rules)`
-    sharding (each device receives only its shard; works across hosts), so a model larger than one
-    device's memory can be loaded."""
+    Every parameter is built with `jax.make_array_from_callback`: each device's callback reads just
+    its shard from the safetensors files (`get_slice`, memory-mapped; per layer for the stacked
+    weights). With `mesh`, the shardings are `param_shardings(..., mesh, rules)`, so no device and
+    not the host ever holds more than one parameter's shard at a time: a model larger than one
+    device loads (works across hosts: each process reads its own devices' shards). Without a mesh
+    the parameters go whole to the first device."""
     dtype = dtype or "float32"
-    cfg = read_config(path, dtype=dtype, param_dtype=param_dtype or dtype)
+    cfg = read_config(path, dtype=dtype, param_dtype=param_dtype or dtype, **overrides)
     files = _weight_files(path)
     pdt = jnp.dtype(cfg.param_dtype)
 
@@ -142,15 +159,11 @@ def from_pretrained(
     shardings = None
     if mesh is not None:
         shardings = param_shardings(params, mesh, rules if rules is not None else DEFAULT_RULES)
-
-    def place(spec: WeightSpec, value: np.ndarray):
-        if shardings is None:
-            return jnp.asarray(value)
-        return jax.make_array_from_callback(value.shape, _get(shardings, spec.path), lambda idx: value[idx])
+    single = SingleDeviceSharding(jax.devices()[0])
 
     handles: dict[str, object] = {}
 
-    def tensor(name: str) -> np.ndarray:
+    def tensor_slice(name: str):
         file = files.get(name)
         if file is None:
             raise ValueError(f"{path}: weight {name!r} is missing from the checkpoint")
@@ -159,29 +172,53 @@ def from_pretrained(
         h = handles[file]
         if name not in h.keys():
             raise ValueError(f"{file}: weight {name!r} listed in {INDEX_FILE} is not in the file")
-        return h.get_tensor(name)
+        return h.get_slice(name)
 
     try:
         for spec in weight_specs(cfg):
-            want = _get(params, spec.path).shape
+            want = tuple(_get(params, spec.path).shape)
             per = want[1:] if spec.per_layer else want
             hf_shape = per[::-1] if spec.transpose else per
-            arrays = []
-            for name in _hf_names(spec, cfg):
-                a = tensor(name)
-                if tuple(a.shape) != tuple(hf_shape):
+            names = _hf_names(spec, cfg)
+            slices = []
+            for name in names:  # every shape checked before anything is read
+                sl = tensor_slice(name)
+                if tuple(sl.get_shape()) != tuple(hf_shape):
                     raise ValueError(
-                        f"{files[name]}: weight {name!r} has shape {tuple(a.shape)}, expected "
+                        f"{files[name]}: weight {name!r} has shape {tuple(sl.get_shape())}, expected "
                         f"{tuple(hf_shape)} from {CONFIG_FILE}"
                     )
-                arrays.append(a.T if spec.transpose else a)
-            value = np.stack(arrays) if spec.per_layer else arrays[0]
-            _set(params, spec.path, place(spec, value.astype(pdt, copy=False)))
+                slices.append(sl)
+
+            memo: dict = {}  # devices holding the same (replicated) shard share one read
+
+            def read(index, spec=spec, want=want, slices=slices, memo=memo):
+                idx = _norm_index(index, want)
+                key = tuple((x.start, x.stop) for x in idx)
+                if key not in memo:
+                    memo[key] = _read(spec, slices, idx, pdt)
+                return memo[key]
+
+            sharding = _get(shardings, spec.path) if shardings is not None else single
+            _set(params, spec.path, jax.make_array_from_callback(want, sharding, read))
+            memo.clear()
     finally:
         handles.clear()
 
     state.replace_by_pure_dict(params)
     return nnx.merge(graphdef, state)
+
+
+def _read(spec: WeightSpec, slices, idx, dtype):
+    """Our parameter's block `idx` (unit-step slices in our layout) read from the HF tensors'
+    safetensors slices (one per layer when stacked), transposed back where HF stores [out, in]."""
+    layers, inner = (range(len(slices))[idx[0]], idx[1:]) if spec.per_layer else ([0], idx)
+    hf_idx = inner[::-1] if spec.transpose else inner
+    parts = []
+    for i in layers:
+        a = np.asarray(slices[i][hf_idx])
+        parts.append((a.T if spec.transpose else a).astype(dtype, copy=False))
+    return np.stack(parts) if spec.per_layer else parts[0]
 
 
 # ----------------------------------------------------------------------------- writing

@@ -162,3 +162,68 @@ def test_error_index_lists_missing_shard_or_weight(tmp_path):
     os.remove(tmp_path / other)
     with pytest.raises(FileNotFoundError, match=f"{INDEX_FILE}: lists shard '{other}', which does not exist"):
         from_pretrained(tmp_path)
+
+
+# ----------------------------------------------------------------------------- sharded loading
+class _SpyOpen:
+    """safe_open whose tensor slices record the shape of every block the loader reads."""
+
+    def __init__(self, real, reads):
+        self.real, self.reads = real, reads
+
+    def __call__(self, file, framework):
+        spy = self
+        handle = spy.real(file, framework=framework)
+
+        class Handle:
+            def keys(self):
+                return handle.keys()
+
+            def get_slice(self, name):
+                sl = handle.get_slice(name)
+
+                class Slice:
+                    def get_shape(self):
+                        return sl.get_shape()
+
+                    def __getitem__(self, idx):
+                        a = sl[idx]
+                        spy.reads.append((name, tuple(sl.get_shape()), a.shape))
+                        return a
+
+                return Slice()
+
+        return Handle()
+
+
+@pytest.mark.parametrize("variant", VARIANTS)
+@pytest.mark.parametrize("axes", [dict(data=1, fsdp=8), dict(data=2, fsdp=2, tensor=2)])
+def test_sharded_load_reads_each_devices_shard_only(tmp_path, monkeypatch, variant, axes):
+    from ragen_jax.models import make_mesh, param_shardings
+    from ragen_jax.models.qwen2 import weights
+
+    plain = from_pretrained(fixture_dir(variant))  # the unsharded load: the truth
+    save_pretrained(plain, tmp_path, max_shard_size="60KB")  # several files
+    reads = []
+    monkeypatch.setattr(weights, "safe_open", _SpyOpen(weights.safe_open, reads))
+    mesh = make_mesh(**axes)
+    placed = from_pretrained(tmp_path, mesh=mesh)
+
+    want = param_shardings(nnx.state(plain, nnx.Param), mesh)
+    n_sharded = 0
+    for a, b, s in zip(jax.tree.leaves(nnx.state(plain, nnx.Param)), jax.tree.leaves(nnx.state(placed, nnx.Param)),
+                       jax.tree.leaves(want)):
+        assert b.sharding == s and b.dtype == a.dtype
+        np.testing.assert_array_equal(np.asarray(b), np.asarray(a))
+        shard = s.shard_shape(a.shape)
+        assert {x.device for x in b.addressable_shards} == set(mesh.devices.flat)
+        for x in b.addressable_shards:  # each device holds its block, not the parameter
+            assert x.data.shape == shard
+        n_sharded += shard != a.shape
+    assert n_sharded >= 8  # the embedding and every stacked kernel are split on these meshes
+    # The host read blocks, never a whole tensor that is split over the mesh: the embedding's
+    # columns are split over fsdp on both meshes.
+    emb = [(full, got) for name, full, got in reads if name == "model.embed_tokens.weight"]
+    assert emb and all(got[1] < full[1] for full, got in emb)
+    kernels = [(full, got) for name, full, got in reads if name.endswith("mlp.up_proj.weight")]
+    assert kernels and all(np.prod(got) < np.prod(full) for full, got in kernels)

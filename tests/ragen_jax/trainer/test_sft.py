@@ -103,7 +103,8 @@ def test_empty_mask_gives_zero_loss_and_zero_gradients(run):
     traces = tr.trace_count
     prefix, tokens, mask, length = tr.put_batch(tr.batch_indices(0))
     # The training step itself (same compiled program): no assistant token, no loss, no gradient.
-    _, m = tr._step(tr.state, prefix, tokens, jnp.zeros_like(mask), length)
+    # The step donates its state: give it a copy so that the trainer's own state stays alive.
+    _, m = tr._step(jax.tree.map(jnp.copy, tr.state), prefix, tokens, jnp.zeros_like(mask), length)
     assert float(m["sft/loss"]) == 0.0 and float(m["sft/grad_norm"]) == 0.0 and float(m["sft/tokens"]) == 0.0
     assert all(h["sft/grad_norm"] > 0 for h in hist if "sft/loss" in h)  # ... while real batches have one
     assert tr.trace_count == traces
@@ -113,7 +114,7 @@ def test_fixed_batch_is_overfitted(run):
     _, tr, _ = run
     traces = tr.trace_count
     batch = tr.put_batch(tr.batch_indices(0))
-    state = tr.state
+    state = jax.tree.map(jnp.copy, tr.state)  # the step donates its state; the trainer's stays alive
     accs, losses = [], []
     for _ in range(20):
         state, m = tr._step(state, *batch)

@@ -1,0 +1,52 @@
+"""Fail before running: the Trainer compiles its rollout, prepare and update programs ahead of time
+when a device memory limit is known (the device's bytes_limit, or `train.device_memory_gib`, the only
+way on CPU), and a config whose programs need more stops in __init__ with one sentence naming the
+numbers and the knobs. With room to spare it trains with those very executables, and the update's
+donated train state is counted once (aliased)."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+
+from ragen_jax.trainer.config import ConfigError, load_config
+from ragen_jax.trainer.rl import Trainer
+from ragen_jax.trainer.step import GIB, bytes_per_device
+
+FAST = ["--config.train.iterations=1", "--config.train.val_every=0", "--config.rollout.num_groups=2",
+        "--config.rollout.group_size=4", "--config.algo.filter_ratio=0.5", "--config.algo.mini_batch_size=4",
+        "--config.algo.micro_batch_size=2", "--config.prompt.max_turns=2", "--config.prompt.max_response_tokens=8",
+        "--config.rollout.max_context=512", "--config.mesh.data=1"]
+
+
+def test_too_small_device_fails_before_the_first_iteration(tmp_path):
+    cfg = load_config("tiny_cpu.py", [*FAST, "--config.train.device_memory_gib=0.001"])  # about 1 MiB
+    with pytest.raises(ConfigError) as e:
+        Trainer(cfg, tmp_path / "run", quiet=True)
+    msg = str(e.value)
+    assert "program needs" in msg and "per device" in msg and "but the device has 1.0 MiB" in msg
+    for knob in ("algo.micro_batch_size (now 2)", "model.remat", "mesh.fsdp (now 1)"):
+        assert knob in msg
+    assert "\n" not in msg
+    assert not (tmp_path / "run").exists()  # nothing written
+
+
+def test_programs_that_fit_run_with_the_checked_executables(tmp_path):
+    cfg = load_config("tiny_cpu.py", [*FAST, "--config.train.device_memory_gib=64"])
+    tr = Trainer(cfg, tmp_path / "run", quiet=True)
+    assert set(tr.memory) == {"rollout", "prepare", "update"}
+    state_bytes = sum(np.asarray(x).nbytes for x in __import__("jax").tree.leaves(tr.state))
+    assert bytes_per_device(tr.state) == state_bytes  # one device: the whole arrays
+    update, resident = tr.memory["update"]
+    # The donated train state is written in place: XLA aliases every byte of it to an output.
+    assert update["alias_bytes"] == state_bytes
+    assert update["peak_bytes"] == (update["argument_bytes"] + update["output_bytes"] - update["alias_bytes"]
+                                    + update["temp_bytes"])
+    # During the rollout the optimizer states and the critic stay on the device: counted as resident.
+    _, rollout_resident = tr.memory["rollout"]
+    assert rollout_resident == bytes_per_device((tr.state.actor_opt, tr.state.critic, tr.state.critic_opt))
+    assert max(m["peak_bytes"] + r for m, r in tr.memory.values()) < 64 * GIB
+    hist = tr.train()
+    assert len(hist) == 1 and math.isfinite(hist[0]["actor/pg_loss"]) and math.isfinite(hist[0]["critic/value_loss"])
