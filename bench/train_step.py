@@ -18,7 +18,7 @@ discounted): fwd+bwd 6 * N + 12 * L * T * d_attn, the no-grad pass 2 * N + 4 * L
 matmul parameters (the embedding counted once, as the head). MFU = achieved FLOP/s / `--peak-tflops`.
 
 Usage: python -m bench.train_step [--shapes tiny,qwen2.5-0.5b] [--rows 32 --seq-len 2048] [--quick]
-       [--big-rows 2 --big-seq-len 128] [--repeats 3] [--no-torch] [--peak-tflops 989]
+       [--big-rows 2 --big-seq-len 128] [--repeats 3] [--no-torch] [--peak-tflops 989] [--micro-batch N]
        [--out bench/results/train_step.json]
 """
 
@@ -96,7 +96,7 @@ def model_flops_per_token(cfg, t: int) -> dict:
             "step": 8 * n + 16 * attn}
 
 
-def build_programs(model, k: int, mini_batch: int):
+def build_programs(model, k: int, mini_batch: int, micro_batch: int = 0):
     from ragen_jax.trainer.config import Config
     from ragen_jax.trainer.optim import make_optimizer
     from ragen_jax.trainer.step import StepPrograms, TrainState
@@ -108,6 +108,7 @@ def build_programs(model, k: int, mini_batch: int):
     cfg.rollout.num_groups, cfg.rollout.group_size = k // 2, 2
     a = cfg.algo
     a.adv_estimator, a.filter_ratio, a.mini_batch_size, a.ppo_epochs = "grpo", 1.0, mini_batch, 1
+    a.micro_batch_size = micro_batch
     a.eps_low, a.eps_high, a.dual_clip, a.entropy_coef, a.kl_coef = EPS_LOW, EPS_HIGH, DUAL_CLIP, ENTROPY_COEF, 0.0
     cfg.validate()
     graph, actor = nnx.split(model)
@@ -182,18 +183,19 @@ def torch_side(model, cfg, micro_rows: int = 1):
 
 def bench_train_step(shape: str, k: int, t: int, *, repeats: int = 3, torch_baseline: bool = True,
                      mini_batch: int | None = None, peak_tflops: float | None = None, torch_micro_rows: int = 1,
-                     seed: int = 0) -> dict:
+                     seed: int = 0, micro_batch: int = 0) -> dict:
     """One row: our prepare+update tokens/s (+ PyTorch's and the ratio), FLOPs and MFU. JSON-able."""
     from ragen_jax.models import Qwen2, Qwen2Config
 
     if shape not in _presets():
         raise ValueError(f"unknown shape {shape!r}; valid: {', '.join(_presets())}")
     model = Qwen2(Qwen2Config.from_preset(shape), rngs=nnx.Rngs(seed))
-    step, cfg = build_programs(model, k, mini_batch or k)
+    step, cfg = build_programs(model, k, mini_batch or k, micro_batch)
     traj = synthetic_batch(k, t, model.cfg.vocab_size, seed=seed)
     n_tok = k * t
     mask = np.asarray(traj.loss_mask)
-    row = {"shape": shape, "rows": k, "seq_len": t, "mini_batch": mini_batch or k, "tokens": n_tok,
+    row = {"shape": shape, "rows": k, "seq_len": t, "mini_batch": mini_batch or k, "micro_batch": micro_batch or
+           mini_batch or k, "tokens": n_tok,
            "trained_tokens": int(mask[:, 1:].sum()), "real_tokens": int(np.sum(np.asarray(traj.length))),
            "dtype": str(model.cfg.dtype), "estimator": "grpo", "critic": False}
     t0 = time.perf_counter()
@@ -240,6 +242,8 @@ def main(argv=None):
     p.add_argument("--rows", type=int, default=32, help="K trajectories (reference: 0.25 * 8 * 16 = 32)")
     p.add_argument("--seq-len", type=int, default=2048, help="T tokens per trajectory")
     p.add_argument("--mini-batch", type=int, default=None, help="rows per optimizer step (default: all K)")
+    p.add_argument("--micro-batch", type=int, default=0,
+                   help="tiny shape: also run with algo.micro_batch_size=N and record the speed ratio to one pass")
     p.add_argument("--big-rows", type=int, default=2, help="K for shapes other than tiny (slow on CPU)")
     p.add_argument("--big-seq-len", type=int, default=128, help="T for shapes other than tiny")
     p.add_argument("--quick", action="store_true", help="K=4, T=128 (K=2, T=64 for big shapes)")
@@ -280,6 +284,13 @@ def main(argv=None):
         except ValueError as e:
             print(f"error: {e}", file=sys.stderr)
             return 2
+        if shape == "tiny" and args.micro_batch:
+            micro = bench_train_step(shape, k, t, repeats=args.repeats, torch_baseline=False,
+                                     mini_batch=args.mini_batch, micro_batch=args.micro_batch)
+            micro["ratio_micro_over_one_pass"] = round(micro["tok_s"] / row["tok_s"], 2)
+            result["rows"].append(micro)
+            print(f"{shape:>13} K{k} T{t} micro-batches of {args.micro_batch}: {micro['tok_s']:.1f} tok/s, "
+                  f"ratio to one pass {micro['ratio_micro_over_one_pass']:.2f}", flush=True)
         result["rows"].append(row)
         line = (f"{shape:>13} K{k} T{t}: {row['median_s_per_step']:.2f} s/step, {row['tok_s']:.1f} tok/s "
                 f"(compile {row['compile_s']:.1f} s), {row['flops_per_token']['step'] / 1e6:.1f} MFLOP/token "

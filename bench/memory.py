@@ -1,0 +1,218 @@
+"""Peak device memory of the compiled rollout, prepare and update programs of a config, per device.
+
+Each row builds the three programs of one training iteration exactly as the RL Trainer does
+(`step.aot_compile`: the same jitted functions, shardings and donation) from ABSTRACT parameters
+(`nnx.eval_shape` + the mesh's `param_shardings`: nothing is allocated), compiles them for the local
+backend and reads XLA's `memory_analysis`. Per program and per device:
+
+    program peak = arguments + outputs - aliased (donated) + temporaries
+    total        = program peak + resident: train state (and the trajectories during the update) that
+                   stays on the device while the program runs without being one of its arguments
+
+`total` is what the Trainer's fail-before-running check compares with the device's memory; the
+targets of issue 12 are checked against it. The reference settings are configs/sokoban.py (P=8 x N=16,
+5 turns x 400 tokens, context 3,600, mini-batch 32, bf16 compute, float32 parameters and AdamW) with
+a random-init preset. Multi-device rows run on simulated CPU devices (8 are created when this
+script starts jax). Two setting sets:
+  before: today's settings before issue 12: xla attention, no remat, no micro-batches, no donation.
+  after:  attention auto (chunked on CPU for long rows), remat on, micro-batches of 8 rows, the update
+          donating the train state; after-mb4: the same with micro-batches of 4 rows.
+
+Usage: python -m bench.memory [--rows 0.5b-ppo,3b-grpo] [--settings before,after] [--force] [--list]
+       [--out bench/results/memory.json]
+Rows already in the output file are kept and skipped (resumable) unless --force; every finished
+row is written at once. Compiling the 3B/7B programs on a small CPU takes minutes per row.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import time
+from pathlib import Path
+
+if "xla_force_host_platform_device_count" not in os.environ.get("XLA_FLAGS", ""):
+    # The multi-device rows need 8 devices; must be set before jax is imported.
+    os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "") + " --xla_force_host_platform_device_count=8").strip()
+
+if __package__ in (None, ""):  # run as a script
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+import json  # noqa: E402
+
+import jax  # noqa: E402
+import jax.numpy as jnp  # noqa: E402
+from flax import nnx  # noqa: E402
+from jax.sharding import NamedSharding, PartitionSpec  # noqa: E402
+
+from bench._common import machine, write_result  # noqa: E402
+
+RESULTS = Path(__file__).resolve().parent / "results" / "memory.json"
+GIB = 2**30
+
+# name: (preset, estimator, mesh.fsdp, target GiB per device of the largest program or None)
+ROWS = {
+    "0.5b-ppo": ("qwen2.5-0.5b", "gae", 1, 20),
+    "1.5b-ppo": ("qwen2.5-1.5b", "gae", 1, None),
+    "3b-ppo": ("qwen2.5-3b", "gae", 1, None),
+    "3b-grpo": ("qwen2.5-3b", "grpo", 1, 70),
+    "3b-ppo-fsdp4": ("qwen2.5-3b", "gae", 4, 40),
+    "7b-grpo-fsdp8": ("qwen2.5-7b", "grpo", 8, 40),
+}
+SETTINGS = {
+    "before": dict(attention="xla", remat=False, micro_batch_size=0, donate=False),
+    # micro_batch_size: rows per forward/backward over the whole mesh (a multiple of its devices).
+    "after": dict(attention="auto", remat=True, micro_batch_size=8, donate=True),
+    "after-mb4": dict(attention="auto", remat=True, micro_batch_size=4, donate=True),
+}
+
+
+def row_config(name: str, setting: str):
+    from ragen_jax.trainer.config import load_config
+
+    preset, estimator, fsdp, _ = ROWS[name]
+    s = SETTINGS[setting]
+    over = ["model.random_init=true", f"model.preset={preset}", f"model.attention={s['attention']}",
+            f"model.remat={str(s['remat']).lower()}", f"algo.micro_batch_size={s['micro_batch_size']}",
+            "mesh.data=1", f"mesh.fsdp={fsdp}", "mesh.tensor=1"]
+    if estimator == "grpo":
+        over += ["algo.adv_estimator=grpo", "algo.reward_norm=mean_std", "model.critic=none"]
+    return load_config("sokoban.py", over)
+
+
+def abstract_programs(cfg, donate: bool):
+    """(rollout jit, prepare jit, update jit, abstract TrainState, mesh) of a config, nothing allocated."""
+    from ragen_jax.models import Qwen2, Qwen2Config, critic_from_policy, param_shardings
+    from ragen_jax.rollout import Rollout
+    from ragen_jax.trainer.optim import make_optimizer
+    from ragen_jax.trainer.setup import build_mesh, build_text_envs, load_task_tokenizer
+    from ragen_jax.trainer.step import StepPrograms, TrainState
+
+    m = cfg.model
+    n = cfg.mesh.data * cfg.mesh.fsdp * cfg.mesh.tensor
+    mesh = build_mesh(cfg, jax.devices()[:n])
+    overrides = dict(dtype=m.dtype, param_dtype=m.param_dtype, remat=m.use_remat, remat_policy=m.remat_policy,
+                     attention=m.attention)
+    qcfg = Qwen2Config.from_preset(m.preset).replace(**overrides)
+
+    def sds(tree):
+        return jax.tree.map(lambda x, s: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=s), tree,
+                            param_shardings(tree, mesh))
+
+    policy = nnx.eval_shape(lambda: Qwen2(qcfg, rngs=nnx.Rngs(0)))
+    graph, actor = nnx.split(policy)
+    actor = sds(actor)
+    critic_graph, critic = None, {}
+    if m.critic == "separate" and cfg.algo.adv_estimator == "gae":
+        critic_model = nnx.eval_shape(lambda: critic_from_policy(Qwen2(qcfg, rngs=nnx.Rngs(0)), nnx.Rngs(1)))
+        critic_graph, critic = nnx.split(critic_model)
+        critic = sds(critic)
+    actor_opt = make_optimizer(cfg.optim.actor_lr, cfg.optim)
+    critic_opt = make_optimizer(cfg.optim.critic_lr, cfg.optim)
+    rep = NamedSharding(mesh, PartitionSpec())
+    scalar = jax.ShapeDtypeStruct((), jnp.int32, sharding=rep)
+    state = TrainState(
+        iteration=scalar, key=jax.ShapeDtypeStruct((2,), jnp.uint32, sharding=rep), actor=actor,
+        actor_opt=sds(jax.eval_shape(actor_opt.init, actor)), critic=critic,
+        critic_opt=sds(jax.eval_shape(critic_opt.init, critic)) if critic_graph is not None else {},
+        skipped_updates=scalar)
+    programs = StepPrograms(cfg, graph, critic_graph, actor_opt, critic_opt)
+    state_shardings = jax.tree.map(lambda x: x.sharding, state)
+    prepare = jax.jit(programs.prepare)
+    update = jax.jit(programs.update, out_shardings=(state_shardings, None), donate_argnums=(0,) if donate else ())
+    text_env = build_text_envs(cfg, load_task_tokenizer(cfg))[cfg.env.name]
+    rollout = Rollout(policy, text_env, cfg.rollout, mesh=mesh)
+    return rollout, prepare, update, state, mesh
+
+
+def measure(name: str, setting: str) -> dict:
+    from ragen_jax.trainer.step import aot_compile, effective_micro_batch
+
+    cfg = row_config(name, setting)
+    s = SETTINGS[setting]
+    rollout, prepare, update, state, mesh = abstract_programs(cfg, s["donate"])
+    rep = NamedSharding(mesh, PartitionSpec())
+    key = jax.ShapeDtypeStruct((2,), jnp.uint32, sharding=rep)
+    seeds = jax.ShapeDtypeStruct((cfg.rollout.num_groups,), jnp.int32, sharding=rep)
+    ref = None  # kl_coef is 0 in the reference config: no reference policy
+    t0 = time.perf_counter()
+    _, usage = aot_compile(rollout._jitted, prepare, update, state, ref, key, seeds, rollout.stop_table)
+    compile_s = time.perf_counter() - t0
+    preset, estimator, fsdp, target = ROWS[name]
+    a, r, p = cfg.algo, cfg.rollout, cfg.prompt
+    programs = {}
+    for prog, (mem, resident) in usage.items():
+        programs[prog] = {**mem, "resident_bytes": resident, "total_bytes": mem["peak_bytes"] + resident,
+                          "peak_gib": round(mem["peak_bytes"] / GIB, 2),
+                          "total_gib": round((mem["peak_bytes"] + resident) / GIB, 2)}
+    worst = max(v["total_gib"] for v in programs.values())
+    return {
+        "row": name, "setting": setting, "preset": preset, "estimator": estimator,
+        "critic": cfg.model.critic if estimator == "gae" else "none",
+        "mesh": {"data": 1, "fsdp": fsdp, "tensor": 1}, "devices": int(mesh.devices.size),
+        "settings": {"attention": cfg.model.attention, "remat": cfg.model.use_remat,
+                     "remat_policy": cfg.model.remat_policy,
+                     "micro_batch_size": effective_micro_batch(a.mini_batch_size, a.micro_batch_size),
+                     "mini_batch_size": a.mini_batch_size, "donate": s["donate"], "dtype": cfg.model.dtype,
+                     "param_dtype": cfg.model.param_dtype, "cache_dtype": r.cache_dtype,
+                     "rollout": f"P={r.num_groups} x N={r.group_size}",
+                     "turns": f"{p.max_turns} x {p.max_response_tokens} tokens", "max_context": r.max_context},
+        "programs": programs,
+        "max_total_gib": worst,
+        "target_gib": target,
+        "meets_target": None if target is None else bool(worst <= target),
+        "compile_s": round(compile_s, 1),
+    }
+
+
+def main(argv=None):
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--rows", default=",".join(ROWS), help=f"comma-separated rows: {', '.join(ROWS)}")
+    p.add_argument("--settings", default="before,after", help=f"comma-separated: {', '.join(SETTINGS)}")
+    p.add_argument("--force", action="store_true", help="re-measure rows already in the output file")
+    p.add_argument("--list", action="store_true", help="print the rows and settings and exit")
+    p.add_argument("--out", default=str(RESULTS))
+    args = p.parse_args(argv)
+    rows = [x for x in args.rows.split(",") if x]
+    settings = [x for x in args.settings.split(",") if x]
+    bad = [x for x in rows if x not in ROWS] + [x for x in settings if x not in SETTINGS]
+    if bad:
+        print(f"error: unknown row or setting {bad[0]!r}; rows: {', '.join(ROWS)}; settings: "
+              f"{', '.join(SETTINGS)}", file=sys.stderr)
+        return 2
+    if args.list:
+        for name, spec in ROWS.items():
+            print(name, spec)
+        for name, s in SETTINGS.items():
+            print(name, s)
+        return 0
+    out = Path(args.out)
+    result = {"machine": machine(), "formula": "total = arguments + outputs - aliased + temporaries (per device, "
+              "XLA memory_analysis) + resident train state not among the program's arguments", "rows": []}
+    if out.exists():
+        old = json.loads(out.read_text())
+        result["rows"] = old.get("rows", [])
+    for name in rows:
+        for setting in settings:
+            done = [r for r in result["rows"] if r["row"] == name and r["setting"] == setting]
+            if done and not args.force:
+                print(f"{name} [{setting}]: in {out}, skipped (--force re-measures)", flush=True)
+                continue
+            row = measure(name, setting)
+            result["rows"] = [r for r in result["rows"] if not (r["row"] == name and r["setting"] == setting)]
+            result["rows"].append(row)
+            result["machine"] = {**machine(), "loadavg_start": result["machine"]["loadavg_start"]}
+            write_result(result, out)
+            progs = ", ".join(f"{k} {v['total_gib']:.2f} GiB (program {v['peak_gib']:.2f})"
+                              for k, v in row["programs"].items())
+            tgt = "" if row["target_gib"] is None else (f" target <= {row['target_gib']} GiB: "
+                                                        f"{'met' if row['meets_target'] else 'MISSED'}")
+            print(f"{name} [{setting}] {row['devices']} device(s): {progs}; compile {row['compile_s']:.0f} s{tgt}",
+                  flush=True)
+    print(f"wrote {out}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
