@@ -8,6 +8,11 @@ Prints one table row per environment (success, reward, validity, pass@k, ...) an
 (default: RUN_DIR/eval.json for a run directory, else ./eval.json). Defaults follow the reference's
 validation: 256 states from seed 123, one rollout each, temperature 0.5. For a run directory the
 prompt settings and context budget default to the run's own. Errors: one line on stderr, exit 2.
+
+Several processes (a TPU pod slice, SLURM, or --coordinator-address/--num-processes/--process-id as
+for launch/tpu_train.py): run the same command in every process; the episodes are spread over every
+device of every process and process 0 prints and writes the results. `--all-devices` does the same
+over one process's devices.
 """
 
 from __future__ import annotations
@@ -47,16 +52,30 @@ def parse_args(argv=None):
                    help="compute dtype for an HF directory or preset (default float32; a run uses its own)")
     p.add_argument("--transcripts", type=int, default=0, help="sample conversations per env to print and save")
     p.add_argument("--out", default=None, help="eval.json path")
+    p.add_argument("--all-devices", action="store_true",
+                   help="spread the episodes over all devices (always so with several processes); num-states x "
+                        "rollouts-per-state must then be a multiple of the device count")
+    from ragen_jax.trainer.cli import add_cluster_args  # here: `--help` stays free of jax imports otherwise
+
+    add_cluster_args(p)
     return p.parse_args(argv)
 
 
-def _err(msg: str) -> int:
-    print(f"error: {' '.join(str(msg).split())}", file=sys.stderr)
-    return 2
+def _err(msg) -> int:
+    from ragen_jax.trainer.cli import fail  # one line, exit 2; with several processes this process ends here
+
+    return fail(ValueError(str(msg)), 2)
 
 
 def main(argv=None) -> int:
     args = parse_args(argv)
+    from ragen_jax.trainer.cli import start_from_args
+    from ragen_jax.trainer.distributed import ClusterError
+
+    try:  # join the cluster (if any) first: importing the environments creates JAX's backend
+        start_from_args(args)
+    except ClusterError as e:
+        return _err(e)
     from ragen_jax.trainer.evaluation import DEFAULT_SUITE, EvalError, check_env_names
 
     try:  # cheap checks first: a typo must not cost a model load
@@ -87,7 +106,23 @@ def main(argv=None) -> int:
     max_context = args.max_context or (run_cfg.rollout.max_context if run_cfg is not None else 3600)
     cache_dtype = run_cfg.rollout.cache_dtype if run_cfg is not None else None
 
+    import jax
+    from jax.sharding import NamedSharding, PartitionSpec
+
+    from ragen_jax.models.qwen2.sharding import make_mesh
+    from ragen_jax.rollout.metrics import host_copy
+
+    primary = jax.process_index() == 0
+    mesh, params = None, loaded.params
+    if args.all_devices or jax.process_count() > 1:
+        # Every process's devices, one data axis; the parameters replicated on it (each process loaded
+        # its own copy: placed from the host, the same on every process).
+        mesh = make_mesh(data=-1)
+        params = jax.device_put(host_copy(params), NamedSharding(mesh, PartitionSpec()))
+
     def progress(name, stage, m):
+        if not primary:
+            return
         if stage == "start":
             progress.t0 = time.perf_counter()
             print(f"[{envs.index(name) + 1}/{len(envs)}] {name}: {args.num_states} states x "
@@ -96,16 +131,16 @@ def main(argv=None) -> int:
             print(f"[{envs.index(name) + 1}/{len(envs)}] {name}: success {m['success']:.3f} "
                   f"({time.perf_counter() - progress.t0:.1f} s incl. compile)", file=sys.stderr, flush=True)
 
-    import jax
-
     try:
-        results = evaluate(loaded.policy, loaded.params, loaded.tokenizer, envs, num_states=args.num_states,
+        results = evaluate(loaded.policy, params, loaded.tokenizer, envs, num_states=args.num_states,
                            seed_start=args.seed_start, rollouts_per_state=args.rollouts_per_state,
                            temperature=args.temperature, greedy=args.greedy, prompt=prompt, max_context=max_context,
                            transcripts=args.transcripts, key=jax.random.PRNGKey(args.seed),
-                           cache_dtype=cache_dtype, vocab=loaded.vocab, progress=progress)
+                           cache_dtype=cache_dtype, vocab=loaded.vocab, progress=progress, mesh=mesh)
     except (EvalError, ValueError) as e:
         return _err(e)
+    if not primary:
+        return 0
 
     print(format_table(results))
     for name, m in results.items():
@@ -118,7 +153,8 @@ def main(argv=None) -> int:
     settings = dict(model=args.model, envs=list(envs), num_states=args.num_states, seed_start=args.seed_start,
                     rollouts_per_state=args.rollouts_per_state, temperature=args.temperature, greedy=args.greedy,
                     seed=args.seed, max_context=max_context, prompt=dataclasses.asdict(prompt),
-                    device=str(jax.devices()[0].platform))
+                    device=str(jax.devices()[0].platform), processes=jax.process_count(),
+                    devices=jax.device_count() if mesh is not None else 1)
     path = write_eval_json(results, out, settings)
     print(f"wrote {path}", file=sys.stderr)
     return 0

@@ -9,7 +9,8 @@ Demonstrations are generated on the device by the environment's solver (Sokoban 
 value iteration, Bandit arm choice with sft.bandit_high_prob) in the rollout's exact conversation
 format; the `sft` config section sets their number, the epochs, batch size and learning rate.
 Rerunning the same command resumes from the last complete checkpoint in --workdir. The final
-policy is exported to <workdir>/policy. Multi-host: run the same command on every host.
+policy is exported to <workdir>/policy. Several processes: run the same command in every process,
+with the cluster flags of launch/tpu_train.py where no cluster manager provides them.
 """
 
 from __future__ import annotations

@@ -4,9 +4,16 @@
         --config.model.path=/path/to/Qwen2.5-0.5B-Instruct [--config.algo.filter_ratio=0.5 ...]
 
 Configs are Python files in configs/ (bare name) or a path. Rerunning the same command resumes from
-the last complete checkpoint in --workdir. On a TPU pod slice, run the same command on every host
-(`gcloud compute tpus tpu-vm ssh NAME --worker=all --command="..."`): jax.distributed is initialised
-automatically and only process 0 writes logs.
+the last complete checkpoint in --workdir; a second launch into a run directory that a live run
+holds (<workdir>/run.lock) is refused.
+
+Several processes (README "Several hosts"): run the same command in every process. On a TPU pod
+slice (`gcloud compute tpus tpu-vm ssh NAME --worker=all --command="..."`), under SLURM's `srun` or
+Open MPI's `mpirun` the cluster is joined by itself; anywhere else give every process
+--coordinator-address HOST:PORT --num-processes N --process-id I (or JAX_COORDINATOR_ADDRESS,
+JAX_NUM_PROCESSES, JAX_PROCESS_ID). --workdir must be one directory all processes see (a bucket
+gs://... or a shared file system); only process 0 writes logs. A process that dies makes the others
+exit with an error within --heartbeat-timeout seconds.
 """
 
 from __future__ import annotations

@@ -1,18 +1,56 @@
-"""Host-side views of trajectories: read what the agent saw and did, and summary metrics."""
+"""Host-side views of trajectories: read what the agent saw and did, and summary metrics.
+
+Both functions take host arrays or device arrays. A batch sharded over several processes' devices
+cannot be copied to the host by one process alone (`np.asarray` raises): `host_copy` gathers it,
+which is a collective, so in a multi-process run every process must call it at the same point (the
+trainers gather a rollout's trajectories once per iteration and pass the host copy on).
+"""
 
 from __future__ import annotations
 
 import jax
 import numpy as np
+from jax.experimental import multihost_utils
+from jax.sharding import NamedSharding, PartitionSpec
 
 from ragen_jax.rollout.types import Trajectories
 
 SAMPLED_OPEN, SAMPLED_CLOSE = "\u27e6", "\u27e7"  # ⟦ ⟧ around the tokens the policy sampled (loss mask 1)
 
 
+def _identity(*xs):
+    return xs
+
+
+def host_copy(tree):
+    """Numpy copies of a pytree's arrays. Arrays with shards on other processes' devices are gathered
+    from all processes (the global array; a collective: every process must call this); fully
+    replicated or local arrays are copied directly; host values pass through."""
+
+    def spans_processes(x):
+        return isinstance(x, jax.Array) and not x.is_fully_addressable and not x.is_fully_replicated
+
+    leaves, treedef = jax.tree.flatten(tree)
+    far = [i for i, x in enumerate(leaves) if spans_processes(x)]
+    named = [i for i in far if isinstance(leaves[i].sharding, NamedSharding)]
+    if named:
+        # One program replicates them all (process_allgather would compile one per leaf shape).
+        out = jax.jit(_identity, out_shardings=tuple(NamedSharding(leaves[i].sharding.mesh, PartitionSpec())
+                                                     for i in named))(*(leaves[i] for i in named))
+        for i, x in zip(named, out):
+            leaves[i] = np.asarray(x)
+    rest = [i for i in far if i not in named]
+    if rest:
+        for i, g in zip(rest, multihost_utils.process_allgather([leaves[i] for i in rest], tiled=True)):
+            leaves[i] = np.asarray(g)
+    leaves = [np.asarray(x) if isinstance(x, jax.Array) else x for x in leaves]
+    return jax.tree.unflatten(treedef, leaves)
+
+
 def format_trajectory(traj: Trajectories, row: int, tokenizer, *, mark: bool = True) -> str:
-    """The full chat text of one episode; sampled spans wrapped in ⟦ ⟧ so the loss mask is visible."""
-    t = jax.device_get(traj)
+    """The full chat text of one episode; sampled spans wrapped in ⟦ ⟧ so the loss mask is visible.
+    (`traj` sharded over several processes: pass `host_copy(traj)`, or call this on every process.)"""
+    t = host_copy(traj)
     n = int(t.length[row])
     ids = np.asarray(t.tokens[row, :n])
     mask = np.asarray(t.loss_mask[row, :n])
@@ -31,8 +69,9 @@ def format_trajectory(traj: Trajectories, row: int, tokenizer, *, mark: bool = T
 
 
 def rollout_metrics(traj: Trajectories, group_size: int) -> dict[str, float]:
-    """Batch summaries (behaviour spec sections 6-7): success, reward, validity, in-group std, pass@N."""
-    t = jax.device_get(traj)
+    """Batch summaries (behaviour spec sections 6-7): success, reward, validity, in-group std, pass@N.
+    (`traj` sharded over several processes: pass `host_copy(traj)`, or call this on every process.)"""
+    t = host_copy(traj)
     reward = np.asarray(t.reward, np.float64)
     grouped = reward.reshape(-1, group_size)
     std = grouped.std(axis=1)

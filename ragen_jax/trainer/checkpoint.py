@@ -5,16 +5,24 @@ and the RNG key. The data position needs no extra field: iteration i's training 
 `seed_base + P*i + g`, a function of the counter. Orbax writes into a temporary directory and
 renames it when the save is complete, so a run killed mid-save resumes from the last COMPLETE
 checkpoint; a half-written one is ignored (and cleaned up).
+
+Several processes: every process calls `save` / `restore` / `save_policy` (orbax writes each
+process's shards and has process 0 create directories and commit the step), and the directory must
+be one that all of them see (a bucket, or a shared file system). Run files (config.json,
+vocab.json) are written by process 0 alone. Paths may be bucket URLs (`gs://...`, see `run_path`).
 """
 
 from __future__ import annotations
 
 import json
-from pathlib import Path
+import os
+import tempfile
 from typing import Any
 
 import jax
 import orbax.checkpoint as ocp
+
+from ragen_jax.trainer.distributed import run_path
 
 
 class CheckpointError(RuntimeError):
@@ -22,11 +30,12 @@ class CheckpointError(RuntimeError):
 
 
 class Checkpointer:
-    def __init__(self, directory: str | Path, keep: int = 3):
+    def __init__(self, directory, keep: int = 3):
         # Orbax needs absolute paths (it rejects relative ones only when an async save finishes,
-        # long after the mistake): resolve here, once.
-        self.directory = Path(directory).expanduser().resolve()
-        self.directory.mkdir(parents=True, exist_ok=True)
+        # long after the mistake): made absolute here, once (bucket URLs are left as they are).
+        self.directory = run_path(directory)
+        if jax.process_index() == 0:
+            self.directory.mkdir(parents=True, exist_ok=True)
         self._mngr = ocp.CheckpointManager(
             self.directory,
             options=ocp.CheckpointManagerOptions(max_to_keep=keep, create=True, cleanup_tmp_directories=True),
@@ -70,30 +79,47 @@ class Checkpointer:
         self._mngr.close()
 
 
-def save_run_config(workdir: Path, config_dict: dict) -> None:
+def save_run_config(workdir, config_dict: dict) -> None:
     """The config of a run, written once; a resumed run checks it has not changed in ways that matter."""
-    path = Path(workdir) / "config.json"
-    tmp = path.with_suffix(".json.tmp")
+    path = run_path(workdir) / "config.json"
+    tmp = path.parent / "config.json.tmp"
     tmp.write_text(json.dumps(config_dict, indent=2, sort_keys=True, default=str))
     tmp.replace(path)
+
+
+def save_run_files(workdir, config_dict: dict, vocab=None) -> None:
+    """config.json and (for a small task vocabulary) vocab.json, by process 0 alone; the run
+    directory is created first. Call it on every process."""
+    if jax.process_index() != 0:
+        return
+    workdir = run_path(workdir)
+    workdir.mkdir(parents=True, exist_ok=True)
+    save_run_config(workdir, config_dict)
+    if vocab is not None:  # eval/RL read the task vocabulary from the run dir
+        # VocabMap writes local files; through a local temporary file so a bucket works as well.
+        with tempfile.TemporaryDirectory() as tmp:
+            vocab.save(os.path.join(tmp, "vocab.json"))
+            (workdir / "vocab.json").write_text(open(os.path.join(tmp, "vocab.json")).read())
 
 
 POLICY_DIR = "policy"
 
 
-def save_policy(workdir: str | Path, params: Any) -> Path:
-    """Export the policy parameters alone (`<workdir>/policy`), e.g. the SFT warm start for RL."""
-    path = Path(workdir).expanduser().resolve() / POLICY_DIR
+def save_policy(workdir, params: Any):
+    """Export the policy parameters alone (`<workdir>/policy`), e.g. the SFT warm start for RL.
+    A collective save: every process calls it (each writes its shards)."""
+    path = run_path(workdir) / POLICY_DIR
     ckptr = ocp.StandardCheckpointer()
     ckptr.save(path, params, force=True)
     ckptr.wait_until_finished()
+    ckptr.close()
     return path
 
 
-def load_policy_params(source: str | Path, like: Any) -> Any:
+def load_policy_params(source, like: Any) -> Any:
     """Policy parameters from `<source>/policy` (an SFT or RL export), restored into `like`'s
     structure, shapes and shardings. Raises CheckpointError naming the path on any mismatch."""
-    src = Path(source).expanduser().resolve()
+    src = run_path(source)
     path = src / POLICY_DIR if (src / POLICY_DIR).is_dir() else src
     if not path.is_dir():
         raise CheckpointError(f"no policy export at {path} (expected a directory written by save_policy)")

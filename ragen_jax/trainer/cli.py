@@ -1,30 +1,68 @@
-"""What the `launch/` entry points share: arguments, multi-host start-up, one-line errors."""
+"""What the `launch/` entry points share: arguments, multi-process start-up, the run lock, one-line errors.
+
+Imports only the light `distributed` module at the top: the cluster must be joined before JAX's
+backend exists, and importing the config (hence the environments: gymnax computes at import
+time) creates it.
+"""
 
 from __future__ import annotations
 
 import argparse
-import os
 import sys
+import traceback
 from typing import Callable
-from ragen_jax.trainer.config import ConfigError, load_config
+
+import jax
+
+from ragen_jax.trainer.distributed import ClusterError, acquire_run_lock, exit_now, start_cluster
+
+# Input problems, reported in one line with exit status 2 (matched by class name: most live in
+# modules that may only be imported after the cluster is joined).
+INPUT_ERROR_NAMES = ("ConfigError", "ClusterError", "RunDirBusy", "CheckpointError", "EvalError")
+SETUP_ERRORS = (FileNotFoundError, NotADirectoryError, ValueError)  # bad input too, while the run is being set up
 
 
-def maybe_init_distributed() -> None:
-    """Multi-host TPU/GPU launches set these variables; a single host needs nothing."""
-    markers = ("TPU_WORKER_HOSTNAMES", "JAX_COORDINATOR_ADDRESS", "MEGASCALE_COORDINATOR_ADDRESS")
-    hosts = os.environ.get("TPU_WORKER_HOSTNAMES", "")
-    if any(os.environ.get(m) for m in markers) and (not hosts or "," in hosts or os.environ.get("JAX_COORDINATOR_ADDRESS")):
-        import jax
+def add_cluster_args(p: argparse.ArgumentParser) -> None:
+    """--coordinator-address / --num-processes / --process-id (else the JAX_* variables, else a TPU
+    pod, SLURM or Open MPI, else one process) and the failure timeouts."""
+    g = p.add_argument_group(
+        "several processes", "Run the same command in every process. Without these flags the variables "
+        "JAX_COORDINATOR_ADDRESS, JAX_NUM_PROCESSES and JAX_PROCESS_ID are used; on a TPU pod slice, under "
+        "SLURM's srun or Open MPI's mpirun nothing is needed; otherwise the run has one process.")
+    g.add_argument("--coordinator-address", default=None, metavar="HOST:PORT",
+                   help="process 0's address and a free port, the same in every process")
+    g.add_argument("--num-processes", type=int, default=None, help="how many processes take part")
+    g.add_argument("--process-id", type=int, default=None, help="this process's id, 0 .. num-processes - 1")
+    g.add_argument("--heartbeat-timeout", type=int, default=None, metavar="S",
+                   help="seconds before a silent (dead) process makes all others exit with an error (default 100)")
+    g.add_argument("--shutdown-timeout", type=int, default=None, metavar="S",
+                   help="seconds a finished process waits for the others to finish (default 300)")
+    g.add_argument("--init-timeout", type=int, default=None, metavar="S",
+                   help="seconds to wait for all processes to join at start (default 300)")
 
-        jax.distributed.initialize()
+
+def start_from_args(args):
+    """Join the cluster the flags, the environment or the cluster manager ask for (see
+    `distributed.start_cluster`), with the flags' timeouts. Call it before importing the config."""
+
+    def seconds(flag):
+        v = getattr(args, flag, None)
+        if v is not None and v < 1:
+            raise ClusterError(f"--{flag.replace('_', '-')} must be >= 1 second, got {v}")
+        return v
+
+    return start_cluster(getattr(args, "coordinator_address", None), getattr(args, "num_processes", None),
+                         getattr(args, "process_id", None), heartbeat_timeout_s=seconds("heartbeat_timeout"),
+                         shutdown_timeout_s=seconds("shutdown_timeout"), init_timeout_s=seconds("init_timeout"))
 
 
 def parse_run_args(doc: str, argv=None, workdir_help: str = "run directory"):
-    """`--config NAME --workdir DIR [--quiet] [--config.a.b=value ...]` -> (args, overrides)."""
+    """`--config NAME --workdir DIR [--quiet] [cluster flags] [--config.a.b=value ...]` -> (args, overrides)."""
     p = argparse.ArgumentParser(description=doc, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--config", required=True, help="config file: a bare name in configs/ (sokoban.py) or a path")
-    p.add_argument("--workdir", required=True, help=workdir_help)
+    p.add_argument("--workdir", required=True, help=workdir_help + " (a local directory or a bucket URL, gs://...)")
     p.add_argument("--quiet", action="store_true", help="no progress bars")
+    add_cluster_args(p)
     args, rest = p.parse_known_args(argv)
     bad = [r for r in rest if not r.startswith("--config.")]
     if bad:
@@ -32,22 +70,57 @@ def parse_run_args(doc: str, argv=None, workdir_help: str = "run directory"):
     return args, rest
 
 
-def run_config_job(doc: str, argv, job: Callable, workdir_help: str = "run directory") -> int:
-    """Load the config, start multi-host if needed, run `job(cfg, args)`; bad input -> one line, exit 2."""
-    args, overrides = parse_run_args(doc, argv, workdir_help)
+def is_input_error(e: BaseException, setting_up: bool = True) -> bool:
+    """Bad input (one line, exit 2) rather than a bug (traceback, exit 1). Once the run has started,
+    only the project's own error classes count: a bare ValueError there is a bug."""
+    if any(c.__name__ in INPUT_ERROR_NAMES for c in type(e).__mro__):
+        return True
+    return setting_up and isinstance(e, SETUP_ERRORS)
 
+
+def fail(e: BaseException | None, code: int) -> int:
+    """Report `e` (one line for bad input, else the traceback) and return `code`. With several
+    processes the process ends here (`distributed.exit_now`): returning would wait in JAX's exit
+    barrier for processes that may be stuck in a collective with this one."""
+    if e is not None:
+        if code == 2:
+            print(f"error: {' '.join(str(e).split())}", file=sys.stderr)
+        else:
+            traceback.print_exception(e)
+    if _multi_process():
+        exit_now(code)
+    return code
+
+
+def _multi_process() -> bool:
+    from jax._src import xla_bridge  # whether a backend exists: asking jax.process_count() would create one
+
+    return xla_bridge.backends_are_initialized() and jax.process_count() > 1
+
+
+def run_config_job(doc: str, argv, job: Callable, workdir_help: str = "run directory") -> int:
+    """Load the config, join the cluster, take the run directory's lock, build `job(cfg, args)` and
+    run what it returns. Bad input -> one line, exit 2 (on every process alike)."""
+    args, overrides = parse_run_args(doc, argv, workdir_help)
+    lock, started = None, False
     try:
+        start_from_args(args)
+        from ragen_jax.trainer.config import load_config  # only now: it imports the environments (see above)
+
         cfg = load_config(args.config, overrides)
-        maybe_init_distributed()
-        runner = job(cfg, args)
-    except (ConfigError, FileNotFoundError, NotADirectoryError, ValueError) as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 2
-    except Exception as e:  # CheckpointError and friends: one line, no XLA traceback
-        if type(e).__name__ in ("CheckpointError", "EvalError"):
-            print(f"error: {e}", file=sys.stderr)
-            return 2
+        lock = acquire_run_lock(args.workdir)
+        runner = job(cfg, args)  # everything checked here, before anything is compiled or written
+        started = True
+        if runner is not None:
+            runner()
+    except Exception as e:
+        if lock is not None:
+            lock.release()
+        return fail(e, 2 if is_input_error(e, setting_up=not started) else 1)
+    except BaseException:  # KeyboardInterrupt, SystemExit: release, and let Python end the process
+        if lock is not None:
+            lock.release()
         raise
-    if runner is not None:
-        runner()
+    if lock is not None:
+        lock.release()
     return 0

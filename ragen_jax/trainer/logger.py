@@ -9,6 +9,8 @@ from pathlib import Path
 
 import jax
 
+from ragen_jax.trainer.distributed import is_remote, run_path
+
 
 class EchoTrapMonitor:
     """Early warning of the Echo Trap (behaviour spec section 6).
@@ -41,18 +43,26 @@ class EchoTrapMonitor:
 
 
 class Logger:
-    """Writes only on process 0 (multi-host runs call it on every host)."""
+    """Writes only on process 0 (multi-host runs call it on every host, with the same metrics).
 
-    def __init__(self, workdir: str | Path, enabled: bool | None = None):
-        self.workdir = Path(workdir)
+    `workdir` may be a bucket URL (`gs://...`; TensorBoard writes there itself): a bucket object
+    cannot be appended to, so metrics.jsonl is then rewritten whole at each step (it is small)."""
+
+    def __init__(self, workdir, enabled: bool | None = None):
+        self.workdir = run_path(workdir)
         self.enabled = (jax.process_index() == 0) if enabled is None else enabled
         self._tb = None
         self._jsonl = None
+        self._remote_rows = None
         if self.enabled:
             from tensorboardX import SummaryWriter
 
             self._tb = SummaryWriter(str(self.workdir / "tb"))
-            self._jsonl = open(self.workdir / "metrics.jsonl", "a", encoding="utf-8")
+            path = self.workdir / "metrics.jsonl"
+            if is_remote(self.workdir):
+                self._remote_rows = path.read_text() if path.exists() else ""
+            else:
+                self._jsonl = open(path, "a", encoding="utf-8")
 
     def scalars(self, step: int, metrics: dict) -> None:
         if not self.enabled:
@@ -60,7 +70,12 @@ class Logger:
         clean = {k: float(v) for k, v in metrics.items() if v is not None and math.isfinite(float(v))}
         for k, v in clean.items():
             self._tb.add_scalar(k, v, step)
-        self._jsonl.write(json.dumps({"step": step, **clean}) + "\n")
+        line = json.dumps({"step": step, **clean}) + "\n"
+        if self._jsonl is None:
+            self._remote_rows += line
+            (self.workdir / "metrics.jsonl").write_text(self._remote_rows)
+            return
+        self._jsonl.write(line)
         self._jsonl.flush()
 
     def text(self, step: int, tag: str, text: str) -> None:
@@ -75,11 +90,12 @@ class Logger:
     def close(self) -> None:
         if self.enabled:
             self._tb.close()
-            self._jsonl.close()
+            if self._jsonl is not None:
+                self._jsonl.close()
 
 
-def read_metrics(workdir: str | Path) -> list[dict]:
-    path = Path(workdir) / "metrics.jsonl"
+def read_metrics(workdir) -> list[dict]:
+    path = run_path(workdir) / "metrics.jsonl"
     if not path.exists():
         return []
     return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
