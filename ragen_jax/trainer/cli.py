@@ -88,6 +88,10 @@ def fail(e: BaseException | None, code: int) -> int:
         else:
             traceback.print_exception(e)
     if _multi_process():
+        if code != 2:  # a collective failing here most often means that another process died
+            print(f"error: process {jax.process_index()} of {jax.process_count()} stopped on the error above; if "
+                  "another process died first, its log has the cause. Rerunning the same command in every process "
+                  "resumes from the last complete checkpoint.", file=sys.stderr)
         exit_now(code)
     return code
 
