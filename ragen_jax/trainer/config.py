@@ -23,6 +23,9 @@ import envs_jax
 from ragen_jax.algorithms.advantages import ESTIMATORS, NEEDS_CRITIC, NORMALIZATIONS, TOKEN_REWARD_MODES
 from ragen_jax.algorithms.filters import num_kept_groups
 from ragen_jax.algorithms.losses import KL_ESTIMATORS, LOSS_AGG_MODES
+from ragen_jax.models.attention import IMPLEMENTATIONS as ATTENTION_IMPLEMENTATIONS
+from ragen_jax.models.attention import check_available as check_attention
+from ragen_jax.models.qwen2.config import REMAT_POLICIES
 from ragen_jax.rollout.types import RolloutConfig
 from ragen_jax.text.conversation import PromptConfig
 
@@ -64,7 +67,15 @@ class ModelConfig:
     dtype: str = "float32"
     param_dtype: str = "float32"
     # Rematerialise each decoder layer in the backward pass: trades ~30% compute for activation memory.
-    remat: bool = False
+    # None: on for every model from 0.5B up (a `path`, or any preset but "tiny"), off for "tiny".
+    remat: Optional[bool] = None
+    # What a rematerialised layer keeps: "full" nothing (least memory), "dots" the projection/MLP
+    # matmul outputs (less recompute, more memory; bench/results/attention.json).
+    remat_policy: str = "full"
+    # Attention kernel (ragen_jax/models/attention.py): "auto" picks per call (cudnn on GPU, splash on
+    # TPU, the memory-bounded "chunked" on CPU for long rows, "xla" for short rows and decode);
+    # "xla" | "chunked" | "cudnn" | "splash" force one where its layout fits.
+    attention: str = "auto"
     # Critic: "separate" (a copy of the base model + value head, the reference default), "shared"
     # (value head on the policy trunk) or "none" (GRPO-family estimators need no critic).
     critic: str = "separate"
@@ -84,6 +95,21 @@ class ModelConfig:
         _choice("model.param_dtype", self.param_dtype, ("float32", "bfloat16"))
         _choice("model.critic", self.critic, ("separate", "shared", "none"))
         _choice("model.vocab", self.vocab, ("full", "task"))
+        _choice("model.remat_policy", self.remat_policy, tuple(REMAT_POLICIES))
+        _choice("model.attention", self.attention, ATTENTION_IMPLEMENTATIONS)
+        if self.remat is not None and not isinstance(self.remat, bool):
+            raise ConfigError(f"model.remat must be true, false or None (on from 0.5B up), got {self.remat!r}")
+        try:
+            check_attention(self.attention, self.dtype, interpret_ok=False)
+        except ValueError as e:
+            raise ConfigError(f"model.attention: {e}") from None
+
+    @property
+    def use_remat(self) -> bool:
+        """`remat`, with None resolved by model size: off only for the random "tiny" preset."""
+        if self.remat is not None:
+            return self.remat
+        return self.path is not None or self.preset != "tiny"
 
 
 @dataclass

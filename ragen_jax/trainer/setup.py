@@ -131,7 +131,8 @@ def build_policy(cfg: Config, vocab=None, mesh=None):
     jit with those output shardings. The whole model never sits on one device."""
 
     m = cfg.model
-    overrides = dict(dtype=m.dtype, param_dtype=m.param_dtype, remat=m.remat)
+    overrides = dict(dtype=m.dtype, param_dtype=m.param_dtype, remat=m.use_remat, remat_policy=m.remat_policy,
+                     attention=m.attention)
     if m.path is not None:
         if vocab is not None:
             raise ConfigError("model.vocab='task' needs a randomly initialised model (model.random_init=true)")

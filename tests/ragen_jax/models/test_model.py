@@ -142,8 +142,9 @@ def test_decode_step_has_no_quadratic_intermediate():
     assert not [sh for sh in shapes if sh.count(s) >= 2]
 
 
-def test_remat_gives_same_gradients_and_left_padding_grads_are_finite():
-    cfg = Qwen2Config.from_preset("tiny", vocab_size=64)
+@pytest.mark.parametrize("policy", ["full", "dots"])
+def test_remat_gives_same_gradients_and_left_padding_grads_are_finite(policy):
+    cfg = Qwen2Config.from_preset("tiny", vocab_size=64, remat_policy=policy)
     tokens = jax.random.randint(jax.random.key(0), (2, 6), 0, 64)
     valid = jnp.array([[0, 0, 1, 1, 1, 1], [1, 1, 1, 1, 1, 1]], bool)
 
@@ -158,9 +159,11 @@ def test_remat_gives_same_gradients_and_left_padding_grads_are_finite():
         return jax.jit(jax.grad(loss))(params)
 
     a, b = grads(False), grads(True)
+    scale = max(float(np.abs(x).max()) for x in jax.tree.leaves(a))
     for x, y in zip(jax.tree.leaves(a), jax.tree.leaves(b)):
-        assert np.all(np.isfinite(x))
-        np.testing.assert_allclose(x, y, rtol=1e-5, atol=1e-6)
+        assert np.all(np.isfinite(x)) and np.all(np.isfinite(y))
+        # Same math, another fusion/summation order: float32 rounding relative to the largest gradient.
+        np.testing.assert_allclose(x, y, rtol=1e-5, atol=1e-6 * max(scale, 1.0))
 
 
 @pytest.mark.parametrize("seed", range(4))
