@@ -21,7 +21,8 @@ from typing import Any, Optional
 import envs_jax
 
 from ragen_jax.algorithms.advantages import ESTIMATORS, NEEDS_CRITIC, NORMALIZATIONS, TOKEN_REWARD_MODES
-from ragen_jax.algorithms.filters import num_kept_groups
+from ragen_jax.algorithms.filters import (FILTER_METRICS, FILTER_SELECT, FILTER_STRATEGIES, LOSS_SCALINGS,
+                                         TOP_P_MODES, FilterSpec, num_kept_groups)
 from ragen_jax.algorithms.losses import KL_ESTIMATORS, LOSS_AGG_MODES
 from ragen_jax.models.attention import IMPLEMENTATIONS as ATTENTION_IMPLEMENTATIONS
 from ragen_jax.models.attention import check_available as check_attention
@@ -159,6 +160,27 @@ class AlgoConfig:
     filter_rounding: str = "floor"  # k = floor(ratio * P) as the reference's int(ratio * P)
     filter_type: str = "top_k"  # or "variance_cover"
     filter_cover: float = 0.9  # variance_cover: fraction of total variance to cover
+    # RAGEN-2 group filter (ragen_jax/algorithms/filters.py). The V1 knobs above stay valid; these
+    # override them when set (None: take the V1 knob). Unselected groups keep their rows with loss
+    # weight 0 (static shapes), so top_p / min_p train on all P groups' rows unless capped.
+    # top_k (value = fraction of groups) | top_k_abs (value = groups) | top_p (value = nucleus) |
+    # min_p (value = fraction of the best score). None: filter_type (variance_cover = top_p linear).
+    filter_strategy: Optional[str] = None
+    filter_value: Optional[float] = None  # None: filter_ratio (top_k) or filter_cover (top_p)
+    filter_select: Optional[str] = None  # largest | smallest; None: filter_mode
+    # Group score: reward_std (RAGEN "reward_variance") | reward_mean | entropy_mean | entropy_std |
+    # length. The entropy metrics run the old-log-prob pass over every row before filtering.
+    filter_metric: str = "reward_std"
+    filter_include_zero: bool = True  # False: groups whose score is 0 are never kept
+    filter_top_p_mode: str = "linear"  # top_p: linear (score sums) | softmax (nucleus over softmax(scores))
+    # Group slots (rows = slots x group_size) of top_p / min_p; 0: all groups. Fewer slots = less
+    # update compute, but a selection larger than the cap loses its lowest-ranked groups.
+    filter_max_groups: int = 0
+    # Advantages x the kept fraction of groups ("linear") or its square root ("sqrt") (RAGEN
+    # actor.filter_loss_scaling).
+    filter_loss_scaling: str = "none"
+    # Advantages x group std / max group std over the kept groups (RAGEN algorithm.soft_advantage_reweight).
+    soft_advantage_reweight: bool = False
     ppo_epochs: int = 1
     mini_batch_size: int = 32  # trajectories per optimizer step
     # Trajectories per forward/backward pass (verl's ppo_micro_batch_size_per_gpu, but for the whole
@@ -181,6 +203,22 @@ class AlgoConfig:
         _choice("algo.filter_rounding", self.filter_rounding, ("floor", "ceil"))
         if not 0 < self.filter_ratio <= 1:
             raise ConfigError(f"algo.filter_ratio must be in (0, 1], got {self.filter_ratio!r}")
+        if self.filter_strategy is not None:
+            _choice("algo.filter_strategy", self.filter_strategy, tuple(FILTER_STRATEGIES))
+        if self.filter_select is not None:
+            _choice("algo.filter_select", self.filter_select, FILTER_SELECT)
+        _choice("algo.filter_metric", self.filter_metric, tuple(FILTER_METRICS))
+        _choice("algo.filter_top_p_mode", self.filter_top_p_mode, TOP_P_MODES)
+        _choice("algo.filter_loss_scaling", self.filter_loss_scaling, tuple(LOSS_SCALINGS))
+        for name in ("filter_include_zero", "soft_advantage_reweight"):
+            if not isinstance(getattr(self, name), bool):
+                raise ConfigError(f"algo.{name} must be true or false, got {getattr(self, name)!r}")
+        if self.filter_value is not None:
+            _positive("algo.filter_value", self.filter_value)
+        if isinstance(self.filter_max_groups, bool) or not isinstance(self.filter_max_groups, int) \
+                or self.filter_max_groups < 0:
+            raise ConfigError(f"algo.filter_max_groups must be a whole number >= 0 (0: all groups), "
+                              f"got {self.filter_max_groups!r}")
         for name in ("eps_low", "eps_high"):
             _positive(f"algo.{name}", getattr(self, name))
         if self.dual_clip <= 1:
@@ -189,6 +227,30 @@ class AlgoConfig:
         _positive("algo.mini_batch_size", self.mini_batch_size)
         _micro_batch("algo.micro_batch_size", self.micro_batch_size, "algo.mini_batch_size", self.mini_batch_size)
         _positive("algo.kl_coef", self.kl_coef, allow_zero=True)
+
+    def filter_spec(self, num_groups: int) -> FilterSpec:
+        """The effective group filter: the RAGEN-2 knobs where set, else the V1 ones (filter_type
+        variance_cover = top_p linear with filter_cover, at most num_kept_groups(filter_ratio) groups)."""
+        legacy_cover = self.filter_strategy is None and self.filter_type == "variance_cover"
+        strategy = self.filter_strategy or ("top_p" if legacy_cover else "top_k")
+        value = self.filter_value
+        if value is None:
+            if strategy not in ("top_k", "top_p"):
+                raise ConfigError(f"algo.filter_strategy={strategy!r} needs algo.filter_value "
+                                  "(top_k_abs: a number of groups; min_p: a fraction of the best score)")
+            value = self.filter_ratio if strategy == "top_k" else self.filter_cover
+        max_groups = self.filter_max_groups
+        if legacy_cover and not max_groups:
+            max_groups = num_kept_groups(num_groups, self.filter_ratio, self.filter_rounding)
+        if max_groups > num_groups:
+            raise ConfigError(f"algo.filter_max_groups={max_groups} exceeds rollout.num_groups={num_groups}")
+        try:
+            return FilterSpec(strategy=strategy, value=value, select=self.filter_select or self.filter_mode,
+                              metric=self.filter_metric, include_zero=self.filter_include_zero,
+                              top_p_mode=self.filter_top_p_mode, max_groups=max_groups,
+                              rounding=self.filter_rounding)
+        except ValueError as e:
+            raise ConfigError(f"algo.filter_*: {e}") from None
 
 
 @dataclass
@@ -240,8 +302,41 @@ class TrainConfig:
     # their memory_analysis (see step.program_memory). 0: what the device reports (GPU/TPU
     # bytes_limit); CPU reports nothing, so there the check runs only when this is set.
     device_memory_gib: float = 0.0
+    # Reasoning-collapse diagnostics (RAGEN-2 collapse_detection, ragen_jax/trainer/collapse.py),
+    # logged under collapse/: at iteration 1 and every k iterations, on the rollout batch before the
+    # filter. 0 = never.
+    collapse_every: int = 5
+    # M: sampled (prompt, first-turn reasoning) pairs; each is scored under every group's prompt
+    # (M x rollout.num_groups teacher-forced rows in one compiled pass). RAGEN num_samples.
+    collapse_samples: int = 64
+    # Early stops (0 = off): the Trainer saves, logs early_stopped/<rule> = 1 and stops.
+    # N consecutive iterations whose filter kept no group (RAGEN rollout_filter_empty_stop_steps: 5).
+    stop_empty_filter: int = 0
+    # rollout/in_group_std below this fraction of its mean over the first stop_std_window iterations,
+    # for stop_std_window consecutive iterations after them (RAGEN: 0.1 and 10).
+    stop_std_fraction: float = 0.0
+    stop_std_window: int = 10
+    # Validation success of any env below this floor at stop_val_count consecutive validations
+    # (RAGEN: 0.01 and 5).
+    stop_val_success: float = 0.0
+    stop_val_count: int = 5
 
     def validate(self):
+        for name in ("collapse_every", "collapse_samples", "stop_empty_filter", "stop_std_window", "stop_val_count"):
+            v = getattr(self, name)
+            if isinstance(v, bool) or not isinstance(v, int) or v < 0:
+                raise ConfigError(f"train.{name} must be a whole number >= 0, got {v!r}")
+        if self.collapse_every and self.collapse_samples < 2:
+            raise ConfigError(f"train.collapse_samples must be >= 2 (pairs from at least two prompts) when "
+                              f"train.collapse_every > 0, got {self.collapse_samples!r}")
+        if not 0 <= self.stop_std_fraction < 1:
+            raise ConfigError(f"train.stop_std_fraction must be in [0, 1) (0: off), got {self.stop_std_fraction!r}")
+        if self.stop_std_fraction and not self.stop_std_window:
+            raise ConfigError("train.stop_std_window must be >= 1 when train.stop_std_fraction is set")
+        if not 0 <= self.stop_val_success <= 1:
+            raise ConfigError(f"train.stop_val_success must be in [0, 1] (0: off), got {self.stop_val_success!r}")
+        if self.stop_val_success and not self.stop_val_count:
+            raise ConfigError("train.stop_val_count must be >= 1 when train.stop_val_success is set")
         _positive("train.iterations", self.iterations)
         _positive("train.val_every", self.val_every, allow_zero=True)
         _positive("train.val_size", self.val_size)
@@ -322,15 +417,22 @@ class Config:
             _choice("rollout.cache_dtype", self.rollout.cache_dtype, ("float32", "bfloat16"))
         a, r = self.algo, self.rollout
 
-        kept = num_kept_groups(r.num_groups, a.filter_ratio, a.filter_rounding) * r.group_size
+        spec = a.filter_spec(r.num_groups)
+        slots = spec.slots(r.num_groups)
+        kept = slots * r.group_size
         if kept < a.mini_batch_size:
             raise ConfigError(
-                f"the filter keeps {kept} trajectories per iteration (rollout.num_groups={r.num_groups} x "
-                f"algo.filter_ratio={a.filter_ratio} x rollout.group_size={r.group_size}), fewer than "
+                f"the filter keeps {kept} trajectories per iteration ({slots} of rollout.num_groups={r.num_groups} "
+                f"groups ({spec.strategy}, value {spec.value}) x rollout.group_size={r.group_size}), fewer than "
                 f"algo.mini_batch_size={a.mini_batch_size}")
         if kept % a.mini_batch_size:
-            raise ConfigError(f"kept trajectories per iteration ({kept}) must be a multiple of "
-                              f"algo.mini_batch_size={a.mini_batch_size}")
+            raise ConfigError(f"kept trajectories per iteration ({kept} = {slots} groups x {r.group_size}) must be a "
+                              f"multiple of algo.mini_batch_size={a.mini_batch_size}")
+        if spec.input_name == "entropy" and (r.num_groups * r.group_size) % min(
+                a.micro_batch_size or a.mini_batch_size, r.num_groups * r.group_size):
+            raise ConfigError(f"algo.filter_metric={a.filter_metric!r} runs the log-prob pass over all "
+                              f"{r.num_groups * r.group_size} rollout rows before filtering, in blocks of "
+                              f"algo.micro_batch_size (0: mini_batch_size); the block must divide the rows")
         if a.adv_estimator in NEEDS_CRITIC and self.model.critic == "none":
             raise ConfigError(f"algo.adv_estimator={a.adv_estimator!r} needs a critic; set model.critic to 'separate' "
                               "or 'shared'")

@@ -25,6 +25,7 @@ from ragen_jax.models import critic_from_policy
 from ragen_jax.models.qwen2.sharding import param_shardings
 from ragen_jax.rollout import Rollout, format_trajectory, group_seeds_for_iteration, rollout_metrics
 from ragen_jax.trainer.checkpoint import Checkpointer, load_policy_params, save_policy, save_run_config
+from ragen_jax.trainer.collapse import CollapseProbe, EarlyStops
 from ragen_jax.trainer.config import Config, ConfigError
 from ragen_jax.trainer.evaluation import log_validation, validate_run
 from ragen_jax.trainer.logger import EchoTrapMonitor, Logger
@@ -36,7 +37,9 @@ from ragen_jax.trainer.step import (StepPrograms, TrainState, aot_compile, check
 
 # Config keys that may change when a run is resumed (everything else must match the saved run).
 RESUMABLE_CHANGES = ("train.iterations", "train.val_every", "train.save_every", "train.log_samples",
-                     "train.keep_checkpoints", "train.device_memory_gib")
+                     "train.keep_checkpoints", "train.device_memory_gib", "train.collapse_every",
+                     "train.collapse_samples", "train.stop_empty_filter", "train.stop_std_fraction",
+                     "train.stop_std_window", "train.stop_val_success", "train.stop_val_count")
 
 
 class Trainer:
@@ -117,6 +120,10 @@ class Trainer:
         if latest is not None:
             self.state, _ = self.ckpt.restore(latest, state)  # raises CheckpointError naming the path
         self.echo = EchoTrapMonitor()
+        # RAGEN-2 reasoning-collapse diagnostics (its program compiles on first use) and early stops.
+        self.collapse = (CollapseProbe(cfg, self.policy_graph, self.tokenizer, self.text_envs, vocab=self.vocab,
+                                       mesh=self.mesh) if cfg.train.collapse_every else None)
+        self.stops = EarlyStops(cfg.train)
         self.logger = None
 
     def _check_memory(self, state: TrainState, limit: int) -> dict:
@@ -155,6 +162,12 @@ class Trainer:
         traj = self.rollout(self.state.actor, roll_key, seeds)
         jax.block_until_ready(traj.tokens)
         t1 = time.perf_counter()
+        cmetrics = {}
+        if self.collapse is not None and self.collapse.due(i + 1):
+            # Before the update (which donates the actor): the policy that sampled the batch, unfiltered.
+            cmetrics = self.collapse.probe(self.state.actor, traj, jax.device_get(traj), i + 1)
+            cmetrics["timing/collapse_s"] = time.perf_counter() - t1
+            t1 = time.perf_counter()
         batch, pmetrics = self._prepare(self.state.actor, self.state.critic, self.ref, traj)
         self.state, umetrics = self._update(self.state, batch)
         jax.block_until_ready(self.state.iteration)
@@ -166,6 +179,7 @@ class Trainer:
         metrics["rollout/in_group_std_max"] = rm["in_group_std_max"]
         metrics["response_length/mean"] = rm["response_length"]
         metrics.update({k: float(v) for k, v in jax.device_get({**pmetrics, **umetrics}).items()})
+        metrics.update(cmetrics)
         metrics["timing/rollout_s"] = t1 - t0
         metrics["timing/update_s"] = t2 - t1
         n_tok = float(np.sum(np.asarray(traj.length)))
@@ -210,6 +224,7 @@ class Trainer:
                 metrics = self.iteration_step()
                 step = self.iteration
                 metrics["timing/iteration_s"] = time.perf_counter() - t0
+                stop = self.stops.after_iteration(metrics)  # adds its counters to the metrics
                 self.logger.scalars(step, metrics)
                 if cfg.train.log_samples:
                     for row in range(min(cfg.train.log_samples, self.cfg.rollout.num_groups * self.cfg.rollout.group_size)):
@@ -218,9 +233,16 @@ class Trainer:
                                 s_it=f"{metrics['timing/iteration_s']:.1f}")
                 history.append({"step": step, **metrics})
                 if cfg.train.val_every > 0 and step % cfg.train.val_every == 0:
-                    self._log_validation(step)
-                if step % cfg.train.save_every == 0 or step == cfg.train.iterations:
+                    stop = stop or self.stops.after_validation(self._log_validation(step))
+                saved = step % cfg.train.save_every == 0 or step == cfg.train.iterations
+                if saved:
                     self.save()
+                if stop:
+                    self.logger.scalars(step, {f"early_stopped/{self.stops.rule}": 1.0})
+                    self._print(f"[early stop] iteration {step}: {stop}; saving and stopping")
+                    if not saved:
+                        self.save()
+                    break
             # Policy export for eval and later runs (every process takes part: it is a collective save).
             save_policy(self.workdir, self.state.actor)
         finally:

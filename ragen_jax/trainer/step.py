@@ -145,7 +145,8 @@ class StepPrograms:
         # Log-probs and entropy of the policy the rollout sampled from: logits / rollout temperature.
         self.temperature = 1.0 if cfg.rollout.greedy else float(cfg.rollout.temperature)
         r, a = cfg.rollout, cfg.algo
-        self.kept_groups = filter_lib.num_kept_groups(r.num_groups, a.filter_ratio, a.filter_rounding)
+        self.filter_spec = a.filter_spec(r.num_groups)
+        self.kept_groups = self.filter_spec.slots(r.num_groups)  # static group slots (some may be unused)
         self.kept_rows = self.kept_groups * r.group_size
         self.trace_counts = {"prepare": 0, "update": 0}
 
@@ -154,21 +155,33 @@ class StepPrograms:
         self.trace_counts["prepare"] += 1
         a, r = self.cfg.algo, self.cfg.rollout
         n = r.group_size
-        # StarPO-S: keep the groups whose (raw) rewards vary most; static number of rows.
-        if a.filter_type == "top_k":
-            f = filter_lib.filter_groups(traj.reward, n, a.filter_ratio, select=a.filter_mode,
-                                         rounding=a.filter_rounding)
-        else:
-            f = filter_lib.filter_groups_variance_cover(traj.reward, n, a.filter_cover, k_max=self.kept_groups)
+        logp_fn = functools.partial(sequence_logprobs, self.actor_graph, actor, vocab=self.vocab,
+                                    temperature=self.temperature)
+        micro = effective_micro_batch(a.mini_batch_size, a.micro_batch_size)
+        # Group filter (StarPO-S / RAGEN-2) on raw rewards, static slots; unselected slots get row
+        # weight 0. Entropy metrics need every row's entropy: the old-log-prob pass then runs over
+        # all P x N rows before filtering (the rollout records no entropy) and its kept rows are
+        # reused, instead of a pass over the kept rows after it.
+        spec = self.filter_spec
+        inputs = {"reward": traj.reward, "length": traj.response_length}
+        all_logp = None
+        if spec.input_name == "entropy":
+            b, t_all = traj.tokens.shape
+            valid_all = jnp.arange(t_all)[None, :] < traj.length[:, None]
+            all_logp, all_ent = _in_minibatches(lambda x, v: logp_fn(x, v), b, min(micro, b), traj.tokens, valid_all)
+            m_all = traj.loss_mask[:, 1:].astype(jnp.float32)
+            inputs["entropy"] = jnp.sum(all_ent * m_all, -1) / jnp.maximum(jnp.sum(m_all, -1), 1.0)
+        f = filter_lib.filter_by_spec(spec, inputs, n)
         t = filter_lib.gather_rows(traj, f.rows)
         k, t_max = t.tokens.shape
         valid = jnp.arange(t_max)[None, :] < t.length[:, None]
         mask = t.loss_mask[:, 1:] & (f.row_weight[:, None] > 0)
-        mb = min(effective_micro_batch(a.mini_batch_size, a.micro_batch_size), k)
+        mb = min(micro, k)
 
-        logp_fn = functools.partial(sequence_logprobs, self.actor_graph, actor, vocab=self.vocab,
-                                    temperature=self.temperature)
-        old_logp, _ = _in_minibatches(lambda x, v: logp_fn(x, v), k, mb, t.tokens, valid)
+        if all_logp is None:
+            old_logp, _ = _in_minibatches(lambda x, v: logp_fn(x, v), k, mb, t.tokens, valid)
+        else:
+            old_logp = jnp.take(all_logp, f.rows, axis=0)
         ref_logp = jnp.zeros_like(old_logp)
         if self.use_ref:
             ref_fn = functools.partial(sequence_logprobs, self.actor_graph, ref, vocab=self.vocab,
@@ -192,6 +205,16 @@ class StepPrograms:
         estimator = "bilevel_gae" if (a.adv_estimator == "gae" and a.bi_level_gae) else a.adv_estimator
         advantages, returns = adv_lib.compute_advantages(
             estimator, tok_rewards, mask, values=values, turn_end=turn_end, group_size=n, gamma=a.gamma, lam=a.lam)
+        # RAGEN-2 after the advantages: soft reweighting by group std, then the kept-fraction scale
+        # (both on the advantages only; the critic's returns are untouched, as RAGEN).
+        if a.soft_advantage_reweight:
+            w = filter_lib.soft_reweight(scores, n, f.group_used)
+            advantages = advantages * jnp.repeat(w, n)[:, None]
+            metrics["actor/soft_reweight_mean"] = jnp.sum(w) / jnp.maximum(jnp.sum(f.group_used), 1)
+        if a.filter_loss_scaling != "none":
+            scale = filter_lib.loss_scale(f.kept_fraction, a.filter_loss_scaling)
+            advantages = advantages * scale
+            metrics["actor/filter_loss_scale"] = scale
         batch = Batch(tokens=t.tokens, valid=valid, mask=mask, old_logp=old_logp, ref_logp=ref_logp,
                       values=values, advantages=advantages, returns=returns, row_weight=f.row_weight)
         metrics.update(f.metrics)
@@ -265,35 +288,52 @@ class StepPrograms:
         def minibatch_step(carry, idx):
             actor, actor_opt, critic, critic_opt, skipped = carry
             mbatch = jax.tree.map(lambda x: x[idx], batch)
+            # A mini-batch of filtered-out rows only (weight 0; all of them when the filter kept
+            # nothing) takes no optimizer step: Adam's momentum and weight decay would still move.
+            has_rows = jnp.any(mbatch.row_weight > 0)
+            step_actor = train_actor & has_rows
             (_, am), g = self.actor_value_and_grad(actor, mbatch)
             gnorm = optax.global_norm(g)
             upd, new_opt = self.actor_opt.update(g, actor_opt, actor)
             new_actor = optax.apply_updates(actor, upd)
             finite = jnp.isfinite(gnorm)
             # Critic warm-up: the actor is computed but not moved.
-            actor = jax.tree.map(lambda n, o: jnp.where(train_actor, n, o), new_actor, actor)
-            actor_opt = jax.tree.map(lambda n, o: jnp.where(train_actor, n, o), new_opt, actor_opt)
-            skipped = skipped + (train_actor & ~finite).astype(jnp.int32)
-            am = {**am, "actor/grad_norm": gnorm}
+            actor = jax.tree.map(lambda n, o: jnp.where(step_actor, n, o), new_actor, actor)
+            actor_opt = jax.tree.map(lambda n, o: jnp.where(step_actor, n, o), new_opt, actor_opt)
+            skipped = skipped + (step_actor & ~finite).astype(jnp.int32)
+            am = {**am, "actor/grad_norm": gnorm, "train/optimizer_steps": step_actor.astype(jnp.float32)}
             if self.has_critic:
                 (_, cm), cg = self.critic_value_and_grad(critic, mbatch)
                 cnorm = optax.global_norm(cg)
-                cupd, critic_opt = self.critic_opt.update(cg, critic_opt, critic)
-                critic = optax.apply_updates(critic, cupd)
-                skipped = skipped + (~jnp.isfinite(cnorm)).astype(jnp.int32)
+                cupd, new_copt = self.critic_opt.update(cg, critic_opt, critic)
+                new_critic = optax.apply_updates(critic, cupd)
+                critic = jax.tree.map(lambda n, o: jnp.where(has_rows, n, o), new_critic, critic)
+                critic_opt = jax.tree.map(lambda n, o: jnp.where(has_rows, n, o), new_copt, critic_opt)
+                skipped = skipped + (has_rows & ~jnp.isfinite(cnorm)).astype(jnp.int32)
                 am = {**am, **cm, "critic/grad_norm": cnorm}
-            return (actor, actor_opt, critic, critic_opt, skipped), am
+            return (actor, actor_opt, critic, critic_opt, skipped), (am, has_rows)
 
         key, perm_key = jax.random.split(state.key)
         carry = (state.actor, state.actor_opt, state.critic, state.critic_opt, state.skipped_updates)
-        all_metrics = []
+        all_metrics, all_used = [], []
         for epoch in range(a.ppo_epochs):
             perm = jax.random.permutation(jax.random.fold_in(perm_key, epoch), k)
-            carry, m = jax.lax.scan(minibatch_step, carry, perm.reshape(n_mb, mb))
+            # Rows that train first (a stable sort keeps their random order): filtered-out rows fill
+            # the last mini-batches, which are skipped, so a partial selection takes
+            # ceil(kept rows / mini_batch_size) steps as RAGEN's shrunk batch does. With every row
+            # kept (top_k) this is the plain permutation.
+            perm = perm[jnp.argsort(batch.row_weight[perm] <= 0, stable=True)]
+            carry, (m, used) = jax.lax.scan(minibatch_step, carry, perm.reshape(n_mb, mb))
             all_metrics.append(m)
+            all_used.append(used)
         actor, actor_opt, critic, critic_opt, skipped = carry
-        metrics = jax.tree.map(lambda *xs: jnp.mean(jnp.stack([jnp.mean(x) for x in xs])), *all_metrics)
-        metrics["actor/grad_norm_max"] = jnp.max(jnp.stack([jnp.max(m["actor/grad_norm"]) for m in all_metrics]))
+        # Means over the mini-batches that trained (skipped ones computed on weight-0 rows only).
+        w = jnp.concatenate(all_used).astype(jnp.float32)
+        metrics = jax.tree.map(lambda *xs: jnp.sum(jnp.concatenate(xs) * w) / jnp.maximum(jnp.sum(w), 1.0),
+                               *all_metrics)
+        metrics["train/optimizer_steps"] = jnp.sum(jnp.concatenate([m["train/optimizer_steps"] for m in all_metrics]))
+        metrics["actor/grad_norm_max"] = jnp.max(jnp.stack([jnp.max(jnp.where(u, m["actor/grad_norm"], 0.0))
+                                                            for m, u in zip(all_metrics, all_used)]))
         metrics["train/skipped_updates"] = skipped.astype(jnp.float32)
         metrics["actor/lr"] = lr_at(state.iteration * n_mb * a.ppo_epochs, self.cfg.optim.actor_lr,
                                      self.cfg.optim.warmup_steps)
@@ -401,7 +441,7 @@ def check_memory_fits(cfg: Config, usage: dict, limit: int) -> None:
 def check_batch_fits_mesh(cfg: Config, n_batch_shards: int) -> None:
     r, a = cfg.rollout, cfg.algo
     b = r.num_groups * r.group_size
-    kept = filter_lib.num_kept_groups(r.num_groups, a.filter_ratio, a.filter_rounding) * r.group_size
+    kept = a.filter_spec(r.num_groups).slots(r.num_groups) * r.group_size
     micro = effective_micro_batch(a.mini_batch_size, a.micro_batch_size)
     for what, n in (("rollout batch P*N", b), ("kept trajectories", kept), ("algo.mini_batch_size", a.mini_batch_size),
                     ("algo.micro_batch_size (0: = mini_batch_size)", micro)):

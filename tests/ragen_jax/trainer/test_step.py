@@ -295,8 +295,11 @@ def plain_update(s: Setup, state: TrainState, batch: dict):
     skipped, metrics = 0, []
     for epoch in range(a.ppo_epochs):
         perm = np.asarray(jax.random.permutation(jax.random.fold_in(perm_key, epoch), kk))
+        perm = perm[np.argsort(batch["row_weight"][perm] <= 0, kind="stable")]  # kept rows first
         for j in range(kk // a.mini_batch_size):
             idx = perm[j * a.mini_batch_size:(j + 1) * a.mini_batch_size]
+            if not (batch["row_weight"][idx] > 0).any():
+                continue  # only filtered-out rows: no optimizer step
             mb = {k_: jnp.asarray(v[idx]) for k_, v in batch.items()}
             (_, m), g = s.plain_actor_vg(actor, mb)
             finite = all(bool(jnp.all(jnp.isfinite(x))) for x in jax.tree.leaves(g))
