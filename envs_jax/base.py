@@ -15,6 +15,8 @@ import jax.numpy as jnp
 import numpy as np
 from gymnax.environments import environment
 
+from envs_jax import coords
+
 
 class AgentEnv(environment.Environment):
     """Base class. Every state is a struct.dataclass with `time` (executed actions) and `done`."""
@@ -46,12 +48,43 @@ class AgentEnv(environment.Environment):
         """int32[H, W] indices into `symbols(params)`; jittable. The text is rows joined by newline."""
         raise NotImplementedError
 
+    # ---- coordinate observations (optional; see envs_jax/coords.py) ------------------------------
+    def observation_format(self, params: Any) -> str:
+        """"grid" (the symbol grid), "grid_coord" (coordinates, then the grid) or "coord"."""
+        return "grid"
+
+    def coordinate_labels(self, params: Any) -> tuple[str, ...]:
+        """Labels of the coordinate lines, in the reference's order (empty: no coordinate text)."""
+        return ()
+
+    def coordinate_budget(self, params: Any) -> tuple[int, int]:
+        """(most non-empty lines, most listed cells in all lines) a state can show: the text layer's
+        static token budget for the coordinate block."""
+        raise NotImplementedError
+
+    def coordinate_masks(self, state: Any, params: Any) -> jax.Array:
+        """bool[K, H, W]: the cells each coordinate line lists (jittable), K = len(coordinate_labels)."""
+        raise NotImplementedError
+
+    def coordinate_entities(self, state: Any, params: Any) -> list[tuple[str, list[tuple[int, int]]]]:
+        """Host side: (label, cells in row-major order) per line, computed as the reference does."""
+        raise NotImplementedError
+
     # ---- shared ----------------------------------------------------------------------------------
-    def render_text(self, state: Any, params: Any) -> str:
-        """The reference's text of the state (host side)."""
+    def grid_text(self, state: Any, params: Any) -> str:
+        """The symbol grid as text: rows joined by newlines (host side)."""
         grid = np.asarray(jax.device_get(self.render_grid(state, params)))
         syms = self.symbols(params)
         return "\n".join("".join(syms[int(c)] for c in row) for row in grid)
+
+    def render_text(self, state: Any, params: Any) -> str:
+        """The reference's text of the state in the env's observation format (host side)."""
+        fmt = self.observation_format(params)
+        grid = self.grid_text(state, params)
+        if fmt == "grid":
+            return grid
+        h, w = np.asarray(jax.device_get(self.render_grid(state, params))).shape
+        return coords.observation_text(fmt, self.coordinate_entities(state, params), h, w, grid)
 
     def step_env(self, key, state, action, params):
         new_state, reward, terminated, info = self.transition(key, state, action, params)

@@ -5,7 +5,8 @@ Rules (gymnasium FrozenLake-v1 as RAGEN uses it, with RAGEN's random start and g
   two distinct uniformly random cells (never holes); the whole map is re-drawn until the goal is
   reachable from the start through non-hole cells (4-neighbourhood).
 - Slippery moves: the intended direction with probability 1 - slip, each perpendicular direction
-  with slip / 2. A move off the grid leaves the player in place.
+  with slip / 2. A move off the grid leaves the player in place. RAGEN-2 (gymnasium >= 1.0) calls
+  1 - slip `success_rate`; `envs_jax.make` accepts that name too (`resolve_overrides`).
 - Reward 1 on reaching the goal, else 0. Falling into a hole or reaching the goal terminates.
 - `action_is_effective` = the player's cell changed (as in the reference).
 Cells are addressed by a flat index `row * size + col` everywhere.
@@ -19,6 +20,7 @@ import numpy as np
 from flax import struct
 from gymnax.environments import spaces
 
+from envs_jax import coords
 from envs_jax.base import AgentEnv
 
 ACTION_NAMES = ("Left", "Down", "Right", "Up")
@@ -46,11 +48,21 @@ ENV_INSTRUCTION = (
     "the unintended direction due to the slippery ice. Example answer format: <think>To forbid the "
     "hole and go to the target, I should go left then go up.</think><answer>Left || Up</answer>"
 )
-INSTRUCTIONS = (
-    ENV_INSTRUCTION
-    + "\nThe meaning of each symbol in the state is:\n"
-    + ", ".join(f"{k}: {v}" for k, v in GRID_VOCAB)
+LEGEND = ", ".join(f"{k}: {v}" for k, v in GRID_VOCAB)
+INSTRUCTIONS = ENV_INSTRUCTION + "\nThe meaning of each symbol in the state is:\n" + LEGEND
+# RAGEN-2's config/envs.yaml `env_instruction` of CoordFrozenLake, verbatim (a YAML literal block:
+# line breaks and the final newline included). Its corner "(5, 5)" is the reference's fixed text,
+# although its FrozenLake boards are 4x4 by default.
+COORD_ENV_INSTRUCTION = (
+    "You are solving the FrozenLake puzzle. The observation includes both a symbol grid and "
+    "zero-indexed coordinates for the start, goal, player, and any holes.\n"
+    "Coordinates range from the top-left corner (0, 0) to the bottom-right corner (5, 5).\n"
+    "Beware that the ice is slippery, so the agent might slide and end up in an unintended tile.\n"
+    "Respond with a sequence of actions such as <answer>Left || Up || Up</answer>.\n"
 )
+ENV_INSTRUCTIONS = {"standard": ENV_INSTRUCTION, "coord": COORD_ENV_INSTRUCTION}
+# The reference's coordinate lines (frozen_lake/utils.py format_coordinate_render), in its order.
+COORD_LABELS = ("Start", "Goal", "Player", "Player on goal", "Player in hole", "Holes")
 
 
 @struct.dataclass
@@ -71,7 +83,13 @@ class FrozenLakeParams:
     max_tries: int = 64  # map re-draws before the forced-path fallback (traced: no recompile)
     frozen_prob: float = 0.8
     # Total slip probability: 2/3 is gymnasium's is_slippery (1/3 intended, 1/3 each side).
+    # RAGEN-2's `success_rate` is 1 - slip (make(..., success_rate=x) sets slip = 1 - x).
     slip: float = 2.0 / 3.0
+    # RAGEN-2's observation_format: "grid", "grid_coord" or "coord" (envs_jax/coords.py). Static:
+    # it changes the text layer's token budget.
+    observation_format: str = struct.field(pytree_node=False, default="grid")
+    # Env instruction text: "standard" (FrozenLake) or "coord" (RAGEN-2's CoordFrozenLake).
+    instruction: str = struct.field(pytree_node=False, default="standard")
 
 
 # ---- pure rule functions ------------------------------------------------------------------------
@@ -189,9 +207,27 @@ def rows_from_state(state: FrozenLakeState) -> list[str]:
     return ["".join(cells[r * n : (r + 1) * n]) for r in range(n)]
 
 
+def resolve_overrides(overrides: dict) -> dict:
+    """`make` overrides with RAGEN-2's `success_rate` (probability of the intended move) turned
+    into `slip` = 1 - success_rate. Naming both is an error."""
+    overrides = dict(overrides)
+    if "success_rate" in overrides:
+        rate = overrides.pop("success_rate")
+        if "slip" in overrides:
+            raise ValueError("give FrozenLake either success_rate or slip (slip = 1 - success_rate), not both")
+        if isinstance(rate, bool) or not isinstance(rate, (int, float, np.integer, np.floating)) \
+                or not 0.0 <= float(rate) <= 1.0:
+            raise ValueError(f"success_rate must be a number in [0, 1], got {rate!r}")
+        overrides["slip"] = 1.0 - float(rate)
+    return overrides
+
+
 # ---- the environment ----------------------------------------------------------------------------
 class FrozenLake(AgentEnv):
     """Slippery FrozenLake on a random map; `success` = the player is on the goal."""
+
+    # Override names `make` accepts besides the params' fields.
+    override_aliases = ("success_rate",)
 
     @property
     def default_params(self) -> FrozenLakeParams:
@@ -220,6 +256,12 @@ class FrozenLake(AgentEnv):
             raise ValueError(f"max_steps_in_episode must be an int >= 1, got {params.max_steps_in_episode!r}")
         if int(params.max_tries) < 1:
             raise ValueError(f"max_tries must be an int >= 1, got {params.max_tries!r}")
+        coords.check_format(params.observation_format)
+        if params.instruction not in ENV_INSTRUCTIONS:
+            raise ValueError(f"instruction must be one of {', '.join(ENV_INSTRUCTIONS)}, got {params.instruction!r}")
+
+    def resolve_overrides(self, overrides: dict) -> dict:
+        return resolve_overrides(overrides)
 
     def reset_env(self, key, params):
         hole, start, goal = generate_map(key, params)
@@ -246,7 +288,49 @@ class FrozenLake(AgentEnv):
         return ACTION_NAMES
 
     def instructions(self, params) -> str:
-        return INSTRUCTIONS
+        # RAGEN-2 appends the symbol legend in "grid" format only (CoordFrozenLake's prompt has none).
+        return coords.instruction_for_format(ENV_INSTRUCTIONS[params.instruction], params.observation_format, LEGEND)
+
+    def observation_format(self, params) -> str:
+        return params.observation_format
+
+    def coordinate_labels(self, params) -> tuple[str, ...]:
+        return COORD_LABELS if params.observation_format != "grid" else ()
+
+    def coordinate_budget(self, params) -> tuple[int, int]:
+        # Lines: Start, Goal, one of the three player lines, Holes. Cells: start, goal, player and
+        # at most every other cell a hole.
+        n2 = params.size * params.size
+        return 4, 3 + (n2 - 2)
+
+    def coordinate_masks(self, state, params):
+        """bool[6, n, n] for COORD_LABELS; the player's hole or goal is also listed as hole / goal."""
+        n = state.hole.shape[-1]
+        cells = jnp.arange(n * n).reshape(n, n)
+        player = cells == state.pos
+        on_goal = state.pos == state.goal
+        in_hole = state.hole.reshape(-1)[state.pos]
+        return jnp.stack([
+            cells == state.start,
+            cells == state.goal,
+            player & ~on_goal & ~in_hole,
+            player & on_goal,
+            player & in_hole,
+            state.hole,
+        ])
+
+    def coordinate_entities(self, state, params):
+        """Host side, as the reference's collect_entity_coordinates does from its desc letters."""
+        desc = np.array([list(r) for r in rows_from_state(state)])
+        n = desc.shape[0]
+        pos = int(state.pos)
+        player = (pos // n, pos % n)
+        tile = desc[player]
+        out = {"Start": coords.cells_of(desc == "S"), "Goal": coords.cells_of(desc == "G"),
+               "Holes": coords.cells_of(desc == "H")}
+        key = "Player on goal" if tile == "G" else "Player in hole" if tile == "H" else "Player"
+        out[key] = [player]
+        return [(label, out.get(label, [])) for label in COORD_LABELS]
 
     def symbols(self, params) -> tuple[str, ...]:
         return SYMBOLS

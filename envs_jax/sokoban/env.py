@@ -12,7 +12,9 @@ from envs_jax.base import AgentEnv
 from envs_jax.sokoban import render
 from envs_jax.sokoban.generator import generate_room
 from envs_jax.sokoban.solver import Solution, solve
-from envs_jax.sokoban.types import ACTION_NAMES, WALL, SokobanConfig, SokobanParams, SokobanState, flat_deltas
+from envs_jax.sokoban.types import (
+    ACTION_NAMES, COORD_LABELS, WALL, SokobanConfig, SokobanParams, SokobanState, flat_deltas,
+)
 
 
 class SokobanEnv(AgentEnv):
@@ -95,7 +97,25 @@ class SokobanEnv(AgentEnv):
         return [[(WALL,) if r in (0, h - 1) or c in (0, w - 1) else every for c in range(w)] for r in range(h)]
 
     def instructions(self, params=None) -> str:
-        return render.instructions(self.config.symbols)
+        return render.instructions(self.config.symbols, self.config.instruction, self.config.observation_format)
+
+    def observation_format(self, params=None) -> str:
+        return self.config.observation_format
+
+    def coordinate_labels(self, params=None) -> tuple[str, ...]:
+        return COORD_LABELS if self.config.observation_format != "grid" else ()
+
+    def coordinate_budget(self, params=None) -> tuple[int, int]:
+        # Lines: Targets, Boxes and/or Boxes on target, one of the two player lines. Cells: every
+        # target, every box (in one of the two box lines), the player.
+        n = self.config.num_boxes
+        return 4, 2 * n + 1
+
+    def coordinate_masks(self, state, params=None):
+        return render.coordinate_masks(state)
+
+    def coordinate_entities(self, state, params=None):
+        return render.coordinate_entities(state)
 
     def render_grid(self, state, params=None):
         return render.render_grid(state)
@@ -118,11 +138,14 @@ PRESETS = {
     "LargerSokoban": dict(dim_room=(8, 8), num_boxes=2, num_candidates=192, search_depth=14, gen_tries=16),
     # Same rooms as Sokoban, only the symbols differ (the reference also used DFS depth 30 here).
     "NewSymbolsSokoban": dict(dim_room=(6, 6), num_boxes=1, num_candidates=64, search_depth=40, symbols="new"),
+    # RAGEN-2's CoordSokoban: SimpleSokoban's rooms shown as coordinates + grid, with its own instruction.
+    "CoordSokoban": dict(dim_room=(6, 6), num_boxes=1, num_candidates=64, search_depth=40,
+                         observation_format="grid_coord", instruction="coord"),
 }
 
 
 def make_sokoban(name: str = "Sokoban", **overrides) -> tuple[SokobanEnv, SokobanParams]:
-    """(env, params) for "Sokoban", "LargerSokoban" or "NewSymbolsSokoban"; overrides may name any
+    """(env, params) for a PRESETS name ("Sokoban", "LargerSokoban", ...); overrides may name any
     SokobanConfig field (static: shapes, search sizes, symbols) or SokobanParams field (dynamic)."""
     if name not in PRESETS:
         raise ValueError(f"unknown Sokoban variant {name!r}; valid: {', '.join(PRESETS)}.")

@@ -14,6 +14,8 @@ import jax.numpy as jnp
 from flax import struct
 from gymnax.environments import environment
 
+from envs_jax import coords
+
 # Action index order of the reference (its lookup is 1:Up 2:Down 3:Left 4:Right, shifted to 0-based).
 ACTION_NAMES = ("Up", "Down", "Left", "Right")
 # (row, col) offset per action.
@@ -35,6 +37,20 @@ ENV_INSTRUCTION = (
     "You cannot push a box through a wall, and you cannot pull a box. The answer should be a "
     "sequence of actions, like <answer>Right || Right || Up</answer>"
 )
+# RAGEN-2's config/envs.yaml `env_instruction` of CoordSokoban, verbatim: a YAML literal block, so its
+# line breaks, trailing spaces and final newline are part of the text. The corner "(5, 5)" is fixed
+# text in the reference whatever dim_room is.
+COORD_ENV_INSTRUCTION = (
+    "You are solving the Sokoban puzzle. You are the player and you need to push all boxes to targets.\n"
+    "You are provided with a symbol grid and the zero-indexed coordinates of the player, each box, and each target. \n"
+    "Coordinates range from the top-left corner (0, 0) to the bottom-right corner (5, 5). \n"
+    "When you are exactly next to a box, you can push it by moving in the same direction. \n"
+    "You cannot push a box through a wall, and you cannot pull a box.\n"
+    "The answer should be a sequence of actions, like <answer>Right || Right || Up</answer>.\n"
+)
+INSTRUCTIONS = {"standard": ENV_INSTRUCTION, "coord": COORD_ENV_INSTRUCTION}
+# The reference's coordinate lines (collect_entity_coordinates + format_coordinate_render), in its order.
+COORD_LABELS = ("Targets", "Boxes", "Boxes on target", "Player", "Player on target")
 
 
 @struct.dataclass
@@ -75,6 +91,10 @@ class SokobanConfig:
     gen_tries: int = 8                # topologies drawn before the deterministic fallback
     jitter_max_steps: int = 3
     solver_max_len: int = 100         # BFS depth limit (reference MAX_DEPTH) = padded path length
+    # RAGEN-2's observation_format: "grid", "grid_coord" (coordinates, then the grid) or "coord"
+    # (envs_jax/coords.py). Static: it changes the segment's token budget.
+    observation_format: str = "grid"
+    instruction: str = "standard"     # env instruction text: "standard" (SimpleSokoban) or "coord" (CoordSokoban)
 
     @property
     def num_gen_steps(self) -> int:
@@ -91,6 +111,9 @@ class SokobanConfig:
             raise ValueError(f"num_boxes={self.num_boxes} does not fit dim_room {self.dim_room}; at most width-2={w - 2} boxes are supported.")
         if self.symbols not in SYMBOL_SETS:
             raise ValueError(f"unknown symbols {self.symbols!r}; valid: {', '.join(SYMBOL_SETS)}.")
+        coords.check_format(self.observation_format)
+        if self.instruction not in INSTRUCTIONS:
+            raise ValueError(f"unknown instruction {self.instruction!r}; valid: {', '.join(INSTRUCTIONS)}.")
         for name in ("num_candidates", "search_depth", "gen_tries", "solver_max_len"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}.")

@@ -63,8 +63,8 @@ class VocabMap:
         for te in text_envs:
             ids.update(int(i) for i in np.asarray(te.prefix_ids).ravel())
             ids.update(int(i) for i in np.asarray(te.forced_prefix_ids).ravel())
-            for table in (te._grid, te._turns, te._tails, te._rewards):
-                ids.update(int(i) for i in np.unique(np.asarray(table.ids)))
+            for table in te.token_tables:
+                ids.update(int(i) for i in np.unique(np.asarray(table)))
         for text in extra_texts:
             ids.update(tokenizer.encode(text, add_special_tokens=False))
         _, lengths = token_bytes_table(tokenizer)

@@ -231,16 +231,21 @@ class BanditTeacher(_Teacher):
 
     def __call__(self, state, turn, key):
         arm = jnp.where(jax.random.bernoulli(key, self.high_prob), HIGH, LOW).astype(jnp.int32)
-        return self.table.ids(jnp.full((self.actions_per_turn,), arm), 1)
+        action = self.env.arm_action(state, arm, self.env_params)  # the state's own pair's name (name_pairs)
+        return self.table.ids(jnp.full((self.actions_per_turn,), action), 1)
 
 
 _REGISTRY = {
     "Sokoban": SokobanTeacher,
     "LargerSokoban": SokobanTeacher,
     "NewSymbolsSokoban": SokobanTeacher,
+    "CoordSokoban": SokobanTeacher,
     "FrozenLake": FrozenLakeTeacher,
+    "CoordFrozenLake": FrozenLakeTeacher,
     "Bandit": BanditTeacher,
     "BanditTest": BanditTeacher,
+    "BanditPairs": BanditTeacher,
+    "BanditPairsTest": BanditTeacher,
 }
 
 

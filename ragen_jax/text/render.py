@@ -18,6 +18,10 @@ Row tables. A row's table index is a mixed-radix number over the symbols that ea
 hold. Cells that are always the same symbol (Sokoban's wall border) contribute no digit, which keeps
 8x8 Sokoban at 7^6 = 117,649 interior rows instead of 7^8. Rows with the same per-cell symbol sets
 share one table.
+
+Coordinate blocks (RAGEN-2's `grid_coord` / `coord` observations, `CoordTable`): fixed lead and tail
+pieces, a `Label: (` piece per category and two pieces per cell (`r, c), (` and `r, c)\\n`), chosen
+in-graph from the env's per-category cell masks.
 """
 
 from __future__ import annotations
@@ -31,6 +35,8 @@ from typing import Sequence
 
 import jax.numpy as jnp
 import numpy as np
+
+from envs_jax import coords
 from ragen_jax.text.tokenizer import QWEN_PATTERN
 
 # A row table bigger than this is a configuration problem (a symbol set too permissive), not
@@ -200,6 +206,82 @@ def build_grid_table(tokenizer, symbols: Sequence[str], cell_sets, pad_id: int) 
     ids, lengths = encode_rows(tokenizer, texts, pad_id)
     row_max = np.array([lengths[base[r]:base[r] + row_size[r]].max() for r in range(h)], dtype=np.int32)
     return GridTable(digit=digit, radix=radix, base=base, ids=ids, lengths=lengths, row_max=row_max)
+
+
+@dataclasses.dataclass(frozen=True)
+class CoordTable:
+    """Token tables of a coordinate block (envs_jax/coords.py), assembled in-graph from cell masks.
+
+    The block is `lead` (the "Coordinates: \\n" header, if any, and the board line), then per
+    non-empty category `Label: (` followed by its cells, each `r, c), (` or, for the last one,
+    `r, c)\\n`, then `tail` ("Grid Map: \\n" before the grid, or nothing). Every piece boundary is
+    one where Qwen's pre-tokenizer splits anyway (after `(` and a newline, before a digit), so
+    concatenating the pieces' ids gives the ids of the whole text.
+    """
+
+    lead_ids: np.ndarray   # int32 [L0]
+    tail_ids: np.ndarray   # int32 [Lt] (may be empty)
+    label_ids: np.ndarray  # int32 [K, Lh]
+    label_len: np.ndarray  # int32 [K]
+    cell_ids: np.ndarray   # int32 [2, H*W, Lc]: [0] "r, c), (" (more follow), [1] "r, c)\\n" (last)
+    cell_len: np.ndarray   # int32 [2, H*W]
+    max_lines: int
+    max_cells: int
+
+    @property
+    def max_len(self) -> int:
+        """Token budget of the whole block (static)."""
+        return int(len(self.lead_ids) + len(self.tail_ids) + self.max_lines * self.label_len.max(initial=0)
+                   + self.max_cells * self.cell_len.max(initial=0))
+
+    def pieces(self, masks):
+        """bool [K, H, W] category masks -> (pieces for `concat`, ok); jittable.
+
+        ok is False when the state lists more lines or cells than the budget (the text is then cut).
+        """
+        k = self.label_ids.shape[0]
+        m = jnp.asarray(masks, bool).reshape(k, -1)
+        # The last listed cell of a line ends it: no member after it in row-major order.
+        after = jnp.cumsum(m[:, ::-1], axis=1)[:, ::-1] - m
+        last = (m & (after == 0)).astype(jnp.int32)
+        cell_ids = jnp.asarray(self.cell_ids)
+        cell_len = jnp.asarray(self.cell_len)
+        cells = jnp.arange(m.shape[1])
+        ids = cell_ids[last, cells[None, :]]                      # [K, HW, Lc]
+        lens = jnp.where(m, cell_len[last, cells[None, :]], 0)    # [K, HW]
+        present = jnp.any(m, axis=1)
+        width = max(cell_ids.shape[-1], self.label_ids.shape[-1])
+        pad = lambda x: jnp.pad(x, [(0, 0)] * (x.ndim - 1) + [(0, width - x.shape[-1])])  # noqa: E731
+        rows = jnp.concatenate([pad(jnp.asarray(self.label_ids))[:, None], pad(ids)], axis=1)
+        row_len = jnp.concatenate([jnp.where(present, jnp.asarray(self.label_len), 0)[:, None], lens], axis=1)
+        ok = (jnp.sum(present) <= self.max_lines) & (jnp.sum(m) <= self.max_cells)
+        pieces = [(jnp.asarray(self.lead_ids), len(self.lead_ids)),
+                  (rows.reshape(-1, width), row_len.reshape(-1)),
+                  (jnp.asarray(self.tail_ids), len(self.tail_ids))]
+        return pieces, ok
+
+    @property
+    def tables(self) -> tuple[np.ndarray, ...]:
+        """Every id array (for vocabulary building)."""
+        return (self.lead_ids, self.tail_ids, self.label_ids, self.cell_ids)
+
+
+def build_coord_table(tokenizer, fmt: str, labels: Sequence[str], height: int, width: int,
+                      max_lines: int, max_cells: int, pad_id: int) -> CoordTable:
+    """Tokenize the fixed pieces and every cell's two forms (see CoordTable)."""
+    lead = (coords.COORDINATES_HEADER if fmt == "grid_coord" else "") + coords.board_line(height, width) + "\n"
+    tail = coords.GRID_HEADER if fmt == "grid_coord" else ""
+    cells = [coords.cell_text(r, c) for r in range(height) for c in range(width)]
+    enc = lambda text: np.asarray(encode_batch(tokenizer, [text])[0] if text else [], np.int32)  # noqa: E731
+    label_ids, label_len = pad_table(encode_batch(tokenizer, [f"{label}: (" for label in labels]), pad_id)
+    more_ids, more_len = pad_table(encode_batch(tokenizer, [c + "), (" for c in cells]), pad_id)
+    last_ids, last_len = pad_table(encode_batch(tokenizer, [c + ")\n" for c in cells]), pad_id)
+    lc = max(more_ids.shape[1], last_ids.shape[1])
+    cell_ids = np.full((2, len(cells), lc), pad_id, np.int32)
+    cell_ids[0, :, :more_ids.shape[1]], cell_ids[1, :, :last_ids.shape[1]] = more_ids, last_ids
+    return CoordTable(lead_ids=enc(lead), tail_ids=enc(tail), label_ids=label_ids, label_len=label_len,
+                      cell_ids=cell_ids, cell_len=np.stack([more_len, last_len]),
+                      max_lines=int(max_lines), max_cells=int(max_cells))
 
 
 def check_cell_sets(cell_sets, height: int, width: int, num_symbols: int):

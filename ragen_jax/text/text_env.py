@@ -16,6 +16,8 @@ Token stream of one episode (the contract with the compiled rollout)::
   generates turn `turn`:
     turn 1: `Turn 1:\\nState:\\n{grid}\\nYou have {k} actions left. Always output: ... (tokens).\\n
             <|im_end|>\\n<|im_start|>assistant\\n<think>`
+    The state text is the grid, or with RAGEN-2's coordinate observations (`env.observation_format`
+    "grid_coord" / "coord") a coordinate block before / instead of it (render.CoordTable).
     turn>1: `<|im_end|>` (only when prev_closed is False, i.e. the model did not sample it itself)
             `\\n<|im_start|>user\\nReward:\\n{prev_reward}\\n\\n` + the turn-1 form with "Turn {turn}"
   In no-think mode the segment ends in `<answer>` instead of `<think>`. prev_reward is the summed
@@ -136,8 +138,20 @@ class TextEnv:
         enc = lambda text: np.asarray(render.encode_batch(tok, [text])[0], dtype=np.int32)  # noqa: E731
         self.prefix_ids = enc(self.prefix_text)
         self.forced_prefix_ids = enc(config.forced_prefix)
+        # RAGEN-2's coordinate observations: a coordinate block before (or instead of) the grid.
+        self.observation_format = env.observation_format(env_params) if hasattr(env, "observation_format") else "grid"
+        self._show_grid = self.observation_format != "coord"
+        # "coord" shows no grid: no row tables (they could not even be built for large boards).
         self._grid = _cached(tok, ("grid", self.symbols, self.cell_symbols),
-                             lambda: render.build_grid_table(tok, self.symbols, self.cell_symbols, PAD_ID))
+                             lambda: render.build_grid_table(tok, self.symbols, self.cell_symbols, PAD_ID)
+                             ) if self._show_grid else None
+        self._coords = None
+        if self.observation_format != "grid":
+            labels = tuple(env.coordinate_labels(env_params))
+            budget = tuple(int(x) for x in env.coordinate_budget(env_params))
+            self._coords = _cached(tok, ("coords", self.observation_format, labels, h, w, budget),
+                                   lambda: render.build_coord_table(tok, self.observation_format, labels, h, w,
+                                                                    *budget, PAD_ID))
         self._turns = render.PieceTable.build(
             tok, [conv.turn_piece_text(t) for t in range(1, config.max_turns + 1)], PAD_ID)
         self._tails = render.PieceTable.build(
@@ -147,8 +161,9 @@ class TextEnv:
         self._rewards = _cached(tok, ("reward", self._cents_lo, self._cents_hi), lambda: render.PieceTable(
             *render.encode_rows(tok, [conv.reward_entry_text(conv.format_cents(c))
                                       for c in range(self._cents_lo, self._cents_hi + 1)], PAD_ID)))
+        state_len = (self._grid.max_len if self._grid else 0) + (self._coords.max_len if self._coords else 0)
         self.max_segment_len = (1 + len(self._user_open_ids) + self._rewards.width + self._turns.width
-                                + self._grid.max_len + self._tails.width)
+                                + state_len + self._tails.width)
         self._parser = None
 
     # ---- rendering ---------------------------------------------------------------------------
@@ -157,16 +172,37 @@ class TextEnv:
         c = reward_cents_jax(reward)
         return (c >= self._cents_lo) & (c <= self._cents_hi)
 
+    @property
+    def token_tables(self) -> tuple[np.ndarray, ...]:
+        """Every host-built id table a segment is assembled from (e.g. for a task vocabulary)."""
+        tables = (self._turns.ids, self._tails.ids, self._rewards.ids, self._user_open_ids)
+        tables += (self._grid.ids,) if self._grid is not None else ()
+        return tables + (self._coords.tables if self._coords is not None else ())
+
+    def _state_pieces(self, state):
+        """(pieces of the state text incl. its final newline, ok): coordinate block and/or grid rows."""
+        pieces, ok = [], jnp.bool_(True)
+        if self._coords is not None:
+            coord_pieces, coord_ok = self._coords.pieces(self.env.coordinate_masks(state, self.env_params))
+            pieces += coord_pieces
+            ok = ok & coord_ok
+        if self._grid is not None:
+            row_ids, row_len, grid_ok = self._grid.rows(self.env.render_grid(state, self.env_params))
+            pieces.append((row_ids, row_len))
+            ok = ok & grid_ok
+        return pieces, ok
+
     def render_ok(self, state, prev_reward) -> jax.Array:
-        """False when the segment is not the exact text: an uncovered grid symbol or a clipped reward."""
-        _, _, ok = self._grid.rows(self.env.render_grid(state, self.env_params))
+        """False when the segment is not the exact text: an uncovered grid symbol, a coordinate block
+        over its budget, or a clipped reward."""
+        _, ok = self._state_pieces(state)
         return ok & self.reward_in_range(prev_reward)
 
     def render_ids(self, state, turn, actions_left, prev_reward, prev_closed):
         """The segment before assistant turn `turn` -> (ids int32 [max_segment_len], length int32)."""
         turn = jnp.asarray(turn, jnp.int32)
         later = turn > 1
-        row_ids, row_len, _ = self._grid.rows(self.env.render_grid(state, self.env_params))
+        state_pieces, _ = self._state_pieces(state)
         cents = jnp.clip(reward_cents_jax(prev_reward), self._cents_lo, self._cents_hi)
         r_ids, r_len = self._rewards.lookup(cents - self._cents_lo)
         t_ids, t_len = self._turns.lookup(turn - 1)
@@ -177,7 +213,7 @@ class TextEnv:
             (jnp.asarray(self._user_open_ids), jnp.where(later, len(self._user_open_ids), 0)),
             (r_ids, jnp.where(later, r_len, 0)),
             (t_ids, t_len),
-            (row_ids, row_len),
+            *state_pieces,
             (k_ids, k_len),
         ]
         return render.concat(pieces, self.max_segment_len, PAD_ID)
@@ -217,3 +253,21 @@ class TextEnv:
     def parse_text(self, text: str):
         """Parse an assistant turn given as text (forced prefix included); host reference."""
         return self.parser.parse_text(text)
+
+    def restrict_to_state(self, parsed, state):
+        """Drop the parsed actions `state` does not accept (jittable, one row).
+
+        The reference's es_manager._extract_map_valid_actions: names outside the env's CURRENT action
+        lookup are dropped (the others keep their order) and the turn gets the format penalty, so
+        `has_invalid` is set when anything was dropped. Identity for envs without `valid_actions`.
+        """
+        if not hasattr(self.env, "valid_actions"):
+            return parsed
+        accept = jnp.asarray(self.env.valid_actions(state, self.env_params), bool)
+        acts = jnp.asarray(parsed.actions, jnp.int32)
+        named = acts >= 0
+        keep = named & accept[jnp.clip(acts, 0, accept.shape[0] - 1)]
+        slot = jnp.where(keep, jnp.cumsum(keep) - 1, acts.shape[0])  # kept actions move up, in order
+        out = jnp.full(acts.shape, -1, jnp.int32).at[slot].set(acts, mode="drop")
+        return parsed.replace(actions=out, num_actions=jnp.sum(keep, dtype=jnp.int32),
+                              has_invalid=jnp.asarray(parsed.has_invalid) | jnp.any(named & ~keep))

@@ -1,5 +1,6 @@
 """Plain-Python Bi-arm Bandit written from the reference's rules (RAGEN ragen/env/bandit/env.py),
-independent of the JAX code. Randomness (presentation order, the high arm's jackpot) is an input.
+independent of the JAX code. Randomness (presentation order, the high arm's jackpot, RAGEN-2's name
+pair) is an input.
 """
 
 from __future__ import annotations
@@ -35,3 +36,27 @@ class BanditRef:
         reward = lo if self.pulled == self.lo_name else (hi if jackpot else hi_lo)
         self.done = True
         return reward, True, self.pulled == self.hi_name
+
+
+# RAGEN-2 ragen/env/bandit/config.py ARM_NAMES (split -> (lo, hi) pairs), copied from the reference.
+ARM_NAMES = {
+    "train": [
+        ("Teacher", "Trader"), ("Nurse", "StartupFounder"), ("Librarian", "Investor"),
+        ("Accountant", "StockBroker"), ("Engineer", "RealEstateAgent"), ("Pharmacist", "Musician"),
+        ("Clerk", "Freelancer"), ("Technician", "Youtuber"), ("Planner", "Artist"), ("Postman", "Pilot"),
+        ("Banker", "VentureCapitalist"), ("Gardener", "Cryptominer"),
+    ],
+    "test": [
+        ("Receptionist", "Explorer"), ("Archivist", "Filmmaker"), ("Bookkeeper", "Consultant"),
+        ("SocialWorker", "Photographer"), ("Mechanic", "GameDesigner"), ("Secretary", "Entrepreneur"),
+        ("Cashier", "DataScientist"), ("CivilServant", "StartupAccelerator"),
+    ],
+}
+
+
+def ragen2_step(game: BanditRef, name: str, jackpot: bool):
+    """RAGEN-2's turn: es_manager._extract_map_valid_actions keeps only names of the CURRENT action
+    lookup; a turn without a valid action executes nothing -> None. Else game.step."""
+    if name.lower() not in {v.lower() for v in game.lookup.values()}:
+        return None
+    return game.step(name, jackpot)

@@ -95,30 +95,90 @@ class FrozenLakeRef:
         self.done = terminated or self.time >= self.max_steps
         return reward, terminated, prev != (self.row, self.col)
 
-    def render(self):
-        """The reference's text render (start shown as frozen, player symbols by its cell)."""
+    def render(self, observation_format="grid"):
+        """RAGEN-2's FrozenLakeEnv._render_text (start shown as frozen, player symbols by its cell)."""
         room = [[("F" if ch == "S" else ch) for ch in row] for row in self.desc]
         codes = [[MAP_LOOKUP[ch] for ch in row] for row in room]
         codes[self.row][self.col] = 4 if self.letter == "H" else 5 if self.letter == "G" else 0
-        return "\n".join("".join(GRID_LOOKUP[c] for c in row) for row in codes)
+        grid = "\n".join("".join(GRID_LOOKUP[c] for c in row) for row in codes)
+        if observation_format == "grid":
+            return grid
+        coords = format_coordinate_render(collect_entity_coordinates(self.desc, (self.row, self.col)),
+                                          (self.n, self.n))
+        if observation_format == "coord":
+            return coords
+        return "Coordinates: \n" + coords + "\n" + "Grid Map: \n" + grid
 
 
-def _dynamics(rows, slip):
+def collect_entity_coordinates(desc, player_pos):
+    """RAGEN-2's frozen_lake/utils.py collect_entity_coordinates (index origin 0)."""
+    n_rows, n_cols = len(desc), len(desc[0])
+    cells = [(r, c) for r in range(n_rows) for c in range(n_cols)]  # row-major, as np.argwhere
+    coords = {}
+    for key, letter in (("start", "S"), ("goal", "G"), ("holes", "H")):
+        found = [(r, c) for r, c in cells if desc[r][c] == letter]
+        if found:
+            coords[key] = found
+    tile = desc[player_pos[0]][player_pos[1]]
+    if tile == "G":
+        coords["player_on_goal"] = [tuple(player_pos)]
+    elif tile == "H":
+        coords["player_in_hole"] = [tuple(player_pos)]
+    else:
+        coords["player"] = [tuple(player_pos)]
+    return coords
+
+
+def format_coordinate_render(entity_coords, board_shape):
+    """RAGEN-2's frozen_lake/utils.py format_coordinate_render (index origin 0)."""
+    rows, cols = board_shape
+    lines = [f"Board size: {rows} rows x {cols} cols (zero-indexed)."]
+    ordered_labels = [
+        ("start", "Start"),
+        ("goal", "Goal"),
+        ("player", "Player"),
+        ("player_on_goal", "Player on goal"),
+        ("player_in_hole", "Player in hole"),
+        ("holes", "Holes"),
+    ]
+    for key, label in ordered_labels:
+        coords = entity_coords.get(key, [])
+        if not coords:
+            continue
+        lines.append(f"{label}: " + ", ".join(f"({r}, {c})" for r, c in coords))
+    return "\n".join(lines)
+
+
+def transition_probs(action, slip=None, success_rate=None):
+    """[(direction, prob)] of the realised move for an intended `action`.
+
+    `slip`: RAGEN v1 / gymnasium < 1.0 (1 - slip intended, slip / 2 each perpendicular side).
+    `success_rate`: gymnasium >= 1.0 FrozenLakeEnv as RAGEN-2 configures it: for b in
+    [(a - 1) % 4, a, (a + 1) % 4], p = success_rate if b == a else (1 - success_rate) / 2.
+    """
+    if success_rate is not None:
+        fail = (1.0 - success_rate) / 2.0
+        return [(b, success_rate if b == action else fail) for b in ((action - 1) % 4, action, (action + 1) % 4)]
+    return [((action - 1) % 4, slip / 2), (action, 1.0 - slip), ((action + 1) % 4, slip / 2)]
+
+
+def _dynamics(rows, slip, success_rate=None):
     """Successor list per (cell, action): [(prob, next_cell)], the reference's slippery table."""
     n = len(rows)
     out = {}
     for r in range(n):
         for c in range(n):
             for a in range(4):
-                moves = [((a - 1) % 4, slip / 2), (a, 1.0 - slip), ((a + 1) % 4, slip / 2)]
+                moves = transition_probs(a, slip, success_rate)
                 out[(r * n + c, a)] = [(p, inc(r, c, d, n, n)) for d, p in moves if p > 0]
     return out
 
 
-def expectimax(rows, steps, slip=2.0 / 3.0):
-    """Brute-force optimal success probability from the start with `steps` actions (memoised tree)."""
+def expectimax(rows, steps, slip=2.0 / 3.0, success_rate=None):
+    """Brute-force optimal success probability from the start with `steps` actions (memoised tree).
+    `success_rate` (RAGEN-2's parameter), when given, replaces `slip`."""
     n = len(rows)
-    dyn = _dynamics(rows, slip)
+    dyn = _dynamics(rows, slip, success_rate)
 
     @functools.lru_cache(maxsize=None)
     def value(r, c, k):
@@ -132,10 +192,10 @@ def expectimax(rows, steps, slip=2.0 / 3.0):
     return value(sr, sc, steps)
 
 
-def policy_value(rows, policy, steps, slip=2.0 / 3.0):
+def policy_value(rows, policy, steps, slip=2.0 / 3.0, success_rate=None):
     """Exact success probability of a policy: policy(cell, actions_left) -> action, or None = uniform."""
     n = len(rows)
-    dyn = _dynamics(rows, slip)
+    dyn = _dynamics(rows, slip, success_rate)
 
     @functools.lru_cache(maxsize=None)
     def value(r, c, k):

@@ -79,11 +79,55 @@ class RefSokoban:
         self.done = won or self.steps >= self.max_steps
         return reward, won, {"action_is_effective": before != self.player, "success": won}
 
-    def render(self, lookup=STANDARD):
-        return "\n".join(
+    def render(self, lookup=STANDARD, observation_format="grid"):
+        """RAGEN-2's SokobanEnv._render_text in its three observation formats."""
+        grid = "\n".join(
             "".join(lookup[6 if (v == 5 and self.fixed[r][c] == 2) else v] for c, v in enumerate(row))
             for r, row in enumerate(self.state)
         )
+        if observation_format == "grid":
+            return grid
+        coords = format_coordinate_render(collect_entity_coordinates(self.state, self.fixed),
+                                          (len(self.state), len(self.state[0])))
+        if observation_format == "coord":
+            return coords
+        return "Coordinates: \n" + coords + "\n" + "Grid Map: \n" + grid
+
+
+def collect_entity_coordinates(room_state, room_fixed):
+    """RAGEN-2's sokoban/utils.py collect_entity_coordinates (index origin 0; walls not rendered)."""
+    h, w = len(room_state), len(room_state[0])
+    cells = [(r, c) for r in range(h) for c in range(w)]  # row-major, as np.argwhere
+    coords = {
+        "targets": [(r, c) for r, c in cells if room_fixed[r][c] == 2],
+        "boxes_on_target": [(r, c) for r, c in cells if room_state[r][c] == 3],
+        "boxes": [(r, c) for r, c in cells if room_state[r][c] == 4],
+    }
+    players = [(r, c) for r, c in cells if room_state[r][c] == 5]
+    coords["player"] = [p for p in players if room_fixed[p[0]][p[1]] != 2]
+    coords["player_on_target"] = [p for p in players if room_fixed[p[0]][p[1]] == 2]
+    return coords
+
+
+def format_coordinate_render(entity_coords, board_shape):
+    """RAGEN-2's sokoban/utils.py format_coordinate_render (index origin 0)."""
+    rows, cols = board_shape
+    lines = [f"Board size: {rows} rows x {cols} cols (zero-indexed)."]
+    ordered_labels = [
+        ("walls", "Walls"),
+        ("targets", "Targets"),
+        ("boxes", "Boxes"),
+        ("boxes_on_target", "Boxes on target"),
+        ("player", "Player"),
+        ("player_on_target", "Player on target"),
+    ]
+    for key, label in ordered_labels:
+        coords = entity_coords.get(key, [])
+        if not coords:
+            continue
+        coord_str = ", ".join(f"({r}, {c})" for r, c in coords)
+        lines.append(f"{label}: {coord_str}")
+    return "\n".join(lines)
 
 
 def bfs_length(room_fixed, room_state, max_depth=100):

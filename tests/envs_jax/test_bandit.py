@@ -9,6 +9,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+import envs_jax
 from envs_jax.bandit import Bandit, BanditParams, draw_jackpot
 from tests.envs_jax import ref_bandit as ref
 
@@ -106,3 +107,65 @@ def test_names_and_texts():
 def test_texts_for_any_names(low, high):
     params = BanditParams(low_name=low, high_name=high)
     assert ENV.symbols(params) == (ref.BanditRef(low, high, False).render(), ref.BanditRef(low, high, True).render())
+
+
+# ---- RAGEN-2's name pairs --------------------------------------------------------------------------
+@pytest.mark.parametrize("split", ["train", "test"])
+def test_name_pairs_match_reference(split):
+    """BanditPairs / BanditPairsTest: the pair and the order are drawn per reset; each state text is
+    the reference's for that pair and order; a pull of the state's own arm is the reference's step;
+    a name of another pair pulls nothing (the reference does not execute it)."""
+    env, params = envs_jax.make("BanditPairs" if split == "train" else "BanditPairsTest")
+    pairs = ref.ARM_NAMES[split]
+    names = env.action_names(params)
+    assert names == tuple(n for pair in pairs for n in pair)
+    keys = jax.random.split(jax.random.key(15), N)
+    any_name = np.asarray(jax.random.randint(jax.random.key(16), (N,), 0, len(names)))
+    # Half the answers name an arm of the state's own pair (as a policy would), half any name.
+    # (_episodes resets from the first third of each key: the pairs are known in advance.)
+    pair = np.asarray(jax.vmap(lambda k: env.reset_env(jax.random.split(k, 3)[0], params)[1].pair)(keys))
+    own = np.asarray(jax.random.bernoulli(jax.random.key(17), 0.5, (N,)))
+    acts = np.where(own, 2 * pair + any_name % 2, any_name)
+    out = jax.device_get(_episodes(keys, jnp.asarray(acts), params))
+    np.testing.assert_array_equal(out["s0"].pair, pair)
+    for i in range(N):
+        lo, hi = pairs[int(out["s0"].pair[i])]
+        game = ref.BanditRef(lo, hi, bool(out["s0"].high_first[i]))
+        assert env.symbols(params)[int(out["obs0"][i, 0, 0])] == game.render()
+        got = ref.ragen2_step(game, names[acts[i]].lower(), bool(out["jackpot"][i]))
+        if got is None:
+            assert float(out["r1"][i]) == 0.0 and not bool(out["t1"][i])
+            assert not bool(out["info1"]["success"][i]) and not bool(out["info1"]["action_is_effective"][i])
+            assert int(out["s1"].arm[i]) == -1
+        else:
+            reward, done, success = got
+            assert abs(float(out["r1"][i]) - reward) < 1e-7 and bool(out["t1"][i]) == done
+            assert bool(out["info1"]["success"][i]) == success and bool(out["info1"]["action_is_effective"][i])
+        assert bool(out["s1"].done[i])  # one action per episode either way (max_steps_in_episode=1)
+        valid = np.asarray(env.valid_actions(jax.tree.map(lambda x: x[i], out["s0"]), params))
+        assert list(np.flatnonzero(valid)) == [2 * int(out["s0"].pair[i]), 2 * int(out["s0"].pair[i]) + 1]
+    assert (~own & (acts // 2 != out["s0"].pair)).sum() > N // 4  # foreign names were exercised
+    # Uniform pair draw (each count within 5 sigma) and a fair order, independent of the pair.
+    counts = np.bincount(out["s0"].pair, minlength=len(pairs))
+    p = 1 / len(pairs)
+    assert np.all(np.abs(counts - N * p) < 5 * np.sqrt(N * p * (1 - p))), counts
+    assert abs(out["s0"].high_first.mean() - 0.5) < 0.03
+    for k in range(len(pairs)):
+        hf = out["s0"].high_first[out["s0"].pair == k]
+        assert abs(hf.mean() - 0.5) < 5 * 0.5 / np.sqrt(len(hf))
+
+
+def test_arm_action_and_fixed_names_unchanged():
+    env, params = envs_jax.make("BanditPairs")
+    _, s = env.reset_env(jax.random.key(3), params)
+    for arm in (0, 1):
+        a = int(env.arm_action(s, arm, params))
+        assert a // 2 == int(s.pair) and a % 2 == arm
+        _, s2, _, _, info = env.step_env(jax.random.key(4), s, a, params)
+        assert int(s2.arm) == arm and bool(info["success"]) == (arm == 1)
+    # The fixed names: one "pair", the order drawn from the whole key exactly as before pairs existed.
+    keys = jax.random.split(jax.random.key(5), 64)
+    _, states = jax.vmap(ENV.reset_env, in_axes=(0, None))(keys, PARAMS)
+    np.testing.assert_array_equal(states.high_first, jax.vmap(lambda k: jax.random.bernoulli(k, 0.5))(keys))
+    assert not np.any(states.pair)
+    assert int(ENV.arm_action(jax.tree.map(lambda x: x[0], states), 1, PARAMS)) == 1

@@ -12,10 +12,13 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+import envs_jax
 from envs_jax.frozen_lake import (
     ACTION_NAMES,
     FrozenLake,
     FrozenLakeParams,
+    direction_probs,
+    resolve_overrides,
     rows_from_state,
     slip_direction,
     state_from_rows,
@@ -111,9 +114,12 @@ def _maps(draw):
     seed=st.integers(0, 2**31 - 1),
     actions=st.lists(st.integers(0, 3), min_size=T, max_size=T),
     slip=st.sampled_from([2.0 / 3.0, 0.2, 0.0, 1.0]),
+    success_rate=st.sampled_from([None, None, 1.0, 0.8]),
 )
-def test_rules_match_reference(rows, generated, seed, actions, slip):
+def test_rules_match_reference(rows, generated, seed, actions, slip, success_rate):
     params = PARAMS.replace(slip=slip)
+    if success_rate is not None:  # RAGEN-2's parameter, as envs_jax.make / configs pass it
+        params = PARAMS.replace(**resolve_overrides({"success_rate": success_rate}))
     key_map, key_steps = jax.random.split(jax.random.key(seed))
     if generated:  # a map from our generator, exported to the reference's letters
         _, state = _reset_one(key_map, params)
@@ -125,6 +131,8 @@ def test_rules_match_reference(rows, generated, seed, actions, slip):
 
     out = jax.device_get(_rollout(state, jnp.asarray(actions, jnp.int32), jax.random.split(key_steps, T), params))
     states, rewards, terms, succ, eff, dirs, grids = out
+    if success_rate == 1.0:  # RAGEN-2's training setting: no slipping at all
+        assert list(dirs) == list(actions)
     for t in range(T):
         was_done = game.done
         reward, term, effective = game.step(int(dirs[t]))
@@ -156,6 +164,24 @@ def test_slip_direction_distribution():
             want[(action - 1) % 4] += slip / 2
             want[(action + 1) % 4] += slip / 2
             np.testing.assert_allclose(freq, want, atol=0.012)
+
+
+@pytest.mark.parametrize("rate", [1.0, 0.8, 1.0 / 3.0, 0.0])
+def test_success_rate_matches_gymnasium_dynamics(rate):
+    """make(success_rate=r): the intended move with probability r, (1 - r) / 2 each perpendicular
+    one, as gymnasium >= 1.0 (the reference's transition_probs); exact table and sampled moves."""
+    _, params = envs_jax.make("FrozenLake", success_rate=rate)
+    table = np.asarray(direction_probs(params.slip))
+    keys = jax.random.split(jax.random.key(8), 40_000)
+    for action in range(4):
+        want = np.zeros(4)
+        for d, p in ref.transition_probs(action, success_rate=rate):
+            want[d] += p
+        np.testing.assert_allclose(table[action], want, atol=1e-6)
+        d = np.asarray(jax.vmap(slip_direction, in_axes=(0, None, None))(keys, action, params.slip))
+        np.testing.assert_allclose(np.bincount(d, minlength=4) / d.size, want, atol=0.012)
+        if rate == 1.0:
+            assert np.all(d == action)
 
 
 def test_text_and_names():
@@ -250,6 +276,24 @@ def test_solver_matches_expectimax(batch, slip):
         # The returned action table achieves that optimum under the reference dynamics.
         achieved = ref.policy_value(rows, lambda cell, k: int(policy[i, k, cell]), steps, slip)
         assert abs(achieved - best) < 1e-6, (rows, achieved, best)
+
+
+@pytest.mark.parametrize("rate", [1.0, 0.8])
+def test_solver_matches_expectimax_with_success_rate(batch, rate):
+    _, states = batch
+    maps = HAND_MAPS + _rows_batch(_index(states, slice(0, 5)))
+    stacked = jax.tree.map(lambda *x: jnp.stack(x), *[state_from_rows(r) for r in maps])
+    _, params = envs_jax.make("FrozenLake", success_rate=rate)
+    policy, value = jax.device_get(_solve_batch(stacked, params))
+    steps = params.max_steps_in_episode
+    for i, rows in enumerate(maps):
+        best = ref.expectimax(rows, steps, success_rate=rate)
+        assert abs(float(value[i]) - best) < 1e-6, (rows, float(value[i]), best)
+        achieved = ref.policy_value(rows, lambda cell, k: int(policy[i, k, cell]), steps, success_rate=rate)
+        assert abs(achieved - best) < 1e-6
+    # Without slipping, a map whose shortest path fits in the 10 actions (every hand map) is won for sure.
+    if rate == 1.0:
+        assert all(float(value[i]) == 1.0 for i in range(len(HAND_MAPS)))
 
 
 def test_monte_carlo_success_of_optimal_and_random_policies(record_property):

@@ -10,11 +10,39 @@ import envs_jax
 from envs_jax.bandit import Bandit
 from envs_jax.frozen_lake import FrozenLake
 
-SOKOBAN_NAMES = ("Sokoban", "LargerSokoban", "NewSymbolsSokoban")
+SOKOBAN_NAMES = ("Sokoban", "LargerSokoban", "NewSymbolsSokoban", "CoordSokoban")
 
 
 def test_registered_names():
-    assert set(envs_jax.registered_envs()) == {"Bandit", "BanditTest", "FrozenLake", *SOKOBAN_NAMES}
+    assert set(envs_jax.registered_envs()) == {"Bandit", "BanditTest", "BanditPairs", "BanditPairsTest",
+                                               "FrozenLake", "CoordFrozenLake", *SOKOBAN_NAMES}
+
+
+def test_ragen2_variants():
+    env, params = envs_jax.make("CoordFrozenLake")
+    assert (params.observation_format, params.instruction) == ("grid_coord", "coord")
+    assert abs((1 - params.slip) - 0.8) < 1e-12  # RAGEN-2 envs.yaml: success_rate 0.8
+    env, _ = envs_jax.make("CoordSokoban")
+    assert (env.config.observation_format, env.config.instruction, env.config.dim_room) == ("grid_coord", "coord", (6, 6))
+    env, params = envs_jax.make("BanditPairs")
+    assert len(env.action_names(params)) == 24 and env.action_names(params)[:2] == ("Teacher", "Trader")
+    env, params = envs_jax.make("BanditPairsTest")
+    assert env.action_names(params)[-2:] == ("CivilServant", "StartupAccelerator")
+
+
+def test_success_rate_and_name_pairs_overrides():
+    """RAGEN-2's names: success_rate = 1 - slip; name_pairs by list name or as (possibly nested-list) pairs."""
+    for rate in (1.0, 0.8, 0.0, 1):
+        _, params = envs_jax.make("FrozenLake", success_rate=rate)
+        assert abs(params.slip - (1.0 - rate)) < 1e-12
+    assert envs_jax.make("CoordFrozenLake", success_rate=1.0)[1].slip == 0.0
+    env, params = envs_jax.make("Bandit", name_pairs="test")
+    assert env.action_names(params) == envs_jax.make("BanditPairsTest")[0].action_names(
+        envs_jax.make("BanditPairsTest")[1])
+    env, params = envs_jax.make("Bandit", name_pairs=[["Cat", "Tiger"], ("Owl", "Hawk")])
+    assert params.name_pairs == (("Cat", "Tiger"), ("Owl", "Hawk"))  # hashable: a static field
+    assert env.action_names(params) == ("Cat", "Tiger", "Owl", "Hawk")
+    hash(params.name_pairs)
 
 
 def test_make_light_envs():
@@ -43,7 +71,7 @@ def test_unknown_name_lists_valid_names():
 
 
 def test_unknown_override_lists_valid_parameters():
-    with pytest.raises(ValueError, match=r"unknown parameter\(s\) 'slipp' for FrozenLake; valid: .*slip"):
+    with pytest.raises(ValueError, match=r"unknown parameter\(s\) 'slipp' for FrozenLake; valid: .*slip.*success_rate"):
         envs_jax.make("FrozenLake", slipp=0.1)
     with pytest.raises(ValueError, match=r"'foo' for Bandit; valid: low_name, high_name"):
         envs_jax.make("Bandit", foo=1)
@@ -59,6 +87,17 @@ def test_unknown_override_lists_valid_parameters():
         ("Bandit", {"high_name": "phoenix"}, "differ ignoring case"),
         ("Bandit", {"low_name": ""}, "non-empty"),
         ("Bandit", {"high_prob": 2.0}, "high_prob must be in"),
+        ("FrozenLake", {"success_rate": 1.2}, "success_rate must be a number in"),
+        ("FrozenLake", {"success_rate": "high"}, "success_rate must be a number in"),
+        ("FrozenLake", {"success_rate": 1.0, "slip": 0.0}, "either success_rate or slip"),
+        ("FrozenLake", {"observation_format": "image"}, "observation_format must be one of"),
+        ("FrozenLake", {"instruction": "fancy"}, "instruction must be one of"),
+        ("Bandit", {"name_pairs": "validation"}, "name_pairs must be one of"),
+        ("Bandit", {"name_pairs": [("A", "B", "C")]}, "name_pairs must be a list"),
+        ("Bandit", {"name_pairs": 3}, "name_pairs must be a list"),
+        ("Bandit", {"name_pairs": [("Cat", "Dog"), ("Owl", "cat")]}, "differ ignoring case"),
+        ("Sokoban", {"observation_format": "image"}, "observation_format must be one of"),
+        ("Sokoban", {"instruction": "fancy"}, "unknown instruction"),
     ],
 )
 def test_bad_values_raise_clear_errors(name, overrides, message):

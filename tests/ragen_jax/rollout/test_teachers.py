@@ -172,3 +172,21 @@ def test_bandit_teacher_picks_the_high_arm_with_the_given_probability(tok):
         assert abs(high - 4000 * p_high) <= 5 * sigma + 1e-9
     with pytest.raises(ValueError, match="high_prob must be in"):
         get_teacher("Bandit", te, high_prob=1.5)
+
+
+def test_bandit_pairs_teacher_names_the_states_own_arms(tok):
+    """With RAGEN-2's name pairs (an arm name list of 24) the teacher names an arm of the state's own
+    pair, the high one with the given probability."""
+    te = _te(tok, "BanditPairs", max_turns=1, max_actions_per_turn=1, max_response_tokens=32)
+    keys = jax.random.split(jax.random.PRNGKey(4), 600)
+    states = jax.vmap(te.env.reset_env, in_axes=(0, None))(keys, te.env_params)[1]
+    teacher = get_teacher("BanditPairs", te, high_prob=0.5)
+    ids, lengths = jax.device_get(jax.jit(jax.vmap(teacher, in_axes=(0, None, 0)))(states, 1, keys))
+    pairs = np.asarray(states.pair)
+    assert len(set(pairs.tolist())) == 12
+    high = 0
+    for i in range(len(keys)):
+        parsed = te.parse_text("<think>" + tok.decode(ids[i, :lengths[i]].tolist(), skip_special_tokens=False))
+        assert int(parsed.num_actions) == 1 and int(parsed.actions[0]) // 2 == pairs[i]
+        high += int(parsed.actions[0]) % 2
+    assert abs(high - 300) <= 5 * np.sqrt(600 * 0.25)

@@ -16,13 +16,16 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 from flax import struct
+from gymnax.environments import spaces
 
 import envs_jax
+from envs_jax import coords
 from ragen_jax.text import render
 from ragen_jax.text.conversation import PromptConfig, format_cents, reward_cents
 from ragen_jax.text.text_env import TextEnv, default_cell_symbols, reward_cents_jax
 
-ENVS = ("Bandit", "BanditTest", "FrozenLake", "Sokoban", "LargerSokoban", "NewSymbolsSokoban")
+ENVS = ("Bandit", "BanditTest", "BanditPairs", "BanditPairsTest", "FrozenLake", "Sokoban", "LargerSokoban",
+        "NewSymbolsSokoban")
 
 
 @struct.dataclass
@@ -117,6 +120,114 @@ def test_render_ids_equal_tokenizer(tok, name, think):
     assert np.all(ids[np.arange(te.max_segment_len)[None, :] >= length[:, None]] == 151643)
     k = len(te.forced_prefix_ids)
     assert all(list(ids[i, length[i] - k:length[i]]) == list(te.forced_prefix_ids) for i in range(n))
+
+
+# ---- coordinate observations (RAGEN-2's grid_coord / coord) ------------------------------------------
+@struct.dataclass
+class CoordState:
+    grid: jax.Array   # int32 [H, W]
+    masks: jax.Array  # bool [K, H, W]
+
+
+class CoordOnly(GridOnly):
+    """Text hooks with the grid AND the coordinate masks as the state, so that any block renders.
+
+    The host text is envs_jax.coords.observation_text (whose agreement with RAGEN-2's own code is
+    tested in tests/envs_jax/test_coords.py); the truth here is the tokenizer on that text.
+    """
+
+    def __init__(self, env, params, fmt, labels, budget, shape=None):
+        super().__init__(env, params)
+        self.fmt, self.labels, self.budget = fmt, tuple(labels), budget
+        if shape is not None:
+            self.shape = shape
+            self._cells = default_cell_symbols(env, params, *shape, len(env.symbols(params)))
+
+    def observation_space(self, _):
+        return spaces.Box(0, 1, self.shape, jnp.int32)
+
+    def observation_format(self, _):
+        return self.fmt
+
+    def coordinate_labels(self, _):
+        return self.labels
+
+    def coordinate_budget(self, _):
+        return self.budget
+
+    def coordinate_masks(self, state, _):
+        return state.masks
+
+    def render_text(self, state, _):
+        masks = np.asarray(state.masks)
+        entities = [(label, coords.cells_of(m)) for label, m in zip(self.labels, masks)]
+        grid = super().render_text(state, None) if self.fmt != "coord" else ""
+        return coords.observation_text(self.fmt, entities, *self.shape, grid)
+
+
+def random_masks(k, shape, budget, n, rng, over=False):
+    """n mask stacks [k, H, W] within the budget (lines, cells); `over`: just past it (one line or
+    one cell too many). Lines may list the same cells (as Targets and Boxes on target do)."""
+    max_lines, max_cells = budget
+    hw = shape[0] * shape[1]
+    out = np.zeros((n, k, hw), bool)
+    for i in range(n):
+        more_lines = over and k > max_lines and rng.random() < 0.5
+        lines = max_lines + 1 if more_lines else int(rng.integers(0, min(k, max_lines) + 1))
+        if over and not more_lines:
+            lines = max(lines, 1, -(-(max_cells + 1) // hw))
+        cats = rng.choice(k, size=lines, replace=False)
+        want = max_cells + 1 if over and not more_lines else int(rng.integers(lines, max(lines, max_cells) + 1))
+        want = min(want, lines * hw)
+        if lines == 0:
+            continue
+        out[i, cats, rng.integers(0, hw, lines)] = True  # every chosen line non-empty
+        while out[i].sum() < want:
+            cat = rng.choice(cats)
+            free = np.flatnonzero(~out[i, cat])
+            if len(free):
+                out[i, cat, rng.choice(free)] = True
+    return out.reshape((n, k) + shape)
+
+
+COORD_CASES = {
+    # name: (env, format, labels, budget, shape)
+    "sokoban-grid_coord": ("Sokoban", "grid_coord",
+                           ("Targets", "Boxes", "Boxes on target", "Player", "Player on target"), (5, 12), None),
+    "frozenlake-grid_coord": ("FrozenLake", "grid_coord",
+                              ("Start", "Goal", "Player", "Player on goal", "Player in hole", "Holes"), (6, 20), None),
+    # Two-digit coordinates on a large board; coord-only (no grid, no row tables).
+    "frozenlake-coord-12x11": ("FrozenLake", "coord", ("Start", "Goal", "Player in hole", "Holes"), (4, 60), (12, 11)),
+}
+
+
+@pytest.mark.parametrize("case", list(COORD_CASES))
+def test_coordinate_blocks_equal_tokenizer(tok, case):
+    name, fmt, labels, budget, shape = COORD_CASES[case]
+    env, params = envs_jax.make(name)
+    cenv = CoordOnly(env, params, fmt, labels, budget, shape)
+    te = TextEnv(cenv, params, tok, PromptConfig(max_actions_per_episode=10))
+    rng = np.random.default_rng(zlib.crc32(case.encode()))
+    n = 1000
+    h, w = cenv.shape
+    grids = (random_grids(te.cell_symbols, n, rng) if fmt != "coord" else np.zeros((n, h, w), np.int32))
+    masks = random_masks(len(labels), (h, w), budget, n, rng)
+    turn, left, reward, closed = random_args(n, rng)
+    states = CoordState(jnp.asarray(grids), jnp.asarray(masks))
+    ids, length = jax.jit(jax.vmap(te.render_ids))(states, turn, left, reward, closed)
+    ok = jax.jit(jax.vmap(te.render_ok))(states, jnp.zeros(n))
+    ids, length = np.asarray(ids), np.asarray(length)
+    texts = [te.render_text(CoordState(grids[i], masks[i]), turn[i], left[i], reward[i], closed[i]) for i in range(n)]
+    want = render.encode_batch(tok, texts)
+    mismatches = [i for i in range(n) if list(ids[i, :length[i]]) != want[i]]
+    assert not mismatches, f"{len(mismatches)} of {n} differ, first text: {texts[mismatches[0]]!r}"
+    assert bool(np.all(ok)) and length.max() <= te.max_segment_len
+    if fmt == "coord":
+        assert all("Grid Map" not in t and "Coordinates" not in t for t in texts[:5])
+    # A block past its budget is flagged (its text would be cut).
+    over = random_masks(len(labels), (h, w), budget, 50, rng, over=True)
+    assert not np.any(np.asarray(jax.vmap(te.render_ok)(CoordState(jnp.asarray(grids[:50]), jnp.asarray(over)),
+                                                        jnp.zeros(50))))
 
 
 def test_row_tables_exhaustive_frozenlake(tok):

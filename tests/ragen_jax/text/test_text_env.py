@@ -7,19 +7,20 @@ template; `tokenizer.encode` / `tokenizer.decode`; the parser's Python-regex hos
 
 from __future__ import annotations
 
-import dataclasses
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 import envs_jax
-from ragen_jax.text import render
+from ragen_jax.text import render as render_lib
 from ragen_jax.text.conversation import PromptConfig
 from ragen_jax.text.text_env import TextEnv
 
-REAL_ENVS = ("Bandit", "FrozenLake", "Sokoban")
+REAL_ENVS = ("Bandit", "FrozenLake", "Sokoban", "CoordSokoban", "CoordFrozenLake", "BanditPairs")
 B = 8
 
 
@@ -71,7 +72,7 @@ def test_first_turn_is_the_chat_template(tok, real, name, think):
     state = state_at(states, 0)
     max_actions = int(params.max_steps_in_episode)
     user = reference_first_user(env, params, env.render_text(state, params), think, max_actions,
-                                list_actions=(name != "Bandit"))
+                                list_actions=not name.startswith("Bandit"))
     messages = [{"role": "system", "content": "You're a helpful assistant. "}, {"role": "user", "content": user}]
     want = tok.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
     want += "<think>" if think else "<answer>"
@@ -205,8 +206,103 @@ def test_prompt_config_range_order_and_text_env_errors(tok, real):
         TextEnv(Spaced(), params, tok)
 
 
-def test_config_is_frozen_and_hashable():
-    cfg = PromptConfig()
-    with pytest.raises(dataclasses.FrozenInstanceError):
-        cfg.think = False
-    assert hash(cfg) == hash(PromptConfig())
+def test_text_env_keeps_its_own_config(tok, real):
+    """PromptConfig is a mutable config section; a built TextEnv keeps a copy, so later edits of the
+    config object never reach its tables or texts."""
+    env, params, states, *_ = real["FrozenLake"]
+    cfg = PromptConfig(max_response_words=100)
+    te = TextEnv(env, params, tok, cfg)
+    before = te.render_text(state_at(states, 0), 1, 10, 0.0, True)
+    cfg.max_response_words = 7
+    cfg.think = False
+    assert te.config.max_response_words == 100 and te.config.think
+    assert te.render_text(state_at(states, 0), 1, 10, 0.0, True) == before
+
+
+# ---- RAGEN-2's coordinate observations and Bandit name pairs, on the envs' own states --------------
+def _played_states(env, params, seed, batch=48, steps=10):
+    """States from reset and uniformly random actions: [(steps + 1) * batch] host states."""
+    def run(key):
+        k_reset, k_act, k_step = jax.random.split(key, 3)
+        _, s0 = jax.vmap(env.reset_env, in_axes=(0, None))(jax.random.split(k_reset, batch), params)
+        n_act = len(env.action_names(params))
+        acts = jax.random.randint(k_act, (steps, batch), 0, n_act)
+
+        def step(s, x):
+            s = jax.vmap(env.step_env, in_axes=(0, 0, 0, None))(jax.random.split(x[1], batch), s, x[0], params)[1]
+            return s, s
+
+        _, ss = jax.lax.scan(step, s0, (acts, jax.random.split(k_step, steps)))
+        return jax.tree.map(lambda a, b: jnp.concatenate([a[None], b]).reshape((-1,) + a.shape[1:]), s0, ss)
+
+    return jax.device_get(jax.jit(run)(jax.random.key(seed)))
+
+
+COORD_ENVS = {
+    "CoordSokoban": ("CoordSokoban", {}),
+    "CoordFrozenLake": ("CoordFrozenLake", {}),
+    "LargerSokoban-grid_coord": ("LargerSokoban", {"observation_format": "grid_coord"}),
+    "Sokoban-coord": ("Sokoban", {"observation_format": "coord"}),
+    "FrozenLake-coord": ("FrozenLake", {"observation_format": "coord"}),
+    "BanditPairs": ("BanditPairs", {}),
+}
+
+
+@pytest.mark.parametrize("case", list(COORD_ENVS))
+def test_played_states_render_exactly(tok, case):
+    """tokenizer.encode(render_text) == render_ids on ~1,000 states of the env's own reset and steps
+    per case (two hypothesis-drawn seeds)."""
+    name, overrides = COORD_ENVS[case]
+    env, params = envs_jax.make(name, **overrides)
+    te = TextEnv(env, params, tok, PromptConfig(max_actions_per_episode=10))
+    render = jax.jit(jax.vmap(te.render_ids))
+    ok_fn = jax.jit(jax.vmap(te.render_ok))
+
+    @settings(max_examples=2, deadline=None, database=None)
+    @given(seed=st.integers(0, 2**31 - 1))
+    def check(seed):
+        states = _played_states(env, params, seed)
+        n = states.time.shape[0]
+        rng = np.random.default_rng(seed)
+        turn, left = rng.integers(1, 6, n), rng.integers(0, 11, n)
+        reward = (rng.integers(-300, 1200, n) / 100).astype(np.float32)
+        closed = rng.random(n) < 0.5
+        ids, length = jax.device_get(render(states, turn, left, reward, closed))
+        assert bool(np.all(ok_fn(states, reward)))
+        texts = [te.render_text(state_at(states, i), turn[i], left[i], reward[i], closed[i]) for i in range(n)]
+        want = render_lib.encode_batch(tok, texts)
+        bad = [i for i in range(n) if list(ids[i, :length[i]]) != want[i]]
+        assert not bad, f"{len(bad)} of {n} differ, first: {texts[bad[0]]!r}"
+        if te.observation_format != "grid":
+            assert all(("Board size: " in t) for t in texts)
+
+    check()
+
+
+def test_bandit_pairs_texts_and_state_actions(tok, real):
+    """Every pair's text is one of the env's state symbols; names of another pair are dropped by
+    restrict_to_state (with the format penalty flag), as the reference's per-state action lookup."""
+    env, params, states, te, _ = real["BanditPairs"]
+    assert te.max_actions_per_episode == 1 and "Your available actions" not in te.prefix_text
+    state = state_at(states, 0)
+    pair = int(state.pair)
+    low, high = env.action_names(params)[2 * pair: 2 * pair + 2]
+    other = env.action_names(params)[2 * ((pair + 1) % 12)]
+    shown = (high, low) if bool(state.high_first) else (low, high)
+    assert f"There are 2 arms, named {shown[0]} and {shown[1]}\n" in te.render_text(state, 1, 1, 0.0, True)
+    answers = [f" x</think><answer>{high}</answer>", f" x</think><answer>{other} || {low}</answer>",
+               f" x</think><answer>{other}</answer>", " x</think><answer>nobody</answer>"]
+    rows = [list(te.forced_prefix_ids) + tok.encode(a, add_special_tokens=False) for a in answers]
+    width = max(map(len, rows))
+    ids = jnp.asarray([r + [0] * (width - len(r)) for r in rows], jnp.int32)
+    parsed = jax.vmap(te.parse)(ids, jnp.asarray([len(r) for r in rows]))
+    restricted = jax.jit(jax.vmap(te.restrict_to_state, in_axes=(0, None)))(parsed, state)
+    names = env.action_names(params)
+    got = [[names[a] for a in np.asarray(restricted.actions[i]) if a >= 0] for i in range(len(answers))]
+    assert got == [[high], [low], [], []]
+    assert list(np.asarray(restricted.has_invalid)) == [False, True, True, True]
+    assert list(np.asarray(restricted.num_actions)) == [1, 1, 0, 0]
+    # Envs without per-state actions are left alone.
+    fl_te = real["FrozenLake"][3]
+    p = fl_te.parse_text("<think> a</think><answer>Left || Jump</answer>")
+    assert fl_te.restrict_to_state(p, state_at(real["FrozenLake"][2], 0)) is p
