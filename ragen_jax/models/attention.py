@@ -44,27 +44,32 @@ MASK_VALUE = -1e30
 # `auto` switches from xla to chunked once one row-head's score matrix (T x S) has this many entries:
 # below it xla's [B, heads, T, S] buffers are small and its few large matmuls are faster; above it
 # they dominate activation memory (bench/results/attention.json has the speed ratio and memory).
-CHUNKED_MIN_SCORES = 1024 * 1024
-# Query and key block of the chunked kernel (Qwen2Config.attention_block overrides it).
-DEFAULT_BLOCK = 512
+CHUNKED_MIN_SCORES = 512 * 512
+# Query and key block of the chunked kernel (Qwen2Config.attention_block). Small blocks keep a
+# block's scores in cache on CPU (bench/results/attention.json compares 128/256/512).
+DEFAULT_BLOCK = 128
 _CUDNN_DTYPES = ("bfloat16", "float16")
 
 
 # ----------------------------------------------------------------------------- choice
-def check_available(implementation: str, dtype, backend: str | None = None, interpret_ok: bool = True) -> None:
+def check_available(implementation: str, dtype, backend: str | None = None, interpret_ok: bool = True,
+                    query_backend: bool = True) -> None:
     """Raise ValueError (one sentence naming the fix) when `implementation` cannot run here.
-    `interpret_ok=False`: splash off TPU (the slow Pallas interpreter) counts as unavailable."""
-    backend = backend or jax.default_backend()
+    `interpret_ok=False`: splash off TPU (the slow Pallas interpreter) counts as unavailable.
+    `query_backend=False` checks only what the config decides (name, dtype): config validation runs
+    before a multi-host launcher has joined its cluster, when the backend must not be started yet."""
     if implementation not in IMPLEMENTATIONS:
         raise ValueError(f"attention implementation {implementation!r} is unknown; choose one of "
                          f"{', '.join(IMPLEMENTATIONS)}")
-    if implementation == "cudnn":
-        if backend != "gpu":
-            raise ValueError(f"attention implementation 'cudnn' runs only on a GPU (this backend is {backend!r}); "
-                             "use 'auto' or 'chunked'")
-        if jnp.dtype(dtype).name not in _CUDNN_DTYPES:
-            raise ValueError(f"attention implementation 'cudnn' needs a bfloat16/float16 compute dtype, got "
-                             f"{jnp.dtype(dtype).name}; set model.dtype=bfloat16 or use 'auto'/'chunked'")
+    if implementation == "cudnn" and jnp.dtype(dtype).name not in _CUDNN_DTYPES:
+        raise ValueError(f"attention implementation 'cudnn' needs a bfloat16/float16 compute dtype, got "
+                         f"{jnp.dtype(dtype).name}; set model.dtype=bfloat16 or use 'auto'/'chunked'")
+    if implementation not in ("cudnn", "splash") or not (query_backend or backend):
+        return
+    backend = backend or jax.default_backend()
+    if implementation == "cudnn" and backend != "gpu":
+        raise ValueError(f"attention implementation 'cudnn' runs only on a GPU (this backend is {backend!r}); "
+                         "use 'auto' or 'chunked'")
     if implementation == "splash" and backend != "tpu" and not interpret_ok:
         raise ValueError(f"attention implementation 'splash' runs only on a TPU (this backend is {backend!r}; "
                          "elsewhere only in the slow Pallas interpreter); use 'auto' or 'chunked'")
@@ -156,9 +161,9 @@ def chunked_attention(q, k, v, kv_valid, q_slot, q_valid=None, *, block: int = D
     tp, sp = _round_up(t, bq), _round_up(s, bk)
     nq, nk = tp // bq, sp // bk
     k, v = k.astype(q.dtype), v.astype(q.dtype)
-    kv_valid = jnp.ones((b, s), bool) if kv_valid is None else kv_valid.astype(bool)
-    q_valid = jnp.ones((b, t), bool) if q_valid is None else q_valid.astype(bool)
-    q_slot = q_slot.astype(jnp.int32)
+    kv_valid = jnp.ones((b, s), bool) if kv_valid is None else jnp.broadcast_to(kv_valid.astype(bool), (b, s))
+    q_valid = jnp.ones((b, t), bool) if q_valid is None else jnp.broadcast_to(q_valid.astype(bool), (b, t))
+    q_slot = jnp.broadcast_to(q_slot.astype(jnp.int32), (b, t))
     if tp > t:  # padded queries see nothing (slot -1) and are dropped below
         q = jnp.pad(q, ((0, 0), (0, tp - t), (0, 0), (0, 0)))
         q_slot = jnp.pad(q_slot, ((0, 0), (0, tp - t)), constant_values=-1)

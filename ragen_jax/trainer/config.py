@@ -101,6 +101,14 @@ class ModelConfig:
         if self.remat is not None and not isinstance(self.remat, bool):
             raise ConfigError(f"model.remat must be true, false or None (on from 0.5B up), got {self.remat!r}")
         try:
+            check_attention(self.attention, self.dtype, query_backend=False)
+        except ValueError as e:
+            raise ConfigError(f"model.attention: {e}") from None
+
+    def check_backend(self):
+        """What `validate` leaves to the running backend (called once the devices exist): a cudnn or
+        splash kernel that cannot run on it."""
+        try:
             check_attention(self.attention, self.dtype, interpret_ok=False)
         except ValueError as e:
             raise ConfigError(f"model.attention: {e}") from None

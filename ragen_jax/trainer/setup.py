@@ -131,6 +131,7 @@ def build_policy(cfg: Config, vocab=None, mesh=None):
     jit with those output shardings. The whole model never sits on one device."""
 
     m = cfg.model
+    m.check_backend()
     overrides = dict(dtype=m.dtype, param_dtype=m.param_dtype, remat=m.use_remat, remat_policy=m.remat_policy,
                      attention=m.attention)
     if m.path is not None:

@@ -12,7 +12,7 @@ from typing import Any
 
 import jax
 
-from ragen_jax.models.attention import IMPLEMENTATIONS
+from ragen_jax.models.attention import DEFAULT_BLOCK, IMPLEMENTATIONS
 
 _DTYPES = ("float32", "bfloat16")
 _ALIASES = {"f32": "float32", "fp32": "float32", "bf16": "bfloat16"}
@@ -58,7 +58,7 @@ class Qwen2Config:
     # Attention kernel (models/attention.py IMPLEMENTATIONS): auto | xla | chunked | cudnn | splash.
     attention: str = "auto"
     # Query/key block of the chunked kernel: its memory is O(T x block) per layer.
-    attention_block: int = 512
+    attention_block: int = DEFAULT_BLOCK
     # LoRA adapters on the targeted projections (models/lora.py `add_lora` sets these; 0 = none).
     # The forward adds (lora_alpha / lora_rank) * (x @ A) @ B to each targeted projection.
     lora_rank: int = 0

@@ -29,7 +29,8 @@ from ragen_jax.models.attention import (
     cudnn_attention,
     resolve,
 )
-from ragen_jax.trainer.config import ConfigError, ModelConfig
+from ragen_jax.trainer.config import Config, ConfigError, ModelConfig
+from ragen_jax.trainer.setup import build_policy
 
 f32 = jnp.float32
 TOL = {jnp.float32: dict(out=2e-5, grad=5e-5), jnp.bfloat16: dict(out=4e-2, grad=4e-2)}
@@ -180,8 +181,14 @@ def test_unavailable_kernels_fail_with_one_sentence():
     assert ModelConfig().attention in IMPLEMENTATIONS
     with pytest.raises(ConfigError, match="model.attention"):
         ModelConfig(random_init=True, attention="flash").validate()
+    with pytest.raises(ConfigError, match="model.attention: .*bfloat16"):
+        ModelConfig(random_init=True, attention="cudnn").validate()  # float32 compute
+    gpu_only = ModelConfig(random_init=True, preset="tiny", attention="cudnn", dtype="bfloat16")
+    gpu_only.validate()  # the config alone is fine: the backend is checked once the devices exist
+    cfg = Config()
+    cfg.model = gpu_only
     with pytest.raises(ConfigError, match="model.attention: .*only on a GPU"):
-        ModelConfig(random_init=True, attention="cudnn", dtype="bfloat16").validate()
+        build_policy(cfg)  # before any parameter is created
     with pytest.raises(ValueError, match="Qwen2Config.attention"):
         Qwen2Config.from_preset("tiny", attention="flash")
 
