@@ -20,18 +20,12 @@ Where each setting comes from (RAGEN repository, mll-lab-nu/RAGEN):
   RAGEN's trainer; here train.stop_* (off by default elsewhere).
 """
 
-import envs_jax
-
 from ragen_jax.trainer.config import Config
-
-# RAGEN-2 trains and validates on CoordSokoban (coordinate observations). Until envs_jax registers
-# it, the plain grid Sokoban stands in: SWITCH ON coordinates by deleting the fallback below.
-COORD_ENV = "CoordSokoban"
 
 
 def get_config() -> Config:
     cfg = Config()
-    cfg.env.name = COORD_ENV if COORD_ENV in envs_jax.registered_envs() else "Sokoban"  # fallback: see above
+    cfg.env.name = "CoordSokoban"  # RAGEN-2 trains and validates on coordinate observations
     cfg.env.val_envs = ()
     cfg.model.preset = "qwen2.5-3b"
     cfg.model.dtype = "bfloat16"  # compute; params and optimizer stay float32

@@ -247,6 +247,17 @@ def main(argv=None) -> int:
 
     absl_logging.set_verbosity(absl_logging.ERROR)  # orbax's checkpoint chatter
     os.makedirs(args.workdir, exist_ok=True)
+    # One writer per run directory (released at exit). The demo is one process on one device: its
+    # module imports create JAX's backend, so it joins no cluster (launch/tpu_train.py does).
+    from ragen_jax.trainer.distributed import RunDirBusy, RunLock  # here: main is the demo's only change
+
+    try:
+        warning = RunLock(args.workdir).acquire()
+    except RunDirBusy as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    if warning:
+        print(warning, file=sys.stderr)
     timings, results, curves = {}, {}, []
     families = []
     if not args.skip_bandit:

@@ -69,6 +69,7 @@ def _err(msg) -> int:
 
 def main(argv=None) -> int:
     args = parse_args(argv)
+    # Project imports follow the cluster join: importing the environments starts JAX's backend.
     from ragen_jax.trainer.cli import start_from_args
     from ragen_jax.trainer.distributed import ClusterError
 

@@ -31,6 +31,8 @@ from ragen_jax.trainer.cli import run_config_job  # noqa: E402
 
 
 def _job(cfg, args):
+    # Imported after the cluster is joined (run_config_job): the trainer imports the environments, which
+    # start JAX's backend, and jax.distributed.initialize must come before that.
     from ragen_jax.trainer.rl import Trainer
 
     return Trainer(cfg, args.workdir, quiet=args.quiet).train  # built (and checked) before it runs

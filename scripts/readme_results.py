@@ -112,6 +112,27 @@ def train_step_section(d) -> list[str]:
     return out + [""]
 
 
+def memory_section(d) -> list[str]:
+    if not d or not d.get("rows"):
+        return []
+    out = ["### Memory per device (`bench/memory.py`)", "",
+           f"Peak GiB per device of the compiled programs with abstract parameters (`memory_analysis`: "
+           f"{d.get('formula', 'arguments + outputs - aliases + temporaries, plus resident train state')}), "
+           f"measured on {_machine(d['machine'])}. Reference settings: P=8 x N=16, 5 turns x 400 tokens, context "
+           "3,600, mini-batch 32, bf16 compute, float32 params + AdamW. before = xla attention, no remat, one pass, "
+           "no donation; after = `model.attention=auto` (chunked on CPU), remat, `algo.micro_batch_size`, donated state.",
+           "", "| model, estimator | devices | settings | micro-batch | rollout | prepare | update | target | met |",
+           "|---|---|---|---|---|---|---|---|---|"]
+    for r in sorted(d["rows"], key=lambda r: (r["row"], r["setting"] != "before", r["setting"])):
+        p = r["programs"]
+        tgt = r.get("target_gib")
+        met = "-" if tgt is None else ("yes" if r.get("meets_target") else "no")
+        out.append(f"| {r['row']} | {r['devices']} | {r['setting']} | {r['settings'].get('micro_batch_size')} | "
+                   + " | ".join(f"{p[k]['total_gib']:,.1f}" for k in ("rollout", "prepare", "update"))
+                   + f" | {'-' if tgt is None else f'<= {tgt}'} | {met} |")
+    return out + [""]
+
+
 def sft_step_section(d) -> list[str]:
     if not d or not d.get("rows"):
         return []
@@ -245,6 +266,7 @@ def render(root: Path = ROOT) -> str:
              "do not edit)", ""]
     lines += sampler_section(_load(res / "sampler.json"))
     lines += rollout_section(_load(res / "rollout.json"))
+    lines += memory_section(_load(res / "memory.json"))
     lines += train_step_section(_load(res / "train_step.json"))
     lines += sft_step_section(_load(res / "sft_step.json"))
     lines += envs_section(_load(res / "envs.json"))

@@ -26,6 +26,7 @@ from ragen_jax.algorithms.filters import (FILTER_METRICS, FILTER_SELECT, FILTER_
 from ragen_jax.algorithms.losses import KL_ESTIMATORS, LOSS_AGG_MODES
 from ragen_jax.models.attention import IMPLEMENTATIONS as ATTENTION_IMPLEMENTATIONS
 from ragen_jax.models.attention import check_available as check_attention
+from ragen_jax.models.lora import check_targets as check_lora_targets
 from ragen_jax.models.qwen2.config import REMAT_POLICIES
 from ragen_jax.rollout.types import RolloutConfig
 from ragen_jax.text.conversation import PromptConfig
@@ -85,8 +86,29 @@ class ModelConfig:
     # "full": Qwen's 151,936 ids. "task": a small model vocabulary of just the ids the task's texts
     # use, mapped inside the compiled programs (random-init models only; the CPU demo).
     vocab: str = "full"
+    # LoRA (RAGEN's `lora:` block): rank 0 = off (full fine-tuning). With a rank, only the adapters
+    # (and the critic's value head) train and the optimizer holds state only for them, so the frozen
+    # base may be stored in bf16 (param_dtype). Scale alpha / rank, as PEFT.
+    lora_rank: int = 0
+    lora_alpha: float = 64.0
+    # Projections that get adapters: any of q_proj k_proj v_proj o_proj gate_proj up_proj down_proj,
+    # or "all-linear" (all seven, RAGEN's default).
+    lora_targets: tuple = ("all-linear",)
+    # Dropout on the adapters' input during updates (PEFT's lora_dropout). Sampling and the log-prob
+    # passes never drop: the rollout's log-probs must equal the trainer's.
+    lora_dropout: float = 0.0
 
     def validate(self):
+        if isinstance(self.lora_rank, bool) or not isinstance(self.lora_rank, int) or self.lora_rank < 0:
+            raise ConfigError(f"model.lora_rank must be a whole number >= 0 (0: no LoRA), got {self.lora_rank!r}")
+        if self.lora_rank:
+            _positive("model.lora_alpha", self.lora_alpha)
+            try:
+                check_lora_targets(self.lora_targets)
+            except ValueError as e:
+                raise ConfigError(f"model.lora_targets: {e}") from None
+        if not 0 <= self.lora_dropout < 1:
+            raise ConfigError(f"model.lora_dropout must be in [0, 1), got {self.lora_dropout!r}")
         if self.path is None and not self.random_init:
             raise ConfigError("model.path is required: a local Hugging Face directory such as Qwen2.5-0.5B-Instruct "
                               "(or set model.random_init=true for a randomly initialised model.preset)")

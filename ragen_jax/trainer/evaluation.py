@@ -32,6 +32,7 @@ from ragen_jax.models import Qwen2, Qwen2Config
 from ragen_jax.models.qwen2.weights import from_pretrained, read_config
 from ragen_jax.models.vocab_map import VocabMap
 from ragen_jax.rollout import Rollout, RolloutConfig, format_trajectory, rollout_metrics
+from ragen_jax.rollout.metrics import host_copy
 from ragen_jax.text import PromptConfig, TextEnv
 from ragen_jax.text.tokenizer import load_tokenizer
 from ragen_jax.trainer.checkpoint import POLICY_DIR, CheckpointError, load_policy_params
@@ -91,9 +92,10 @@ def _qwen_config(cfg: Config, vocab=None):
 
 
 def _committed(policy):
-    """The policy's params committed to the first device, as restored checkpoints are: jit keys its
-    compiled programs on committed-ness too, so every source then shares one compilation."""
-    params = jax.device_put(nnx.state(policy), jax.sharding.SingleDeviceSharding(jax.devices()[0]))
+    """The policy's params committed to this process's first device, as restored checkpoints are: jit
+    keys its compiled programs on committed-ness too, so every source then shares one compilation.
+    (Several processes: each holds its own copy; `launch/eval.py` spreads it over a mesh.)"""
+    params = jax.device_put(nnx.state(policy), jax.sharding.SingleDeviceSharding(jax.local_devices()[0]))
     nnx.update(policy, params)  # the module holds the same arrays (no second copy alive)
     return params
 
@@ -102,7 +104,7 @@ def _abstract_policy(qcfg):
     """The policy's graph and a ShapeDtypeStruct tree of its state, without allocating weights."""
     abstract = nnx.eval_shape(lambda: Qwen2(qcfg, rngs=nnx.Rngs(0)))
     graphdef, state = nnx.split(abstract)
-    device = jax.sharding.SingleDeviceSharding(jax.devices()[0])
+    device = jax.sharding.SingleDeviceSharding(jax.local_devices()[0])  # this process's (several may run)
     # Orbax restores onto the shardings of the target; a single device unless the caller re-places.
     like = jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=device), state)
     return graphdef, like
@@ -285,8 +287,9 @@ def get_rollout(policy, tokenizer, env_name: str, *, num_states: int, rollouts_p
 
 def episode_metrics(traj, rollouts_per_state: int, env_name: str = "") -> dict:
     """Per-env evaluation numbers from one rollout's trajectories (host floats)."""
+    traj = host_copy(traj)  # gathered from every process when the batch spans several
     m = rollout_metrics(traj, rollouts_per_state)
-    success = np.asarray(jax.device_get(traj.success), bool)
+    success = np.asarray(traj.success, bool)
     out = {k: m[k] for k in TABLE_METRICS}
     out[f"pass@{rollouts_per_state}"] = float(success.reshape(-1, rollouts_per_state).any(axis=1).mean())
     for k in ("num_turns", "truncated", "reward_std"):
@@ -342,7 +345,8 @@ def evaluate(policy, params, tokenizer, envs: Sequence[str] = DEFAULT_SUITE, *, 
         except ValueError as e:  # settings that cannot work for this env (context too small, mesh, ...)
             raise EvalError(f"{name}: {e}") from None
         t0 = time.perf_counter()
-        traj = jax.device_get(ro(params, key, seeds.astype(np.int32)))
+        # Gathered from every process when the episodes are sharded over several (all take part).
+        traj = host_copy(ro(params, key, seeds.astype(np.int32)))
         m = episode_metrics(traj, rollouts_per_state, name)
         m["seconds"] = time.perf_counter() - t0
         if transcripts:

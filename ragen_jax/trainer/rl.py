@@ -24,9 +24,11 @@ from tqdm import tqdm
 from ragen_jax.models import critic_from_policy
 from ragen_jax.models.qwen2.sharding import param_shardings
 from ragen_jax.rollout import Rollout, format_trajectory, group_seeds_for_iteration, rollout_metrics
-from ragen_jax.trainer.checkpoint import Checkpointer, load_policy_params, save_policy, save_run_config
+from ragen_jax.rollout.metrics import host_copy
+from ragen_jax.trainer.checkpoint import Checkpointer, load_policy_params, save_policy, save_run_files
 from ragen_jax.trainer.collapse import CollapseProbe, EarlyStops
 from ragen_jax.trainer.config import Config, ConfigError
+from ragen_jax.trainer.distributed import on_primary, run_path
 from ragen_jax.trainer.evaluation import log_validation, validate_run
 from ragen_jax.trainer.logger import EchoTrapMonitor, Logger
 from ragen_jax.trainer.optim import make_optimizer
@@ -39,13 +41,15 @@ from ragen_jax.trainer.step import (StepPrograms, TrainState, aot_compile, check
 RESUMABLE_CHANGES = ("train.iterations", "train.val_every", "train.save_every", "train.log_samples",
                      "train.keep_checkpoints", "train.device_memory_gib", "train.collapse_every",
                      "train.collapse_samples", "train.stop_empty_filter", "train.stop_std_fraction",
-                     "train.stop_std_window", "train.stop_val_success", "train.stop_val_count")
+                     "train.stop_std_window", "train.stop_val_success", "train.stop_val_count",
+                     # memory/speed knobs: the same numbers up to float rounding
+                     "model.remat", "model.remat_policy", "model.attention", "algo.micro_batch_size")
 
 
 class Trainer:
     def __init__(self, cfg: Config, workdir: str | Path, *, quiet: bool = False, devices=None):
         self.cfg = cfg.validate()
-        self.workdir = Path(workdir).expanduser().resolve()
+        self.workdir = run_path(workdir)  # a bucket URL stays one; a local path becomes absolute
         self.quiet = quiet
         self._check_workdir()
 
@@ -141,7 +145,9 @@ class Trainer:
 
     # ------------------------------------------------------------------------------------------
     def _check_workdir(self):
-        check_run_dir_config(self.workdir, self.cfg, RESUMABLE_CHANGES)
+        # Decided by process 0 and raised on every process (a host with another view of the disk
+        # must not go its own way while the others wait in a collective).
+        on_primary(lambda: check_run_dir_config(self.workdir, self.cfg, RESUMABLE_CHANGES))
 
     @property
     def iteration(self) -> int:
@@ -162,27 +168,30 @@ class Trainer:
         traj = self.rollout(self.state.actor, roll_key, seeds)
         jax.block_until_ready(traj.tokens)
         t1 = time.perf_counter()
+        # One host copy of the trajectories (gathered from every process when the batch spans several)
+        # for the metrics, the collapse diagnostics and the logged samples; every process takes part.
+        host = host_copy(traj)
         cmetrics = {}
         if self.collapse is not None and self.collapse.due(i + 1):
             # Before the update (which donates the actor): the policy that sampled the batch, unfiltered.
-            cmetrics = self.collapse.probe(self.state.actor, traj, jax.device_get(traj), i + 1)
+            cmetrics = self.collapse.probe(self.state.actor, traj, host, i + 1)
             cmetrics["timing/collapse_s"] = time.perf_counter() - t1
-            t1 = time.perf_counter()
+        t1 = time.perf_counter()
         batch, pmetrics = self._prepare(self.state.actor, self.state.critic, self.ref, traj)
         self.state, umetrics = self._update(self.state, batch)
         jax.block_until_ready(self.state.iteration)
         t2 = time.perf_counter()
-        rm = rollout_metrics(traj, cfg.rollout.group_size)
+        rm = rollout_metrics(host, cfg.rollout.group_size)
         metrics = {f"train/{k}": v for k, v in rm.items() if k not in ("in_group_std", "in_group_std_max",
                                                                           "response_length")}
         metrics["rollout/in_group_std"] = rm["in_group_std"]
         metrics["rollout/in_group_std_max"] = rm["in_group_std_max"]
         metrics["response_length/mean"] = rm["response_length"]
-        metrics.update({k: float(v) for k, v in jax.device_get({**pmetrics, **umetrics}).items()})
+        metrics.update({k: float(v) for k, v in host_copy({**pmetrics, **umetrics}).items()})
         metrics.update(cmetrics)
         metrics["timing/rollout_s"] = t1 - t0
         metrics["timing/update_s"] = t2 - t1
-        n_tok = float(np.sum(np.asarray(traj.length)))
+        n_tok = float(np.sum(host.length))
         metrics["timing/rollout_tokens_per_s"] = n_tok / max(t1 - t0, 1e-9)
         score, warn = self.echo.update(metrics.get("rollout/in_group_std", 0.0), metrics.get("actor/entropy", 0.0),
                                        metrics["train/reward_mean"])
@@ -192,7 +201,7 @@ class Trainer:
             self._print(f"[echo-trap warning] iteration {i + 1}: in-group reward std and policy entropy have both "
                         f"fallen by >= {self.echo.drop:.0%} of their recent best while reward has not: the policy "
                         "may be collapsing into a repetitive template (consider a lower filter ratio or clip-higher)")
-        self._last_traj = traj
+        self._last_traj = host
         return metrics
 
     def _print(self, msg):
@@ -201,11 +210,7 @@ class Trainer:
 
     def train(self) -> list[dict]:
         cfg = self.cfg
-        self.workdir.mkdir(parents=True, exist_ok=True)
-        if jax.process_index() == 0:
-            save_run_config(self.workdir, json.loads(json.dumps(cfg.to_dict(), default=str)))
-            if self.vocab is not None:
-                self.vocab.save(self.workdir / "vocab.json")
+        save_run_files(self.workdir, json.loads(json.dumps(cfg.to_dict(), default=str)), self.vocab)  # process 0
         self.logger = Logger(self.workdir)
         history = []
         start = self.iteration

@@ -24,6 +24,7 @@ from ragen_jax.rollout.teachers import teacher_texts
 from ragen_jax.text import PromptConfig, TextEnv
 from ragen_jax.text.tokenizer import load_tokenizer
 from ragen_jax.trainer.config import Config, ConfigError, migrate_saved
+from ragen_jax.trainer.distributed import run_path
 
 
 def _flatten(d: dict, prefix="") -> dict:
@@ -37,9 +38,9 @@ def _flatten(d: dict, prefix="") -> dict:
     return out
 
 
-def check_run_dir_config(workdir: Path, cfg: Config, resumable: tuple[str, ...]) -> None:
+def check_run_dir_config(workdir, cfg: Config, resumable: tuple[str, ...]) -> None:
     """A run directory may only be resumed with the config it was started with (up to `resumable` keys)."""
-    saved = Path(workdir) / "config.json"
+    saved = run_path(workdir) / "config.json"
     if not saved.exists():
         return
     try:
@@ -62,9 +63,15 @@ def build_mesh(cfg: Config, devices=None):
     """The run's device mesh; an explicit mesh smaller than the machine uses its first devices."""
 
     m = cfg.mesh
-    devices = list(devices if devices is not None else jax.devices())
+    devices = list(devices if devices is not None else jax.devices())  # every process's devices, by process
     sizes = (m.data, m.fsdp, m.tensor)
     if -1 not in sizes and math.prod(sizes) < len(devices):
+        # Several processes: each runs the same programs on its own share of the mesh, so a mesh
+        # that leaves one of them out has no work (and no place for its inputs) there.
+        if len({d.process_index for d in devices[: math.prod(sizes)]}) < len({d.process_index for d in devices}):
+            raise ConfigError(f"the mesh data={m.data} x fsdp={m.fsdp} x tensor={m.tensor} uses {math.prod(sizes)} of "
+                              f"the {len(devices)} devices, leaving some of the {jax.process_count()} processes without a "
+                              "share; use all devices (e.g. mesh.data=-1)")
         devices = devices[: math.prod(sizes)]
     return make_mesh(data=m.data, fsdp=m.fsdp, tensor=m.tensor, devices=devices)
 
@@ -89,7 +96,7 @@ def build_text_envs(cfg: Config, tokenizer) -> dict:
 
 
 # Single turn, single action whatever the prompt settings of the other envs say (configs/bandit.py).
-SINGLE_ACTION_ENVS = ("Bandit", "BanditTest")
+SINGLE_ACTION_ENVS = ("Bandit", "BanditTest", "BanditPairs", "BanditPairsTest")
 
 
 def prompt_for_env(prompt: PromptConfig, env_name: str) -> PromptConfig:

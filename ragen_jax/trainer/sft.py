@@ -50,9 +50,11 @@ from tqdm import tqdm
 from ragen_jax.algorithms import losses as loss_lib
 from ragen_jax.models.qwen2.sharding import param_shardings
 from ragen_jax.rollout import Rollout, rollout_metrics
+from ragen_jax.rollout.metrics import host_copy
 from ragen_jax.rollout.teachers import get_teacher
-from ragen_jax.trainer.checkpoint import Checkpointer, load_policy_params, save_policy, save_run_config
+from ragen_jax.trainer.checkpoint import Checkpointer, load_policy_params, save_policy, save_run_files
 from ragen_jax.trainer.config import Config, ConfigError
+from ragen_jax.trainer.distributed import on_primary, run_path
 from ragen_jax.trainer.evaluation import log_validation, validate_run
 from ragen_jax.trainer.logger import Logger
 from ragen_jax.trainer.optim import make_optimizer
@@ -62,7 +64,8 @@ from ragen_jax.trainer.step import accumulated_value_and_grad, effective_micro_b
 
 # Config keys that may change when an SFT run is resumed (everything else must match the saved run).
 RESUMABLE_CHANGES = ("sft.epochs", "sft.save_every", "train.val_every", "train.keep_checkpoints",
-                     "train.log_samples")
+                     "train.log_samples", "model.remat", "model.remat_policy", "model.attention",
+                     "sft.micro_batch_size")
 DEMO_FILTERS = ("auto", "success", "all")
 BATCH_AXES = ("data", "fsdp")
 
@@ -215,7 +218,7 @@ class SFTTrainer:
     def __init__(self, cfg: Config, workdir: str | Path, *, quiet: bool = False, devices=None,
                  demo_chunk: int = 256, demo_filter: str = "auto"):
         self.cfg = cfg.validate()
-        self.workdir = Path(workdir).expanduser().resolve()
+        self.workdir = run_path(workdir)  # a bucket URL stays one; a local path becomes absolute
         self.quiet = quiet
         if demo_filter not in DEMO_FILTERS:
             raise ConfigError(f"demo_filter={demo_filter!r} is not valid; choose one of {', '.join(DEMO_FILTERS)}")
@@ -292,7 +295,8 @@ class SFTTrainer:
 
     # ------------------------------------------------------------------------------------------
     def _check_workdir(self):
-        check_run_dir_config(self.workdir, self.cfg, RESUMABLE_CHANGES)
+        # Decided by process 0 and raised on every process (see rl.Trainer._check_workdir).
+        on_primary(lambda: check_run_dir_config(self.workdir, self.cfg, RESUMABLE_CHANGES))
 
     def _print(self, msg):
         if not self.quiet and jax.process_index() == 0:
@@ -313,7 +317,7 @@ class SFTTrainer:
                       dynamic_ncols=True):
             seeds = s.demo_seed + i * c + np.arange(c)
             traj = self.demo_rollout(None, jax.random.fold_in(jax.random.PRNGKey(s.demo_seed), i), seeds)
-            parts.append(jax.device_get(traj))
+            parts.append(host_copy(traj))  # gathered from every process when the batch spans several
         traj = jax.tree.map(lambda *xs: np.concatenate(xs)[: s.num_demos], *parts)
         stats = {f"demo/{k}": v for k, v in rollout_metrics(traj, 1).items()
                  if k not in ("in_group_std", "in_group_std_max", "pass_at_n", "reward_std")}
@@ -382,12 +386,12 @@ class SFTTrainer:
     def train_step(self, idx) -> dict:
         """One optimizer step on demo rows `idx` (length sft.batch_size); returns host metrics."""
         self.state, m = self._step(self.state, *self.put_batch(np.asarray(idx)))
-        return {k: float(v) for k, v in jax.device_get(m).items()}
+        return {k: float(v) for k, v in host_copy(m).items()}
 
     def loss(self, idx) -> tuple[float, dict]:
         """The SFT loss and metrics of demo rows `idx` at the current parameters (no update)."""
         loss, m = self._loss(self.state.params, *self.put_batch(np.asarray(idx)))
-        return float(loss), {k: float(v) for k, v in jax.device_get(m).items()}
+        return float(loss), {k: float(v) for k, v in host_copy(m).items()}
 
     def steps_per_epoch(self) -> int:
         """Full batches per epoch: each width's demos // sft.batch_size, summed (see `bucketed_batches`)."""
@@ -417,11 +421,7 @@ class SFTTrainer:
         """Run (or resume) the SFT; `max_steps` stops early after that many steps of this call
         (without the final export), as an interruption would. Returns the per-step metrics."""
         cfg = self.cfg
-        self.workdir.mkdir(parents=True, exist_ok=True)
-        if jax.process_index() == 0:
-            save_run_config(self.workdir, json.loads(json.dumps(cfg.to_dict(), default=str)))
-            if self.vocab is not None:  # eval/RL read the task vocabulary from the run dir
-                self.vocab.save(self.workdir / "vocab.json")
+        save_run_files(self.workdir, json.loads(json.dumps(cfg.to_dict(), default=str)), self.vocab)  # process 0
         self.logger = Logger(self.workdir)
         history = []
         try:

@@ -136,7 +136,7 @@ def test_bad_evaluation_input(tiny):
         evaluate(tiny.policy, tiny.params, tiny.tokenizer, ("Bandit",), num_states=0)
     with pytest.raises(EvalError, match="Bandit: .*max_context"):
         evaluate(tiny.policy, tiny.params, tiny.tokenizer, ("Bandit",), num_states=1, max_context=16)
-    assert set(DEFAULT_SUITE) == set(envs_jax.registered_envs())
+    assert set(DEFAULT_SUITE) <= set(envs_jax.registered_envs())  # the generalisation suite names registered envs
 
 
 # ------------------------------------------------------------------------------------ output
