@@ -137,7 +137,7 @@ def measure(name: str, setting: str) -> dict:
     seeds = jax.ShapeDtypeStruct((cfg.rollout.num_groups,), jnp.int32, sharding=rep)
     ref = None  # kl_coef is 0 in the reference config: no reference policy
     t0 = time.perf_counter()
-    _, usage = aot_compile(rollout._jitted, prepare, update, state, ref, key, seeds, rollout.stop_table)
+    _, usage = aot_compile(rollout, prepare, update, state, ref, key, seeds)
     compile_s = time.perf_counter() - t0
     preset, estimator, fsdp, target = ROWS[name]
     a, r, p = cfg.algo, cfg.rollout, cfg.prompt

@@ -203,6 +203,15 @@ class Rollout:
                              f"got {tuple(group_seeds.shape)}")
         return self._jitted(params, jnp.asarray(key), group_seeds, self.stop_table)
 
+    def lower(self, params, key, group_seeds):
+        """The rollout program lowered for these (possibly abstract) inputs: AOT memory analysis."""
+        return self._jitted.lower(params, key, group_seeds, self.stop_table)
+
+    def use_compiled(self, compiled) -> None:
+        """Run with an executable compiled from `lower(...)` for the same shapes and shardings, so the
+        program that was checked ahead of time is the one that runs (no second compilation)."""
+        self._jitted = compiled
+
     # ------------------------------------------------------------------------------------------
     # The compiled program: set up, take turns while any episode is live, return the record.
 

@@ -133,13 +133,13 @@ class Trainer:
     def _check_memory(self, state: TrainState, limit: int) -> dict:
         """AOT-compile the rollout, prepare and update programs for the run's shapes and shardings,
         raise ConfigError (`step.check_memory_fits`) when one needs more than `limit` bytes per device,
-        and run prepare/update with these executables (no second compilation). Returns the usage."""
+        and run the three programs with these executables (no second compilation). Returns the usage."""
         r = self.cfg.rollout
         seeds = jnp.asarray(group_seeds_for_iteration(0, r.num_groups, self.cfg.train.seed_base), jnp.int32)
-        # The rollout's own jit is private to Rollout; lowering it here compiles the same program.
-        compiled, usage = aot_compile(self.rollout._jitted, self._prepare, self._update, state, self.ref,
-                                      jax.random.fold_in(state.key, 1), seeds, self.rollout.stop_table)
+        compiled, usage = aot_compile(self.rollout, self._prepare, self._update, state, self.ref,
+                                      jax.random.fold_in(state.key, 1), seeds)
         check_memory_fits(self.cfg, usage, limit)
+        self.rollout.use_compiled(compiled["rollout"])
         self._prepare, self._update = compiled["prepare"], compiled["update"]
         return usage
 

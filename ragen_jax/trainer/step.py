@@ -395,7 +395,7 @@ def _outputs(compiled):
                         compiled.out_info, compiled.output_shardings)
 
 
-def aot_compile(rollout_jit, prepare_jit, update_jit, state: TrainState, ref, key, group_seeds, stop_table):
+def aot_compile(rollout, prepare_jit, update_jit, state: TrainState, ref, key, group_seeds):
     """Compile the three programs of one iteration ahead of time for the shapes and shardings of
     `state` and `ref` (arrays, or ShapeDtypeStructs with shardings: nothing is allocated), each one's
     inputs being the previous one's outputs. Returns ({name: compiled}, {name: (program_memory,
@@ -403,18 +403,18 @@ def aot_compile(rollout_jit, prepare_jit, update_jit, state: TrainState, ref, ke
     and the trajectories during the update) that stay on the device while the program runs without
     being among its arguments (the input of `check_memory_fits`)."""
     st, ref = _abstract(state), _abstract(ref)
-    rollout = rollout_jit.lower(st.actor, key, group_seeds, stop_table).compile()
-    traj = _outputs(rollout)
+    compiled_rollout = rollout.lower(st.actor, key, group_seeds).compile()
+    traj = _outputs(compiled_rollout)
     prepare = prepare_jit.lower(st.actor, st.critic, ref, traj).compile()
     batch = _outputs(prepare)[0]
     update = update_jit.lower(st, batch).compile()
     ref_bytes = bytes_per_device(ref) if ref is not None else 0
     usage = {
-        "rollout": (program_memory(rollout), bytes_per_device((st.actor_opt, st.critic, st.critic_opt)) + ref_bytes),
+        "rollout": (program_memory(compiled_rollout), bytes_per_device((st.actor_opt, st.critic, st.critic_opt)) + ref_bytes),
         "prepare": (program_memory(prepare), bytes_per_device((st.actor_opt, st.critic_opt))),
         "update": (program_memory(update), ref_bytes + bytes_per_device(traj)),
     }
-    return {"rollout": rollout, "prepare": prepare, "update": update}, usage
+    return {"rollout": compiled_rollout, "prepare": prepare, "update": update}, usage
 
 
 def _size(n: int) -> str:
@@ -434,7 +434,7 @@ def check_memory_fits(cfg: Config, usage: dict, limit: int) -> None:
                 f"the compiled {name} program needs {_size(need)} per device ({_size(mem['peak_bytes'])} "
                 f"of arguments + outputs - donated + temporaries, plus {_size(resident)} of training state "
                 f"held between programs) but the device has {_size(limit)}; lower algo.micro_batch_size "
-                f"(now {micro}), set model.remat=true (now {str(cfg.model.remat).lower()}) or shard the parameters over "
+                f"(now {micro}), set model.remat=true (now {str(cfg.model.use_remat).lower()}) or shard the parameters over "
                 f"more devices with mesh.fsdp (now {cfg.mesh.fsdp})")
 
 

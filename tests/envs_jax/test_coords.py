@@ -95,6 +95,15 @@ def _frozen_lake_ref(state):
     return game
 
 
+def _check_masks(env, s, params):
+    """The in-graph masks list the same cells (row-major) as the host entities, within the budget."""
+    masks = np.asarray(env.coordinate_masks(s, params))
+    for m, (label, cells) in zip(masks, env.coordinate_entities(s, params)):
+        assert coords.cells_of(m) == cells, label
+    lines, cells = env.coordinate_budget(params)
+    assert masks.any(axis=(1, 2)).sum() <= lines and masks.sum() <= cells
+
+
 @pytest.mark.parametrize("fmt", ["grid_coord", "coord"])
 @pytest.mark.parametrize("name,num_boxes", [("Sokoban", 1), ("LargerSokoban", 2)])
 @settings(max_examples=4, deadline=None)
@@ -107,12 +116,7 @@ def test_sokoban_coordinate_text_is_the_references(name, num_boxes, fmt, seed):
         text = env.render_text(s, params)
         assert text == game.render(STANDARD, fmt)
         seen.update(line.split(":")[0] for line in text.split("\n"))
-        # The in-graph masks list the same cells (row-major) as the host entities.
-        masks = np.asarray(env.coordinate_masks(s, params))
-        for m, (label, cells) in zip(masks, env.coordinate_entities(s, params)):
-            assert coords.cells_of(m) == cells, label
-        lines, cells = env.coordinate_budget(params)
-        assert masks.any(axis=(1, 2)).sum() <= lines and masks.sum() <= cells
+        _check_masks(env, s, params)
     # Random play reaches boxes on targets and the player on a target (else this test were vacuous).
     assert {"Targets", "Boxes", "Player"} <= seen
     if fmt == "grid_coord":
@@ -152,11 +156,7 @@ def test_frozen_lake_coordinate_text_is_the_references(fmt, seed):
         text = env.render_text(s, params)
         assert text == _frozen_lake_ref(s).render(fmt)
         seen.update(line.split(":")[0] for line in text.split("\n"))
-        masks = np.asarray(env.coordinate_masks(s, params))
-        for m, (label, cells) in zip(masks, env.coordinate_entities(s, params)):
-            assert coords.cells_of(m) == cells, label
-        lines, cells = env.coordinate_budget(params)
-        assert masks.any(axis=(1, 2)).sum() <= lines and masks.sum() <= cells
+        _check_masks(env, s, params)
     assert {"Start", "Goal", "Player", "Holes"} <= seen
     assert {"Player on goal", "Player in hole"} & seen  # random play ends somewhere, mostly in holes
 
