@@ -167,18 +167,22 @@ class Trainer:
         t0 = time.perf_counter()
         traj = self.rollout(self.state.actor, roll_key, seeds)
         jax.block_until_ready(traj.tokens)
-        t1 = time.perf_counter()
+        rollout_s = time.perf_counter() - t0
         # One host copy of the trajectories (gathered from every process when the batch spans several)
         # for the metrics, the collapse diagnostics and the logged samples; every process takes part.
-        host = host_copy(traj)
-        cmetrics = {}
+        # Taken while the update runs on the device, unless the collapse probe needs it first.
+        host, cmetrics = None, {}
         if self.collapse is not None and self.collapse.due(i + 1):
+            tc = time.perf_counter()
+            host = host_copy(traj)
             # Before the update (which donates the actor): the policy that sampled the batch, unfiltered.
             cmetrics = self.collapse.probe(self.state.actor, traj, host, i + 1)
-            cmetrics["timing/collapse_s"] = time.perf_counter() - t1
+            cmetrics["timing/collapse_s"] = time.perf_counter() - tc
         t1 = time.perf_counter()
         batch, pmetrics = self._prepare(self.state.actor, self.state.critic, self.ref, traj)
         self.state, umetrics = self._update(self.state, batch)
+        if host is None:
+            host = host_copy(traj)
         jax.block_until_ready(self.state.iteration)
         t2 = time.perf_counter()
         rm = rollout_metrics(host, cfg.rollout.group_size)
@@ -189,10 +193,10 @@ class Trainer:
         metrics["response_length/mean"] = rm["response_length"]
         metrics.update({k: float(v) for k, v in host_copy({**pmetrics, **umetrics}).items()})
         metrics.update(cmetrics)
-        metrics["timing/rollout_s"] = t1 - t0
+        metrics["timing/rollout_s"] = rollout_s
         metrics["timing/update_s"] = t2 - t1
         n_tok = float(np.sum(host.length))
-        metrics["timing/rollout_tokens_per_s"] = n_tok / max(t1 - t0, 1e-9)
+        metrics["timing/rollout_tokens_per_s"] = n_tok / max(rollout_s, 1e-9)
         score, warn = self.echo.update(metrics.get("rollout/in_group_std", 0.0), metrics.get("actor/entropy", 0.0),
                                        metrics["train/reward_mean"])
         metrics["echo_trap/score"] = score
