@@ -131,6 +131,15 @@ def accumulated_value_and_grad(loss_fn, params, batch, n_micro: int):
     return out
 
 
+def _apply_update(tx, grads, params, opt_state):
+    updates, opt_state = tx.update(grads, opt_state, params)
+    return optax.apply_updates(params, updates), opt_state
+
+
+def _keep(grads, params, opt_state):
+    return params, opt_state
+
+
 # ----------------------------------------------------------------------------------- the programs
 class StepPrograms:
     """The compiled `prepare` and `update` programs of one config (built once per run)."""
@@ -294,21 +303,19 @@ class StepPrograms:
             step_actor = train_actor & has_rows
             (_, am), g = self.actor_value_and_grad(actor, mbatch)
             gnorm = optax.global_norm(g)
-            upd, new_opt = self.actor_opt.update(g, actor_opt, actor)
-            new_actor = optax.apply_updates(actor, upd)
             finite = jnp.isfinite(gnorm)
-            # Critic warm-up: the actor is computed but not moved.
-            actor = jax.tree.map(lambda n, o: jnp.where(step_actor, n, o), new_actor, actor)
-            actor_opt = jax.tree.map(lambda n, o: jnp.where(step_actor, n, o), new_opt, actor_opt)
+            # Critic warm-up: the actor's gradient is computed but the actor is not moved. A cond, not
+            # a where over both trees: the new parameters and optimizer state exist only in the taken
+            # branch, so XLA updates them in place instead of holding an old and a new copy.
+            actor, actor_opt = jax.lax.cond(step_actor, functools.partial(_apply_update, self.actor_opt), _keep,
+                                             g, actor, actor_opt)
             skipped = skipped + (step_actor & ~finite).astype(jnp.int32)
             am = {**am, "actor/grad_norm": gnorm, "train/optimizer_steps": step_actor.astype(jnp.float32)}
             if self.has_critic:
                 (_, cm), cg = self.critic_value_and_grad(critic, mbatch)
                 cnorm = optax.global_norm(cg)
-                cupd, new_copt = self.critic_opt.update(cg, critic_opt, critic)
-                new_critic = optax.apply_updates(critic, cupd)
-                critic = jax.tree.map(lambda n, o: jnp.where(has_rows, n, o), new_critic, critic)
-                critic_opt = jax.tree.map(lambda n, o: jnp.where(has_rows, n, o), new_copt, critic_opt)
+                critic, critic_opt = jax.lax.cond(has_rows, functools.partial(_apply_update, self.critic_opt),
+                                                  _keep, cg, critic, critic_opt)
                 skipped = skipped + (has_rows & ~jnp.isfinite(cnorm)).astype(jnp.int32)
                 am = {**am, **cm, "critic/grad_norm": cnorm}
             return (actor, actor_opt, critic, critic_opt, skipped), (am, has_rows)
