@@ -296,6 +296,8 @@ def episode_metrics(traj, rollouts_per_state: int, env_name: str = "") -> dict:
         out[k] = m[k]
     out["num_episodes"] = int(success.size)
     out["num_states"] = int(success.size // rollouts_per_state)
+    # Per initial state (seed order), so two evaluations on the same states can be compared pairwise.
+    out["state_success"] = success.reshape(-1, rollouts_per_state).mean(axis=1).tolist()
     if env_name in BANDIT_ENVS:
         out["high_arm_rate"] = out["success"]  # Bandit's success is "chose the high-risk arm"
     return out
@@ -318,7 +320,8 @@ def evaluate(policy, params, tokenizer, envs: Sequence[str] = DEFAULT_SUITE, *, 
     called around each env. Metrics per env: success, reward_mean, action_is_valid,
     action_is_effective, num_actions, response_length, format_ok, pass@k (k = rollouts_per_state:
     the fraction of states with at least one success), num_turns, truncated, reward_std,
-    num_episodes, num_states, seconds; Bandit envs also high_arm_rate (= success).
+    num_episodes, num_states, seconds, state_success (per state in seed order: the fraction of its
+    rollouts that succeeded; a list, left out of flat_metrics); Bandit envs also high_arm_rate.
     """
     names = check_env_names(envs)
     for what, v in (("num_states", num_states), ("rollouts_per_state", rollouts_per_state),

@@ -149,6 +149,11 @@ def test_eval_json_and_table(tiny_results, tmp_path):
         for k, v in m.items():
             assert doc["results"][name][k] == (pytest.approx(v) if isinstance(v, float) else v), (name, k)
 
+    for name, m in tiny_results.items():  # per-state success, in seed order, averages to success
+        assert len(m["state_success"]) == m["num_states"]
+        assert np.mean(m["state_success"]) == pytest.approx(m["success"]), name
+        assert m["pass@2"] == pytest.approx(np.mean(np.asarray(m["state_success"]) > 0)), name
+
     flat = flat_metrics(tiny_results)
     assert flat["val/Bandit/success"] == tiny_results["Bandit"]["success"]
     assert flat["val/FrozenLake/pass@2"] == tiny_results["FrozenLake"]["pass@2"]
