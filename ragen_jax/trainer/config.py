@@ -94,8 +94,8 @@ class ModelConfig:
     # Projections that get adapters: any of q_proj k_proj v_proj o_proj gate_proj up_proj down_proj,
     # or "all-linear" (all seven, RAGEN's default).
     lora_targets: tuple = ("all-linear",)
-    # Dropout on the adapters' input during updates (PEFT's lora_dropout). Sampling and the log-prob
-    # passes never drop: the rollout's log-probs must equal the trainer's.
+    # PEFT's lora_dropout. Only 0 is supported (dropout on the adapters' input is not implemented);
+    # the key exists so that a config asking for dropout fails clearly instead of silently.
     lora_dropout: float = 0.0
 
     def validate(self):
@@ -107,8 +107,9 @@ class ModelConfig:
                 check_lora_targets(self.lora_targets)
             except ValueError as e:
                 raise ConfigError(f"model.lora_targets: {e}") from None
-        if not 0 <= self.lora_dropout < 1:
-            raise ConfigError(f"model.lora_dropout must be in [0, 1), got {self.lora_dropout!r}")
+        if self.lora_dropout != 0:
+            raise ConfigError(f"model.lora_dropout={self.lora_dropout!r} is not supported (adapters train without "
+                              "dropout); set model.lora_dropout=0")
         if self.path is None and not self.random_init:
             raise ConfigError("model.path is required: a local Hugging Face directory such as Qwen2.5-0.5B-Instruct "
                               "(or set model.random_init=true for a randomly initialised model.preset)")
