@@ -239,8 +239,7 @@ class Rollout:
         """Reset every row's env from its group's seed; prefill the shared prompt prefix."""
         cfg = self.config
         b, t_max, n_prefix = cfg.batch_size, cfg.max_context, len(self.prefix)
-        env, env_params = self.text_env.env, self.text_env.env_params
-        _, state = jax.vmap(env.reset_env, in_axes=(0, None))(jax.vmap(jax.random.PRNGKey)(seeds), env_params)
+        state = self.text_env.reset_rows(seeds)  # per row: a mixed batch (text/mix.py) resets each row's own env
         prefix = jnp.broadcast_to(jnp.asarray(self.prefix), (b, n_prefix))
         cache = None
         if model is not None:

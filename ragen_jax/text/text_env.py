@@ -166,6 +166,13 @@ class TextEnv:
                                 + state_len + self._tails.width)
         self._parser = None
 
+    # ---- episodes ----------------------------------------------------------------------------
+    def reset_rows(self, seeds):
+        """Initial states of a batch: row b is `env.reset_env(PRNGKey(seeds[b]))` (jittable). The
+        rollout resets through this, so a `MixedTextEnv` (text/mix.py) can give each row its member."""
+        keys = jax.vmap(jax.random.PRNGKey)(jnp.asarray(seeds))
+        return jax.vmap(self.env.reset_env, in_axes=(0, None))(keys, self.env_params)[1]
+
     # ---- rendering ---------------------------------------------------------------------------
     def reward_in_range(self, reward) -> jax.Array:
         """Whether `reward` prints exactly (else the segment shows it clipped); jittable."""
