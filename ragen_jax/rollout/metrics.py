@@ -91,3 +91,20 @@ def rollout_metrics(traj: Trajectories, group_size: int) -> dict[str, float]:
         "in_group_std_max": float(std.max()),
         "pass_at_n": float(np.mean(np.asarray(t.success).reshape(-1, group_size).any(axis=1))),
     }
+
+
+def mix_metrics(traj: Trajectories, group_size: int, mix) -> dict[str, float]:
+    """`rollout_metrics` of each environment of a mixed batch, as "<Env>/<metric>".
+
+    `mix`: ((name, groups), ...) in batch order (`MixedTextEnv.mix`): the first groups_0 groups are
+    the first env's, and so on. Each env's rows are told apart by their group index (`traj.group`).
+    (`traj` sharded over several processes: pass `host_copy(traj)`, or call this on every process.)"""
+    t = host_copy(traj)
+    group = np.asarray(t.group)
+    out, start = {}, 0
+    for name, groups in mix:
+        rows = (group >= start) & (group < start + groups)
+        start += groups
+        part = jax.tree.map(lambda x: np.asarray(x)[rows], t)
+        out.update({f"{name}/{k}": v for k, v in rollout_metrics(part, group_size).items()})
+    return out
