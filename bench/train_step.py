@@ -12,6 +12,11 @@ from OUR weights (`save_pretrained` -> `from_pretrained` in a temp dir). Both si
 per-token log-probs without holding the whole [K, T, V] f32 logits at once (ours: time chunks;
 PyTorch: row micro-batches with gradient accumulation), float32.
 
+`--lora-rank R`: each shape is also run with LoRA adapters of rank R on all seven projections
+(`model.lora_rank`: the train state and AdamW hold only the adapters, the frozen base is a
+non-donated argument of both programs, as in the Trainer) and the row records `lora_rank` and
+`ratio_lora_over_full`, the LoRA row's tokens/s over the full row's of the same run (same batch).
+
 Update tokens/s = K * T / (prepare + update seconds), median of `--repeats` after one warm-up call
 (its extra time = compile time). Model FLOPs per token (PaLM convention, causal masking not
 discounted): fwd+bwd 6 * N + 12 * L * T * d_attn, the no-grad pass 2 * N + 4 * L * T * d_attn, with N the
@@ -19,6 +24,7 @@ matmul parameters (the embedding counted once, as the head). MFU = achieved FLOP
 
 Usage: python -m bench.train_step [--shapes tiny,qwen2.5-0.5b] [--rows 32 --seq-len 2048] [--quick]
        [--big-rows 2 --big-seq-len 128] [--repeats 3] [--no-torch] [--peak-tflops 989] [--micro-batch N]
+       [--lora-rank 64]
        [--out bench/results/train_step.json]
 """
 
@@ -96,7 +102,8 @@ def model_flops_per_token(cfg, t: int) -> dict:
             "step": 8 * n + 16 * attn}
 
 
-def build_programs(model, k: int, mini_batch: int, micro_batch: int = 0):
+def build_programs(model, k: int, mini_batch: int, micro_batch: int = 0, lora_rank: int = 0):
+    from ragen_jax.models.lora import LoRAParam, add_lora
     from ragen_jax.trainer.config import Config
     from ragen_jax.trainer.optim import make_optimizer
     from ragen_jax.trainer.step import StepPrograms, TrainState
@@ -110,8 +117,15 @@ def build_programs(model, k: int, mini_batch: int, micro_batch: int = 0):
     a.adv_estimator, a.filter_ratio, a.mini_batch_size, a.ppo_epochs = "grpo", 1.0, mini_batch, 1
     a.micro_batch_size = micro_batch
     a.eps_low, a.eps_high, a.dual_clip, a.entropy_coef, a.kl_coef = EPS_LOW, EPS_HIGH, DUAL_CLIP, ENTROPY_COEF, 0.0
+    cfg.model.lora_rank = lora_rank
     cfg.validate()
-    graph, actor = nnx.split(model)
+    frozen = ()
+    if lora_rank:  # as the Trainer: adapters train, the base is a non-donated argument
+        add_lora(model, lora_rank, cfg.model.lora_alpha, rngs=nnx.Rngs(1))
+        graph, actor, base = nnx.split(model, LoRAParam, ...)
+        frozen = (base,)
+    else:
+        graph, actor = nnx.split(model)
     opt = make_optimizer(cfg.optim.actor_lr, cfg.optim)
     programs = StepPrograms(cfg, graph, None, opt, None)
     state = TrainState(iteration=jnp.zeros((), jnp.int32), key=jax.random.PRNGKey(0), actor=actor,
@@ -119,8 +133,8 @@ def build_programs(model, k: int, mini_batch: int, micro_batch: int = 0):
     prepare, update = jax.jit(programs.prepare), jax.jit(programs.update)
 
     def step(traj):
-        batch, _ = prepare(state.actor, state.critic, None, traj)
-        new_state, metrics = update(state, batch)
+        batch, _ = prepare(state.actor, state.critic, None, traj, *frozen)
+        new_state, metrics = update(state, batch, *frozen)
         jax.block_until_ready(new_state.actor)
         return new_state, metrics
 
@@ -183,14 +197,14 @@ def torch_side(model, cfg, micro_rows: int = 1):
 
 def bench_train_step(shape: str, k: int, t: int, *, repeats: int = 3, torch_baseline: bool = True,
                      mini_batch: int | None = None, peak_tflops: float | None = None, torch_micro_rows: int = 1,
-                     seed: int = 0, micro_batch: int = 0) -> dict:
+                     seed: int = 0, micro_batch: int = 0, lora_rank: int = 0) -> dict:
     """One row: our prepare+update tokens/s (+ PyTorch's and the ratio), FLOPs and MFU. JSON-able."""
     from ragen_jax.models import Qwen2, Qwen2Config
 
     if shape not in _presets():
         raise ValueError(f"unknown shape {shape!r}; valid: {', '.join(_presets())}")
     model = Qwen2(Qwen2Config.from_preset(shape), rngs=nnx.Rngs(seed))
-    step, cfg = build_programs(model, k, mini_batch or k, micro_batch)
+    step, cfg = build_programs(model, k, mini_batch or k, micro_batch, lora_rank)
     traj = synthetic_batch(k, t, model.cfg.vocab_size, seed=seed)
     n_tok = k * t
     mask = np.asarray(traj.loss_mask)
@@ -198,6 +212,8 @@ def bench_train_step(shape: str, k: int, t: int, *, repeats: int = 3, torch_base
            mini_batch or k, "tokens": n_tok,
            "trained_tokens": int(mask[:, 1:].sum()), "real_tokens": int(np.sum(np.asarray(traj.length))),
            "dtype": str(model.cfg.dtype), "estimator": "grpo", "critic": False}
+    if lora_rank:
+        row["lora_rank"] = lora_rank
     t0 = time.perf_counter()
     step(traj)
     first = time.perf_counter() - t0
@@ -244,6 +260,8 @@ def main(argv=None):
     p.add_argument("--mini-batch", type=int, default=None, help="rows per optimizer step (default: all K)")
     p.add_argument("--micro-batch", type=int, default=0,
                    help="tiny shape: also run with algo.micro_batch_size=N and record the speed ratio to one pass")
+    p.add_argument("--lora-rank", type=int, default=0,
+                   help="also run every shape with LoRA adapters of this rank and record the speed ratio to full")
     p.add_argument("--big-rows", type=int, default=2, help="K for shapes other than tiny (slow on CPU)")
     p.add_argument("--big-seq-len", type=int, default=128, help="T for shapes other than tiny")
     p.add_argument("--quick", action="store_true", help="K=4, T=128 (K=2, T=64 for big shapes)")
@@ -292,6 +310,14 @@ def main(argv=None):
             print(f"{shape:>13} K{k} T{t} micro-batches of {args.micro_batch}: {micro['tok_s']:.1f} tok/s, "
                   f"ratio to one pass {micro['ratio_micro_over_one_pass']:.2f}", flush=True)
         result["rows"].append(row)
+        if args.lora_rank:
+            lora = bench_train_step(shape, k, t, repeats=args.repeats, torch_baseline=False,
+                                    mini_batch=args.mini_batch if shape == "tiny" else None,
+                                    peak_tflops=args.peak_tflops, lora_rank=args.lora_rank)
+            lora["ratio_lora_over_full"] = round(lora["tok_s"] / row["tok_s"], 2)
+            result["rows"].append(lora)
+            print(f"{shape:>13} K{k} T{t} LoRA rank {args.lora_rank}: {lora['tok_s']:.1f} tok/s, ratio to full "
+                  f"{lora['ratio_lora_over_full']:.2f}", flush=True)
         line = (f"{shape:>13} K{k} T{t}: {row['median_s_per_step']:.2f} s/step, {row['tok_s']:.1f} tok/s "
                 f"(compile {row['compile_s']:.1f} s), {row['flops_per_token']['step'] / 1e6:.1f} MFLOP/token "
                 f"-> {row['achieved_tflops']:.4f} TFLOP/s")

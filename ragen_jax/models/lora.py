@@ -96,6 +96,21 @@ def lora_split(model):
     return nnx.split(model, LoRAParam, ...)
 
 
+# What a LoRA run trains: the policy's adapters; the critic's adapters and its whole value head
+# (PEFT's modules_to_save=["score"] in RAGEN's critic: a fresh head has nothing to adapt from).
+POLICY_TRAINABLE = LoRAParam
+CRITIC_TRAINABLE = nnx.Any(LoRAParam, nnx.PathContains("value_head"))
+
+
+def merged_state(state, scale: float):
+    """`merge_lora` over an nnx.State (adapters included), as an nnx.State of the base architecture
+    (the structure of the same model without adapters). Traceable: run it under jit to keep shardings."""
+    plain = nnx.split_state(state, LoRAParam, ...)[1]
+    plain = jax.tree.map(lambda x: x, plain)  # a new State: the caller's is left untouched
+    nnx.replace_by_pure_dict(plain, merge_lora(state.to_pure_dict(), scale))
+    return plain
+
+
 def merged_kernel(kernel, lora_a, lora_b, scale: float):
     """W + scale * A @ B per stacked layer, in W's dtype (float32 accumulation)."""
     delta = jnp.einsum("lir,lro->lio", lora_a.astype(jnp.float32), lora_b.astype(jnp.float32))

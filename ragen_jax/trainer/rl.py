@@ -22,10 +22,11 @@ from jax.sharding import NamedSharding, PartitionSpec
 from tqdm import tqdm
 
 from ragen_jax.models import critic_from_policy
+from ragen_jax.models.lora import CRITIC_TRAINABLE, POLICY_TRAINABLE
 from ragen_jax.models.qwen2.sharding import param_shardings
 from ragen_jax.rollout import Rollout, format_trajectory, group_seeds_for_iteration, rollout_metrics
-from ragen_jax.rollout.metrics import host_copy
-from ragen_jax.trainer.checkpoint import Checkpointer, load_policy_params, save_policy, save_run_files
+from ragen_jax.rollout.metrics import host_copy, mix_metrics
+from ragen_jax.trainer.checkpoint import Checkpointer, save_lora_exports, save_policy, save_run_files
 from ragen_jax.trainer.collapse import CollapseProbe, EarlyStops
 from ragen_jax.trainer.config import Config, ConfigError
 from ragen_jax.trainer.distributed import on_primary, run_path
@@ -33,9 +34,9 @@ from ragen_jax.trainer.evaluation import log_validation, validate_run
 from ragen_jax.trainer.logger import EchoTrapMonitor, Logger
 from ragen_jax.trainer.optim import make_optimizer
 from ragen_jax.trainer.setup import (build_mesh, build_policy, build_text_envs, build_vocab, check_run_dir_config,
-                                     load_task_tokenizer)
+                                     init_policy_params, load_task_tokenizer)
 from ragen_jax.trainer.step import (StepPrograms, TrainState, aot_compile, check_batch_fits_mesh, check_memory_fits,
-                                    device_memory_limit)
+                                    device_memory_limit, full_params)
 
 # Config keys that may change when a run is resumed (everything else must match the saved run).
 RESUMABLE_CHANGES = ("train.iterations", "train.val_every", "train.save_every", "train.log_samples",
@@ -51,6 +52,7 @@ class Trainer:
         self.cfg = cfg.validate()
         self.workdir = run_path(workdir)  # a bucket URL stays one; a local path becomes absolute
         self.quiet = quiet
+        self.lora = cfg.model.lora_rank > 0
         self._check_workdir()
 
         self.mesh = build_mesh(cfg, devices)
@@ -59,7 +61,7 @@ class Trainer:
 
         self.tokenizer = load_task_tokenizer(cfg)
         self.text_envs = build_text_envs(cfg, self.tokenizer)
-        self.text_env = self.text_envs[cfg.env.name]
+        self.text_env = self.text_envs[cfg.env.train_key]  # a MixedTextEnv with env.mix
         self.vocab = build_vocab(cfg, self.text_envs, self.tokenizer)
         policy = build_policy(cfg, self.vocab, mesh=self.mesh)  # parameters placed on the mesh as they load
         self.policy_graph, actor = nnx.split(policy)
@@ -70,22 +72,32 @@ class Trainer:
         def put(tree):
             return jax.device_put(tree, param_shardings(tree, self.mesh)) if tree else tree
 
-        actor = put(actor)
-        if cfg.model.init_from:
-            actor = load_policy_params(cfg.model.init_from, actor)  # e.g. the SFT warm start
+        actor = init_policy_params(cfg, self.policy_graph, put(actor), self.mesh)  # e.g. the SFT warm start
         critic_graph, critic = None, {}
         if cfg.model.critic == "separate" and cfg.algo.adv_estimator == "gae":
             # The critic's trunk starts from the actor's weights, cloned on the mesh: nnx.clone shares the
             # (immutable) sharded arrays, jnp.copy then gives the critic its own buffers shard by shard
-            # (the update donates both models, so they may not share one).
+            # (the update donates both models, so they may not share one). With LoRA it keeps only its
+            # trained part (a copy of the actor's adapters + value head): its frozen trunk is the actor's.
             critic_model = critic_from_policy(nnx.merge(self.policy_graph, actor), nnx.Rngs(cfg.train.seed + 1))
             critic_graph, critic = nnx.split(critic_model)
+            if self.lora:
+                critic = nnx.split_state(critic, CRITIC_TRAINABLE, ...)[0]
             critic = jax.tree.map(jnp.copy, put(critic))
-        # The frozen initial policy: a copy, because the update donates (overwrites) the actor's arrays.
+        # LoRA: the actor trains its adapters; the frozen base (shared with the critic and the reference)
+        # is an argument of the programs that is never donated, and sampling applies the adapters on the
+        # fly (model.py `_dense`), the same computation as the trainer's log-probs.
+        self.frozen = None
+        if self.lora:
+            actor, self.frozen = nnx.split_state(actor, POLICY_TRAINABLE, ...)
+        self._frozen_args = () if self.frozen is None else (self.frozen,)
+        # The frozen initial policy: a copy, because the update donates (overwrites) the actor's arrays
+        # (with LoRA, of the initial adapters: the base is frozen anyway).
         self.ref = jax.tree.map(jnp.copy, actor) if cfg.algo.kl_coef > 0 else None
         # The module keeps only the graph and shapes (rollouts and validation take the parameters as
         # arguments): holding its initial arrays would keep a second, unsharded copy of the model.
-        nnx.update(policy, jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype), actor))
+        nnx.update(policy, jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype),
+                                        full_params(actor, self.frozen)))
         actor_opt = make_optimizer(cfg.optim.actor_lr, cfg.optim)
         critic_opt = make_optimizer(cfg.optim.critic_lr, cfg.optim)
         replicated = NamedSharding(self.mesh, PartitionSpec())
@@ -108,9 +120,10 @@ class Trainer:
 
         # Rollouts: training (P x N) and validation (val_size states x 1, lower temperature).
         self.rollout = Rollout(policy, self.text_env, cfg.rollout, mesh=self.mesh, vocab=self.vocab)
-        if cfg.train.val_every > 0 and cfg.train.val_size % n_batch_shards:
-            raise ConfigError(f"train.val_size={cfg.train.val_size} is not divisible by the {n_batch_shards} "
-                              "data-parallel devices of the mesh")
+        for name, size in cfg.env.validation_set(cfg.train.val_size) if cfg.train.val_every > 0 else ():
+            if size % n_batch_shards:
+                raise ConfigError(f"the validation size {size} of {name} (train.val_size or env.val_set) is not "
+                                  f"divisible by the {n_batch_shards} data-parallel devices of the mesh")
 
         # Fail before the first iteration (and before anything is written) when the compiled programs
         # do not fit the device.
@@ -137,7 +150,7 @@ class Trainer:
         r = self.cfg.rollout
         seeds = jnp.asarray(group_seeds_for_iteration(0, r.num_groups, self.cfg.train.seed_base), jnp.int32)
         compiled, usage = aot_compile(self.rollout, self._prepare, self._update, state, self.ref,
-                                      jax.random.fold_in(state.key, 1), seeds)
+                                      jax.random.fold_in(state.key, 1), seeds, frozen=self.frozen)
         check_memory_fits(self.cfg, usage, limit)
         self.rollout.use_compiled(compiled["rollout"])
         self._prepare, self._update = compiled["prepare"], compiled["update"]
@@ -153,10 +166,15 @@ class Trainer:
     def iteration(self) -> int:
         return int(self.state.iteration)
 
+    @property
+    def actor_params(self):
+        """The policy's whole parameter state (with LoRA: the frozen base and the current adapters)."""
+        return full_params(self.state.actor, self.frozen)
+
     def validate(self) -> dict:
         """The reference's validation (fixed seeds, temperature 0.5) on the training and val envs
         (`evaluation.validate_run`: compiled once per env, like the rollout)."""
-        return validate_run(self.cfg, self.policy, self.state.actor, self.tokenizer, mesh=self.mesh, vocab=self.vocab)
+        return validate_run(self.cfg, self.policy, self.actor_params, self.tokenizer, mesh=self.mesh, vocab=self.vocab)
 
     def iteration_step(self) -> dict:
         """One training iteration; returns its metrics (host floats)."""
@@ -165,7 +183,7 @@ class Trainer:
         seeds = group_seeds_for_iteration(i, cfg.rollout.num_groups, cfg.train.seed_base)
         roll_key = jax.random.fold_in(self.state.key, 1)
         t0 = time.perf_counter()
-        traj = self.rollout(self.state.actor, roll_key, seeds)
+        traj = self.rollout(self.actor_params, roll_key, seeds)
         jax.block_until_ready(traj.tokens)
         rollout_s = time.perf_counter() - t0
         # One host copy of the trajectories (gathered from every process when the batch spans several)
@@ -176,11 +194,11 @@ class Trainer:
             tc = time.perf_counter()
             host = host_copy(traj)
             # Before the update (which donates the actor): the policy that sampled the batch, unfiltered.
-            cmetrics = self.collapse.probe(self.state.actor, traj, host, i + 1)
+            cmetrics = self.collapse.probe(self.actor_params, traj, host, i + 1)
             cmetrics["timing/collapse_s"] = time.perf_counter() - tc
         t1 = time.perf_counter()
-        batch, pmetrics = self._prepare(self.state.actor, self.state.critic, self.ref, traj)
-        self.state, umetrics = self._update(self.state, batch)
+        batch, pmetrics = self._prepare(self.state.actor, self.state.critic, self.ref, traj, *self._frozen_args)
+        self.state, umetrics = self._update(self.state, batch, *self._frozen_args)
         if host is None:
             host = host_copy(traj)
         jax.block_until_ready(self.state.iteration)
@@ -188,6 +206,8 @@ class Trainer:
         rm = rollout_metrics(host, cfg.rollout.group_size)
         metrics = {f"train/{k}": v for k, v in rm.items() if k not in ("in_group_std", "in_group_std_max",
                                                                           "response_length")}
+        if cfg.env.mix:  # train/<Env>/<metric> per environment of the mix
+            metrics.update({f"train/{k}": v for k, v in mix_metrics(host, cfg.rollout.group_size, cfg.env.mix).items()})
         metrics["rollout/in_group_std"] = rm["in_group_std"]
         metrics["rollout/in_group_std_max"] = rm["in_group_std_max"]
         metrics["response_length/mean"] = rm["response_length"]
@@ -253,7 +273,7 @@ class Trainer:
                         self.save()
                     break
             # Policy export for eval and later runs (every process takes part: it is a collective save).
-            save_policy(self.workdir, self.state.actor)
+            self.export()
         finally:
             self.ckpt.wait()
             self.logger.close()
@@ -261,6 +281,13 @@ class Trainer:
 
     def _log_validation(self, step):
         return log_validation(self, step)
+
+    def export(self):
+        """`<run>/policy` (merged with LoRA) and, with LoRA, `<run>/adapter` (PEFT layout)."""
+        if self.lora:
+            save_lora_exports(self.workdir, self.policy_graph, self.state.actor, self.frozen, self.cfg.model.path)
+        else:
+            save_policy(self.workdir, self.state.actor)
 
     def save(self):
         self.ckpt.save(self.iteration, self.state, extra={"iteration": self.iteration})

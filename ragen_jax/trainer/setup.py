@@ -2,7 +2,9 @@
 
 `build_mesh` (devices), `load_task_tokenizer`, `build_text_envs` (one TextEnv per environment of the
 run), `build_vocab` (the task vocabulary of small demo models), `build_policy` (HF directory or random
-preset) and `check_run_dir_config` (a run directory resumes only with its own config).
+preset, with fresh LoRA adapters when `model.lora_rank > 0`), `init_policy_params` (`model.init_from`:
+a policy export or a PEFT adapter directory) and `check_run_dir_config` (a run directory resumes only
+with its own config).
 """
 
 from __future__ import annotations
@@ -13,16 +15,20 @@ import math
 from pathlib import Path
 
 import jax
+import jax.numpy as jnp
 from flax import nnx
 
 import envs_jax
 from ragen_jax.models import Qwen2, Qwen2Config
+from ragen_jax.models.lora import LoRAParam, add_lora, is_peft_dir, load_peft_adapter, merged_state
 from ragen_jax.models.qwen2.sharding import make_mesh, param_shardings
 from ragen_jax.models.qwen2.weights import from_pretrained
 from ragen_jax.models.vocab_map import VocabMap
 from ragen_jax.rollout.teachers import teacher_texts
 from ragen_jax.text import PromptConfig, TextEnv
+from ragen_jax.text.mix import MixedTextEnv
 from ragen_jax.text.tokenizer import load_tokenizer
+from ragen_jax.trainer.checkpoint import load_policy_params
 from ragen_jax.trainer.config import Config, ConfigError, migrate_saved
 from ragen_jax.trainer.distributed import run_path
 
@@ -87,11 +93,18 @@ def load_task_tokenizer(cfg: Config):
 
 
 def build_text_envs(cfg: Config, tokenizer) -> dict:
-    """TextEnv per environment used by the run: the training env first, then validation envs."""
+    """TextEnv per environment used by the run: the training env first (under `cfg.env.train_key`; with
+    `env.mix` a `MixedTextEnv` of the mix, then each of its envs), then validation envs."""
     out = {}
-    for name in (cfg.env.name, *cfg.env.val_envs):
-        env, params = envs_jax.make(name, **(cfg.env.overrides if name == cfg.env.name else {}))
+    for name in dict.fromkeys((*cfg.env.train_envs, *(n for n, _ in cfg.env.validation_set(1)))):
+        env, params = envs_jax.make(name, **cfg.env.overrides_for(name))
         out[name] = TextEnv(env, params, tokenizer, prompt_for_env(cfg.prompt, name))
+    if cfg.env.mix:
+        try:
+            mixed = MixedTextEnv([(n, out[n], g) for n, g in cfg.env.mix])
+        except ValueError as e:
+            raise ConfigError(f"env.mix: {e}") from None
+        out = {cfg.env.train_key: mixed, **out}
     return out
 
 
@@ -144,13 +157,56 @@ def build_policy(cfg: Config, vocab=None, mesh=None):
     if m.path is not None:
         if vocab is not None:
             raise ConfigError("model.vocab='task' needs a randomly initialised model (model.random_init=true)")
-        return from_pretrained(m.path, mesh=mesh, **overrides)
+        return _with_lora(cfg, from_pretrained(m.path, mesh=mesh, **overrides), mesh)
     if vocab is not None:
         overrides["vocab_size"] = vocab.size
     qcfg = Qwen2Config.from_preset(m.preset).replace(**overrides)
     if mesh is None:
-        return Qwen2(qcfg, rngs=nnx.Rngs(cfg.train.seed))
+        return _with_lora(cfg, Qwen2(qcfg, rngs=nnx.Rngs(cfg.train.seed)), mesh)
     graphdef, abstract = nnx.split(nnx.eval_shape(lambda: Qwen2(qcfg, rngs=nnx.Rngs(cfg.train.seed))))
     init = jax.jit(lambda: nnx.split(Qwen2(qcfg, rngs=nnx.Rngs(cfg.train.seed)))[1],
                    out_shardings=param_shardings(abstract, mesh))
-    return nnx.merge(graphdef, init())
+    return _with_lora(cfg, nnx.merge(graphdef, init()), mesh)
+
+
+def _with_lora(cfg: Config, policy, mesh):
+    """`policy` with fresh adapters (A random, B zero: the model is unchanged) when model.lora_rank > 0,
+    placed in their mesh sharding. Adapters stay float32 whatever param_dtype: they are what the
+    optimizer updates (the base may be bf16: it never changes)."""
+    m = cfg.model
+    if not m.lora_rank:
+        return policy
+    add_lora(policy, m.lora_rank, m.lora_alpha, m.lora_targets, rngs=nnx.Rngs(cfg.train.seed + 3))
+    if mesh is not None:
+        adapters = nnx.state(policy, LoRAParam)
+        nnx.update(policy, jax.device_put(adapters, param_shardings(adapters, mesh)))
+    return policy
+
+
+def init_policy_params(cfg: Config, graphdef, params, mesh=None):
+    """The policy's parameter state (`nnx.split(policy)[1]`, adapters included) after `model.init_from`:
+
+    - a PEFT adapter directory (adapter_config.json, e.g. `<SFT-LoRA run>/adapter`): its adapters are
+      loaded onto the base (rank, alpha and targets must equal model.lora_*); without LoRA
+      (lora_rank=0) they are merged into the weights, which then train in full;
+    - a policy export (`<run>/policy`, or the run directory): the base-architecture weights (a LoRA
+      run exports its merged policy there); a LoRA run keeps its fresh adapters on top.
+
+    Placed in `params`' shardings. No `init_from`: `params` unchanged."""
+    src = cfg.model.init_from
+    if not src:
+        return params
+    if is_peft_dir(str(src)):
+        model = nnx.merge(graphdef, params)
+        try:
+            load_peft_adapter(str(src), model)  # in place; adds adapters to a model without any
+        except ValueError as e:
+            raise ConfigError(f"model.init_from: {e}; set model.lora_rank / lora_alpha / lora_targets to the "
+                              "adapter's") from None
+        state = nnx.state(model)
+        if not cfg.model.lora_rank:
+            state = jax.jit(merged_state, static_argnums=1)(state, model.cfg.lora_scale)
+        return jax.device_put(state, jax.tree.map(lambda x: x.sharding, params))
+    adapters, base = nnx.split_state(params, LoRAParam, ...)
+    base = load_policy_params(src, base)
+    return nnx.merge_state(adapters, base) if cfg.model.lora_rank else base

@@ -27,6 +27,9 @@
 4. Orbax checkpoints every `sft.save_every` steps; rerunning the same command resumes (demos and
    the epoch permutations are deterministic functions of the config, so they are regenerated
    rather than stored). The final parameters are exported with `save_policy`.
+5. LoRA (`model.lora_rank > 0`): the state holds the adapters and their optimizer state only; the
+   frozen base is a non-donated argument of the step; the exports are the merged policy and
+   `<workdir>/adapter` (PEFT layout), from which an RL run can continue (`model.init_from`).
 """
 
 from __future__ import annotations
@@ -48,19 +51,20 @@ from jax.sharding import NamedSharding, PartitionSpec
 from tqdm import tqdm
 
 from ragen_jax.algorithms import losses as loss_lib
+from ragen_jax.models.lora import POLICY_TRAINABLE
 from ragen_jax.models.qwen2.sharding import param_shardings
 from ragen_jax.rollout import Rollout, rollout_metrics
 from ragen_jax.rollout.metrics import host_copy
 from ragen_jax.rollout.teachers import get_teacher
-from ragen_jax.trainer.checkpoint import Checkpointer, load_policy_params, save_policy, save_run_files
+from ragen_jax.trainer.checkpoint import Checkpointer, save_lora_exports, save_policy, save_run_files
 from ragen_jax.trainer.config import Config, ConfigError
 from ragen_jax.trainer.distributed import on_primary, run_path
 from ragen_jax.trainer.evaluation import log_validation, validate_run
 from ragen_jax.trainer.logger import Logger
 from ragen_jax.trainer.optim import make_optimizer
 from ragen_jax.trainer.setup import (build_mesh, build_policy, build_text_envs, build_vocab, check_run_dir_config,
-                                     load_task_tokenizer)
-from ragen_jax.trainer.step import accumulated_value_and_grad, effective_micro_batch
+                                     init_policy_params, load_task_tokenizer)
+from ragen_jax.trainer.step import accumulated_value_and_grad, effective_micro_batch, full_params
 
 # Config keys that may change when an SFT run is resumed (everything else must match the saved run).
 RESUMABLE_CHANGES = ("sft.epochs", "sft.save_every", "train.val_every", "train.keep_checkpoints",
@@ -73,7 +77,7 @@ BATCH_AXES = ("data", "fsdp")
 @struct.dataclass
 class SFTState:
     step: jax.Array  # int32: optimizer steps taken (also the data position: epoch = step // steps_per_epoch)
-    params: Any  # nnx.State of the policy
+    params: Any  # nnx.State of the policy (with LoRA: its adapters)
     opt_state: Any
 
 
@@ -257,11 +261,16 @@ class SFTTrainer:
 
         self.graphdef, params = nnx.split(policy)
         params = jax.device_put(params, param_shardings(params, self.mesh))
-        if cfg.model.init_from:
-            params = load_policy_params(cfg.model.init_from, params)
+        params = init_policy_params(cfg, self.graphdef, params, self.mesh)
         # The module keeps only the graph and shapes (the step donates the parameters; holding the
         # initial arrays would keep a second, unsharded copy of the model).
         nnx.update(policy, jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype), params))
+        # LoRA: the adapters train; the frozen base is a step argument that is never donated.
+        self.lora = cfg.model.lora_rank > 0
+        self.frozen = None
+        if self.lora:
+            params, self.frozen = nnx.split_state(params, POLICY_TRAINABLE, ...)
+        self._frozen_args = () if self.frozen is None else (self.frozen,)
         # The schedule is fixed before the demos exist, so it plans for all of them (an upper bound).
         planned = cfg.sft.epochs * max(1, cfg.sft.num_demos // cfg.sft.batch_size)
         self.tx = make_optimizer(cfg.sft.lr, cfg.optim,
@@ -358,12 +367,12 @@ class SFTTrainer:
         return self.demos
 
     # -- the compiled step -----------------------------------------------------------------------
-    def _train_step(self, state: SFTState, prefix, tokens, loss_mask, length):
+    def _train_step(self, state: SFTState, prefix, tokens, loss_mask, length, frozen=None):
         self.trace_count += 1  # runs only while tracing: counts compilations (one per batch width)
         norm = jnp.maximum(jnp.sum(sft_target_mask(loss_mask, length)), 1.0)  # the whole batch's tokens
 
         def loss_fn(p, rows):
-            return sft_loss(self.graphdef, p, prefix, *rows, self.vocab, norm=norm)
+            return sft_loss(self.graphdef, full_params(p, frozen), prefix, *rows, self.vocab, norm=norm)
 
         n_micro = tokens.shape[0] // self.micro_batch
         (loss, m), grads = accumulated_value_and_grad(loss_fn, state.params, (tokens, loss_mask, length), n_micro)
@@ -385,13 +394,18 @@ class SFTTrainer:
 
     def train_step(self, idx) -> dict:
         """One optimizer step on demo rows `idx` (length sft.batch_size); returns host metrics."""
-        self.state, m = self._step(self.state, *self.put_batch(np.asarray(idx)))
+        self.state, m = self._step(self.state, *self.put_batch(np.asarray(idx)), *self._frozen_args)
         return {k: float(v) for k, v in host_copy(m).items()}
 
     def loss(self, idx) -> tuple[float, dict]:
         """The SFT loss and metrics of demo rows `idx` at the current parameters (no update)."""
-        loss, m = self._loss(self.state.params, *self.put_batch(np.asarray(idx)))
+        loss, m = self._loss(self.params, *self.put_batch(np.asarray(idx)))
         return float(loss), {k: float(v) for k, v in host_copy(m).items()}
+
+    @property
+    def params(self):
+        """The policy's whole parameter state (with LoRA: the frozen base and the current adapters)."""
+        return full_params(self.state.params, self.frozen)
 
     def steps_per_epoch(self) -> int:
         """Full batches per epoch: each width's demos // sft.batch_size, summed (see `bucketed_batches`)."""
@@ -411,7 +425,7 @@ class SFTTrainer:
     # -- validation -------------------------------------------------------------------------------
     def validate(self) -> dict:
         """The run's validation, the same as the RL trainer's (`evaluation.validate_run`)."""
-        return validate_run(self.cfg, self.policy, self.state.params, self.tokenizer, mesh=self.mesh, vocab=self.vocab)
+        return validate_run(self.cfg, self.policy, self.params, self.tokenizer, mesh=self.mesh, vocab=self.vocab)
 
     def _log_validation(self, step):
         return log_validation(self, step)
@@ -459,7 +473,10 @@ class SFTTrainer:
                 if self.validates and end > start:
                     history.append({"step": total, **self._log_validation(total)})
                 # Every process takes part: it is a collective save.
-                save_policy(self.workdir, self.state.params)
+                if self.lora:
+                    save_lora_exports(self.workdir, self.graphdef, self.state.params, self.frozen, cfg.model.path)
+                else:
+                    save_policy(self.workdir, self.state.params)
         finally:
             self.ckpt.wait()
             self.logger.close()

@@ -9,7 +9,14 @@ One iteration, read top to bottom (`Trainer.iteration`):
                                                            (clip-higher, dual clip) + critic steps
 
 All three are jitted once with the mesh's shardings (params by the model's sharding table, the batch
-over the data axes) and never recompile. Token-level arrays in `prepare`/`update` are aligned on
+over the data axes) and never recompile.
+
+LoRA (`model.lora_rank > 0`): the train state holds only what trains (the actor's adapters; the
+critic's adapters and value head) and its optimizer state; the frozen base is one more argument of
+`prepare` and `update` (`frozen`, never donated, shared by actor, critic and reference: LoRA leaves
+the base untouched, so the critic's trunk base IS the actor's). `full_params(trainable, frozen)`
+rebuilds a model's whole parameter state inside the programs; without LoRA `frozen` is None and the
+trainable part is the whole model. Token-level arrays in `prepare`/`update` are aligned on
 TARGETS: column t holds what is known about token t+1 (its log-prob comes from the logits at t).
 """
 
@@ -35,9 +42,9 @@ from ragen_jax.algorithms import losses as loss_lib
 class TrainState:
     iteration: jax.Array  # int32: completed iterations (also the data position: seeds derive from it)
     key: jax.Array  # PRNG key for the next iteration
-    actor: Any  # nnx.State of the policy
+    actor: Any  # nnx.State of the policy (with LoRA: its adapters)
     actor_opt: Any
-    critic: Any  # nnx.State of the critic ({} without one)
+    critic: Any  # nnx.State of the critic ({} without one; with LoRA: its adapters and value head)
     critic_opt: Any
     skipped_updates: jax.Array  # int32: optimizer steps skipped for a non-finite gradient
 
@@ -55,6 +62,18 @@ class Batch:
     advantages: jax.Array  # [K, T-1]
     returns: jax.Array  # [K, T-1]
     row_weight: jax.Array  # [K] 1 for rows that train, 0 for padding rows of variance_cover
+
+
+# ----------------------------------------------------------------------------------- LoRA split
+def full_params(trainable, frozen):
+    """A model's whole parameter state from its trained part and the frozen base (LoRA), or the
+    trained part itself when there is no frozen base (full fine-tuning). No array is copied."""
+    return trainable if frozen is None else nnx.merge_state(trainable, frozen)
+
+
+def critic_frozen(frozen):
+    """The critic's frozen base within the actor's: the trunk (the critic has no output layer)."""
+    return None if frozen is None else nnx.State({"model": frozen["model"]})
 
 
 # ----------------------------------------------------------------------------------- forward helpers
@@ -160,11 +179,12 @@ class StepPrograms:
         self.trace_counts = {"prepare": 0, "update": 0}
 
     # -- prepare: filter + no-grad passes + advantages --------------------------------------
-    def prepare(self, actor, critic, ref, traj) -> tuple[Batch, dict]:
+    def prepare(self, actor, critic, ref, traj, frozen=None) -> tuple[Batch, dict]:
+        """`frozen`: the LoRA base (None without LoRA); `ref` is then the reference's adapters."""
         self.trace_counts["prepare"] += 1
         a, r = self.cfg.algo, self.cfg.rollout
         n = r.group_size
-        logp_fn = functools.partial(sequence_logprobs, self.actor_graph, actor, vocab=self.vocab,
+        logp_fn = functools.partial(sequence_logprobs, self.actor_graph, full_params(actor, frozen), vocab=self.vocab,
                                     temperature=self.temperature)
         micro = effective_micro_batch(a.mini_batch_size, a.micro_batch_size)
         # Group filter (StarPO-S / RAGEN-2) on raw rewards, static slots; unselected slots get row
@@ -193,12 +213,13 @@ class StepPrograms:
             old_logp = jnp.take(all_logp, f.rows, axis=0)
         ref_logp = jnp.zeros_like(old_logp)
         if self.use_ref:
-            ref_fn = functools.partial(sequence_logprobs, self.actor_graph, ref, vocab=self.vocab,
+            ref_fn = functools.partial(sequence_logprobs, self.actor_graph, full_params(ref, frozen), vocab=self.vocab,
                                        temperature=self.temperature)
             ref_logp, _ = _in_minibatches(lambda x, v: ref_fn(x, v), k, mb, t.tokens, valid)
         values = jnp.zeros_like(old_logp)
         if self.has_critic:
-            val_fn = functools.partial(sequence_values, self.critic_graph, critic, vocab=self.vocab)
+            val_fn = functools.partial(sequence_values, self.critic_graph, full_params(critic, critic_frozen(frozen)),
+                                       vocab=self.vocab)
             values = _in_minibatches(lambda x, v: val_fn(x, v), k, mb, t.tokens, valid)
         values = jnp.where(mask, values, 0.0)
 
@@ -236,7 +257,7 @@ class StepPrograms:
         return batch, metrics
 
     # -- update: epochs x mini-batches ---------------------------------------------------------
-    def _actor_loss(self, params, mb: Batch, norms):
+    def _actor_loss(self, params, mb: Batch, norms, frozen=None):
         """Loss and metrics of (a micro-batch of) a mini-batch; `norms` = `loss_norms` of the whole
         mini-batch, so that micro-batch values add up to the mini-batch's (token-mean weighs each
         micro-batch by its masked tokens, the seq-mean modes by its rows). The masked-mean metrics
@@ -245,8 +266,8 @@ class StepPrograms:
         tok_norm, row_norm = norms
         norm = tok_norm if a.loss_agg == "token-mean" else row_norm
         share = jnp.sum(mb.mask.astype(jnp.float32)) / tok_norm
-        logp, entropy = sequence_logprobs(self.actor_graph, params, mb.tokens, mb.valid, vocab=self.vocab,
-                                          temperature=self.temperature)
+        logp, entropy = sequence_logprobs(self.actor_graph, full_params(params, frozen), mb.tokens, mb.valid,
+                                          vocab=self.vocab, temperature=self.temperature)
         pg_loss, pm = loss_lib.ppo_policy_loss(
             logp, mb.old_logp, mb.advantages, mb.mask, eps_low=a.eps_low, eps_high=a.eps_high,
             dual_clip=a.dual_clip, agg_mode=a.loss_agg, norm=norm)
@@ -261,29 +282,32 @@ class StepPrograms:
         m["actor/entropy"] = jax.lax.stop_gradient(ent)
         return loss, m
 
-    def _critic_loss(self, params, mb: Batch, norms):
+    def _critic_loss(self, params, mb: Batch, norms, frozen=None):
         tok_norm, _ = norms
         share = jnp.sum(mb.mask.astype(jnp.float32)) / tok_norm
-        v = sequence_values(self.critic_graph, params, mb.tokens, mb.valid, vocab=self.vocab)
+        v = sequence_values(self.critic_graph, full_params(params, critic_frozen(frozen)), mb.tokens, mb.valid,
+                            vocab=self.vocab)
         loss, m = loss_lib.value_loss(v, mb.values, mb.returns, mb.mask, clip=self.cfg.algo.value_clip,
                                       agg_mode="token-mean", norm=tok_norm)
         return loss, {"critic/value_loss": m["vf_loss"], "critic/vf_clipfrac": m["vf_clipfrac"] * share,
                       "critic/vpred_mean": m["vpred_mean"] * share}
 
-    def actor_value_and_grad(self, params, mbatch: Batch):
-        """((loss, metrics), grads) of one mini-batch, over `algo.micro_batch_size` micro-batches."""
+    def actor_value_and_grad(self, params, mbatch: Batch, frozen=None):
+        """((loss, metrics), grads) of one mini-batch, over `algo.micro_batch_size` micro-batches.
+        With LoRA the gradient is of the adapters alone (`frozen` is a constant of the loss)."""
         a = self.cfg.algo
         n_micro = a.mini_batch_size // effective_micro_batch(a.mini_batch_size, a.micro_batch_size)
         norms = loss_norms(mbatch.mask)
-        return accumulated_value_and_grad(lambda p, b: self._actor_loss(p, b, norms), params, mbatch, n_micro)
+        return accumulated_value_and_grad(lambda p, b: self._actor_loss(p, b, norms, frozen), params, mbatch, n_micro)
 
-    def critic_value_and_grad(self, params, mbatch: Batch):
+    def critic_value_and_grad(self, params, mbatch: Batch, frozen=None):
         a = self.cfg.algo
         n_micro = a.mini_batch_size // effective_micro_batch(a.mini_batch_size, a.micro_batch_size)
         norms = loss_norms(mbatch.mask)
-        return accumulated_value_and_grad(lambda p, b: self._critic_loss(p, b, norms), params, mbatch, n_micro)
+        return accumulated_value_and_grad(lambda p, b: self._critic_loss(p, b, norms, frozen), params, mbatch, n_micro)
 
-    def update(self, state: TrainState, batch: Batch) -> tuple[TrainState, dict]:
+    def update(self, state: TrainState, batch: Batch, frozen=None) -> tuple[TrainState, dict]:
+        """`frozen`: the LoRA base (None without LoRA), an argument the caller does not donate."""
         self.trace_counts["update"] += 1
         a = self.cfg.algo
         k = batch.tokens.shape[0]
@@ -301,7 +325,7 @@ class StepPrograms:
             # nothing) takes no optimizer step: Adam's momentum and weight decay would still move.
             has_rows = jnp.any(mbatch.row_weight > 0)
             step_actor = train_actor & has_rows
-            (_, am), g = self.actor_value_and_grad(actor, mbatch)
+            (_, am), g = self.actor_value_and_grad(actor, mbatch, frozen)
             gnorm = optax.global_norm(g)
             finite = jnp.isfinite(gnorm)
             # Critic warm-up: the actor's gradient is computed but the actor is not moved. A cond, not
@@ -312,7 +336,7 @@ class StepPrograms:
             skipped = skipped + (step_actor & ~finite).astype(jnp.int32)
             am = {**am, "actor/grad_norm": gnorm, "train/optimizer_steps": step_actor.astype(jnp.float32)}
             if self.has_critic:
-                (_, cm), cg = self.critic_value_and_grad(critic, mbatch)
+                (_, cm), cg = self.critic_value_and_grad(critic, mbatch, frozen)
                 cnorm = optax.global_norm(cg)
                 critic, critic_opt = jax.lax.cond(has_rows, functools.partial(_apply_update, self.critic_opt),
                                                   _keep, cg, critic, critic_opt)
@@ -402,24 +426,31 @@ def _outputs(compiled):
                         compiled.out_info, compiled.output_shardings)
 
 
-def aot_compile(rollout, prepare_jit, update_jit, state: TrainState, ref, key, group_seeds):
+def aot_compile(rollout, prepare_jit, update_jit, state: TrainState, ref, key, group_seeds, frozen=None):
     """Compile the three programs of one iteration ahead of time for the shapes and shardings of
-    `state` and `ref` (arrays, or ShapeDtypeStructs with shardings: nothing is allocated), each one's
-    inputs being the previous one's outputs. Returns ({name: compiled}, {name: (program_memory,
+    `state`, `ref` and the LoRA base `frozen` (arrays, or ShapeDtypeStructs with shardings: nothing
+    is allocated), each one's inputs being the previous one's outputs. Returns ({name: compiled}, {name: (program_memory,
     resident bytes per device)}), the resident bytes being the train state (and reference policy,
     and the trajectories during the update) that stay on the device while the program runs without
     being among its arguments (the input of `check_memory_fits`)."""
-    st, ref = _abstract(state), _abstract(ref)
-    compiled_rollout = rollout.lower(st.actor, key, group_seeds).compile()
+    st, ref, frozen = _abstract(state), _abstract(ref), _abstract(frozen)
+    compiled_rollout = rollout.lower(full_params(st.actor, frozen), key, group_seeds).compile()
     traj = _outputs(compiled_rollout)
-    prepare = prepare_jit.lower(st.actor, st.critic, ref, traj).compile()
-    batch = _outputs(prepare)[0]
-    update = update_jit.lower(st, batch).compile()
+    if frozen is None:  # the full-training programs take no frozen argument
+        prepare = prepare_jit.lower(st.actor, st.critic, ref, traj).compile()
+        batch = _outputs(prepare)[0]
+        update = update_jit.lower(st, batch).compile()
+    else:
+        prepare = prepare_jit.lower(st.actor, st.critic, ref, traj, frozen).compile()
+        batch = _outputs(prepare)[0]
+        update = update_jit.lower(st, batch, frozen).compile()
     ref_bytes = bytes_per_device(ref) if ref is not None else 0
     usage = {
         "rollout": (program_memory(compiled_rollout), bytes_per_device((st.actor_opt, st.critic, st.critic_opt)) + ref_bytes),
         "prepare": (program_memory(prepare), bytes_per_device((st.actor_opt, st.critic_opt))),
         "update": (program_memory(update), ref_bytes + bytes_per_device(traj)),
+        # The rollout's arguments hold the LoRA base (actor = base + adapters); prepare and update
+        # take it as their `frozen` argument: it is counted in each program's arguments.
     }
     return {"rollout": compiled_rollout, "prepare": prepare, "update": update}, usage
 
@@ -458,5 +489,6 @@ def check_batch_fits_mesh(cfg: Config, n_batch_shards: int) -> None:
 
 
 __all__ = ["Batch", "GIB", "StepPrograms", "TrainState", "accumulated_value_and_grad", "aot_compile", "bytes_per_device",
-           "check_batch_fits_mesh", "check_memory_fits", "device_memory_limit", "effective_micro_batch", "join_rows",
+           "check_batch_fits_mesh", "check_memory_fits", "critic_frozen", "device_memory_limit", "effective_micro_batch",
+           "full_params", "join_rows",
            "loss_norms", "program_memory", "sequence_logprobs", "sequence_values", "split_rows"]
