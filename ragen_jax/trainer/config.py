@@ -30,6 +30,7 @@ from ragen_jax.models.lora import check_targets as check_lora_targets
 from ragen_jax.models.qwen2.config import REMAT_POLICIES
 from ragen_jax.rollout.types import RolloutConfig
 from ragen_jax.text.conversation import PromptConfig
+from ragen_jax.text.mix import format_mix, parse_mix
 
 CONFIG_DIR = Path(__file__).resolve().parent.parent.parent / "configs"
 
@@ -147,17 +148,92 @@ class ModelConfig:
 @dataclass
 class EnvConfig:
     name: str = "Sokoban"
-    # Parameter overrides passed to `envs_jax.make(name, **overrides)`.
+    # Parameter overrides passed to `envs_jax.make(name, **overrides)`. With `mix`: one dict per
+    # environment of the mix, by name, e.g. {"FrozenLake": {"success_rate": 1.0}}.
     overrides: dict = field(default_factory=dict)
     # Extra environments evaluated at validation time (generalisation), e.g. ("LargerSokoban",).
     val_envs: tuple = ()
+    # RAGEN-2's mixed-environment batches: several environments in one training batch, each with its
+    # number of groups (their sum is rollout.num_groups), in one compiled rollout; e.g.
+    # "Sokoban:4,FrozenLake:4" or (("Sokoban", 4), ("FrozenLake", 4)). Empty: train on `name` alone
+    # (with a mix, `name` is not used). The envs must share the conversation (prompt settings and
+    # action names); training logs train/<Env>/<metric> per env besides the batch's train/<metric>.
+    mix: tuple = ()
+    # The validation set: environments with their number of initial states, "Sokoban:256,FrozenLake:128"
+    # (the forms of `mix`). Empty: train.val_size states of each training env and of each val_envs.
+    val_set: tuple = ()
 
     def validate(self):
         valid = envs_jax.registered_envs()
-        for name in (self.name, *self.val_envs):
-            _choice("env.name" if name == self.name else "env.val_envs", name, valid)
+        if not self.mix:
+            _choice("env.name", self.name, valid)
+        for name in self.val_envs:
+            _choice("env.val_envs", name, valid)
         if not isinstance(self.overrides, dict):
             raise ConfigError(f"env.overrides must be a dict of parameter overrides, got {self.overrides!r}")
+        try:
+            self.mix = parse_mix(self.mix, "env.mix") if self.mix else ()
+            self.val_set = parse_mix(self.val_set, "env.val_set") if self.val_set else ()
+        except ValueError as e:
+            raise ConfigError(str(e)) from None
+        for key, entries in (("env.mix", self.mix), ("env.val_set", self.val_set)):
+            for name, _ in entries:
+                _choice(key, name, valid)
+        if self.val_set and self.val_envs:
+            raise ConfigError("env.val_set lists the whole validation set; put the env.val_envs "
+                              f"{', '.join(self.val_envs)} into it (with their sizes) and leave env.val_envs empty")
+        if self.mix:
+            self._check_mix()
+
+    def _check_mix(self):
+        names = [n for n, _ in self.mix]
+        stray = sorted(set(self.overrides) - set(names))
+        if stray:
+            raise ConfigError(f"with env.mix, env.overrides holds one dict per environment of the mix by name; "
+                              f"{', '.join(map(repr, stray))} {'is' if len(stray) == 1 else 'are'} not in the mix "
+                              f"({', '.join(names)})")
+        actions = {}
+        for name in names:
+            sub = self.overrides.get(name, {})
+            if not isinstance(sub, dict):
+                raise ConfigError(f"env.overrides[{name!r}] must be a dict of parameter overrides, got {sub!r}")
+            try:
+                env, params = envs_jax.make(name, **sub)
+            except ValueError as e:
+                raise ConfigError(f"env.overrides[{name!r}]: {e}") from None
+            if isinstance(env, envs_jax.Bandit):
+                raise ConfigError(f"env.mix cannot hold {name}: Bandit envs run a one-turn, one-action conversation "
+                                  "of their own; mix multi-turn environments (Sokoban, FrozenLake and their variants)")
+            actions[name] = tuple(env.action_names(params))
+        first = names[0]
+        for name in names[1:]:
+            if {a.lower() for a in actions[name]} != {a.lower() for a in actions[first]}:
+                raise ConfigError(f"the environments of env.mix must name the same actions (one compiled rollout "
+                                  f"parses one action list): {first} has {', '.join(actions[first])}, {name} has "
+                                  f"{', '.join(actions[name])}")
+
+    # ---- what the run uses (valid after `validate`) -------------------------------------------
+    @property
+    def train_envs(self) -> tuple[str, ...]:
+        """The training environments: each of the mix, else `name`."""
+        return tuple(n for n, _ in self.mix) if self.mix else (self.name,)
+
+    @property
+    def train_key(self) -> str:
+        """The training env's key in `setup.build_text_envs`: `name`, or the mix as "A:4,B:4"."""
+        return format_mix(self.mix) if self.mix else self.name
+
+    def overrides_for(self, name: str) -> dict:
+        """The parameter overrides `envs_jax.make` gets for `name` (validation envs get none)."""
+        if self.mix:
+            return dict(self.overrides.get(name, {}))
+        return dict(self.overrides) if name == self.name else {}
+
+    def validation_set(self, val_size: int) -> tuple[tuple[str, int], ...]:
+        """((env, number of initial states), ...): `val_set`, else every training env and val_envs at val_size."""
+        if self.val_set:
+            return tuple(self.val_set)
+        return tuple((n, val_size) for n in dict.fromkeys((*self.train_envs, *self.val_envs)))
 
 
 @dataclass
@@ -447,6 +523,9 @@ class Config:
         if self.rollout.cache_dtype is not None:
             _choice("rollout.cache_dtype", self.rollout.cache_dtype, ("float32", "bfloat16"))
         a, r = self.algo, self.rollout
+        if self.env.mix and sum(g for _, g in self.env.mix) != r.num_groups:
+            raise ConfigError(f"env.mix={format_mix(self.env.mix)!r} has {sum(g for _, g in self.env.mix)} groups in all "
+                              f"but rollout.num_groups={r.num_groups}; make the mix's group counts sum to num_groups")
 
         spec = a.filter_spec(r.num_groups)
         slots = spec.slots(r.num_groups)

@@ -362,16 +362,19 @@ def evaluate(policy, params, tokenizer, envs: Sequence[str] = DEFAULT_SUITE, *, 
 
 
 def validate_run(cfg: Config, policy, params, tokenizer, *, mesh=None, vocab=None) -> dict:
-    """A training run's validation (RL and SFT alike): `train.val_size` fixed states from `train.val_seed`,
-    one rollout each at `train.val_temperature`, on the training env and `env.val_envs`; flat
-    `val/<Env>/<metric>` numbers plus `timing/validation_s`."""
+    """A training run's validation (RL and SFT alike): the validation set `cfg.env.validation_set`
+    (`env.val_set`: environments with their number of states; default `train.val_size` states of each
+    training env - the envs of `env.mix` - and of `env.val_envs`), fixed states from `train.val_seed`,
+    one rollout each at `train.val_temperature`; flat `val/<Env>/<metric>` numbers plus
+    `timing/validation_s`. Each env runs its own compiled rollout (cached: compiled once)."""
     t0 = time.perf_counter()
-    envs = list(dict.fromkeys([cfg.env.name, *cfg.env.val_envs]))
-    results = evaluate(
-        policy, params, tokenizer, envs, num_states=cfg.train.val_size, seed_start=cfg.train.val_seed,
-        temperature=cfg.train.val_temperature, prompt=cfg.prompt, max_context=cfg.rollout.max_context, mesh=mesh,
-        key=jax.random.PRNGKey(cfg.train.seed + 7), env_overrides={cfg.env.name: cfg.env.overrides},
-        cache_dtype=cfg.rollout.cache_dtype, vocab=vocab)
+    results = {}
+    for name, size in cfg.env.validation_set(cfg.train.val_size):
+        results.update(evaluate(
+            policy, params, tokenizer, [name], num_states=size, seed_start=cfg.train.val_seed,
+            temperature=cfg.train.val_temperature, prompt=cfg.prompt, max_context=cfg.rollout.max_context, mesh=mesh,
+            key=jax.random.PRNGKey(cfg.train.seed + 7), env_overrides={name: cfg.env.overrides_for(name)},
+            cache_dtype=cfg.rollout.cache_dtype, vocab=vocab))
     out = flat_metrics(results)
     out["timing/validation_s"] = time.perf_counter() - t0
     return out
