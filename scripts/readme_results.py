@@ -243,14 +243,20 @@ def demo_section(root: Path) -> list[str]:
 
     targets = summary.get("targets") or {}
     if targets:
-        out += ["| target | value | goal | result |", "|---|---|---|---|"]
+        out += ["| target | value | goal | result | paired: before -> after (states) | flips gained / lost | "
+                "McNemar p |", "|---|---|---|---|---|---|---|"]
         for label, t in targets.items():
             res = "reached" if t.get("reached") else "**NOT reached**"
-            if "stderr" in t:
-                noise = "within" if t.get("within_noise") else "beyond"
-                res += f" (s.e. {_num(t['stderr'], '.3f')}: {noise} noise)"
-            out.append(f"| {label} | {_num(t.get('value'), '.3f')} | {_num(t.get('target'), '.2f')} | {res} |")
-        out.append("")
+            if "p_value" in t:
+                paired = (f"{_num(t.get('before'), '.3f')} -> {_num(t.get('after'), '.3f')} ({t.get('states', '-')})",
+                          f"{t.get('gained', '-')} / {t.get('lost', '-')}", _num(t.get("p_value"), ".2g"))
+            else:
+                paired = ("-", "-", "-")
+            out.append(f"| {label} | {_num(t.get('value'), '+.3f' if 'p_value' in t else '.3f')} | "
+                       f"{_num(t.get('target'), '.2f')} | {res} | " + " | ".join(paired) + " |")
+        out += ["", "A gain is RL's change over its warm start on the same states with the same sampling key: "
+                "the states that flipped each way, and the exact McNemar p-value (two-sided binomial test on "
+                "the flipped states, `ragen_jax/trainer/paired.py`).", ""]
 
     # Only the curves that were published: a name in the summary whose PNG is missing would be a broken image.
     pngs = [Path(c).name for c in summary.get("curves") or []]

@@ -1,8 +1,8 @@
 """launch/demo.py: the quick demo writes well-formed eval.json, curves and summary (it need not learn).
 
-One subprocess run of the Bandit half (`--quick --skip-bandit` would exercise the same code path
-with a multi-turn env at several times the compile cost; the Sokoban configs are checked to load
-and validate instead). Truths: the files' own structure against the stage and env lists, counts
+One subprocess run of the Bandit part (`--quick` on Sokoban or FrozenLake would exercise the same
+code path with a multi-turn env at several times the compile cost; their configs are checked to
+load and validate instead). Truths: the files' own structure against the stage and env lists, counts
 against the configured sizes (steps, iterations, states), metric ranges and identities
 (high_arm_rate == success on Bandit), PNG magic bytes, TensorBoard event files per stage.
 """
@@ -29,7 +29,8 @@ import demo  # noqa: E402
 @pytest.fixture(scope="module")
 def quick_run(tmp_path_factory):
     work = tmp_path_factory.mktemp("demo")
-    proc = subprocess.run([sys.executable, str(DEMO), "--workdir", str(work), "--quick", "--skip-sokoban", "--quiet",
+    proc = subprocess.run([sys.executable, str(DEMO), "--workdir", str(work), "--quick", "--skip-sokoban",
+                           "--skip-frozen-lake", "--quiet",
                            "--eval-states", str(EVAL_STATES), "--publish", str(work / "published")],
                           capture_output=True, text=True, timeout=900,
                           cwd=str(ROOT))
@@ -54,6 +55,9 @@ def test_eval_json(quick_run):
             for k in ("success", "action_is_valid", "format_ok", "pass@1"):
                 assert _finite01(m[k]), (stage, env, k, m[k])
             assert m["high_arm_rate"] == m["success"]
+            # Per-state outcomes in seed order (what the paired comparison of two stages reads).
+            assert len(m["state_success"]) == EVAL_STATES and set(m["state_success"]) <= {0.0, 1.0}
+            assert abs(sum(m["state_success"]) / EVAL_STATES - m["success"]) < 1e-9
             # One rollout per state: pass@1 is the success rate itself.
             assert abs(m["pass@1"] - m["success"]) < 1e-6
             # Bandit rewards are in {format penalty (<= 0), 0, 0.1, 1}: the mean lies in [-1, 1].
@@ -111,25 +115,39 @@ def test_publish_copies_the_results(quick_run):
 def test_configs_and_bad_arguments(capsys):
     from ragen_jax.trainer.config import load_config
 
-    for name, quick in ((demo.SOKOBAN_CONFIG, demo.QUICK_SOKOBAN), (demo.BANDIT_CONFIG, demo.QUICK_BANDIT)):
+    for name, quick in ((demo.SOKOBAN_CONFIG, demo.QUICK_SOKOBAN), (demo.BANDIT_CONFIG, demo.QUICK_BANDIT),
+                        (demo.FROZEN_LAKE_CONFIG, demo.QUICK_FROZEN_LAKE)):
         for over in ((), quick):
             cfg = load_config(name, list(over))
             assert cfg.model.vocab == "task" and cfg.model.random_init and cfg.mesh.data == 1
     assert load_config(demo.BANDIT_CONFIG).sft.bandit_high_prob == 0.5
-    assert demo.main(["--workdir", "/nonexistent/x", "--skip-bandit", "--skip-sokoban"]) == 2
+    assert demo.main(["--workdir", "/nonexistent/x", "--skip-bandit", "--skip-sokoban", "--skip-frozen-lake"]) == 2
     with pytest.raises(SystemExit):
         demo.parse_args(["--workdir", "w", "--config.algo.eps_low=0.1"])
-    _, over = demo.parse_args(["--workdir", "w", "--sokoban.sft.epochs=3", "--bandit.optim.actor_lr=1e-3"])
-    assert over == {"sokoban": ["sft.epochs=3"], "bandit": ["optim.actor_lr=1e-3"]}
+    _, over = demo.parse_args(["--workdir", "w", "--sokoban.sft.epochs=3", "--bandit.optim.actor_lr=1e-3",
+                               "--frozen_lake.train.iterations=4"])
+    assert over == {"sokoban": ["sft.epochs=3"], "bandit": ["optim.actor_lr=1e-3"],
+                    "frozen_lake": ["train.iterations=4"]}
 
 
 def test_check_targets_hand_computed():
+    # Per-state success of the warm start and of RL on the same 10 states: 4 gained, 1 lost.
+    before = [0, 0, 0, 0, 1, 1, 1, 0, 0, 1]
+    after = [1, 1, 1, 1, 0, 1, 1, 0, 0, 1]
     r = {"bandit/rl": {"Bandit": {"high_arm_rate": 0.95}},
-         "sokoban/sft": {"Sokoban": {"success": 0.5, "num_episodes": 100}},
-         "sokoban/rl": {"Sokoban": {"success": 0.4, "num_episodes": 100}}}
+         "sokoban/sft": {"Sokoban": {"success": 0.4, "state_success": before}},
+         "sokoban/rl": {"Sokoban": {"success": 0.7, "state_success": after}},
+         "frozen_lake/sft": {"FrozenLake": {"success": 0.5, "state_success": [1, 0]}},
+         "frozen_lake/rl": {"FrozenLake": {"success": 0.5, "state_success": [0, 1]}}}
     t = demo.check_targets(r)
     assert t["bandit/rl Bandit high_arm_rate"]["reached"] is True
-    assert t["sokoban/rl Sokoban success"]["value"] == 0.4 and t["sokoban/rl Sokoban success"]["reached"] is False
-    low = t["sokoban: RL does not lower success"]
-    # se = sqrt((0.25 + 0.24) / 100) = 0.07; -0.1 is within 2 se, so noise, yet "lower".
-    assert abs(low["stderr"] - 0.07) < 1e-9 and low["reached"] is False and low["within_noise"] is True
+    assert t["sokoban/rl Sokoban success"]["value"] == 0.7 and t["sokoban/rl Sokoban success"]["reached"] is True
+    g = t["sokoban: RL gain over warm start (Sokoban success)"]
+    assert (g["gained"], g["lost"], g["states"]) == (4, 1, 10)
+    assert abs(g["value"] - 0.3) < 1e-12 and g["reached"] is True
+    # Exact McNemar on 4 vs 1: 2 * (C(5,0) + C(5,1)) / 2^5 = 12/32.
+    assert abs(g["p_value"] - 0.375) < 1e-12
+    f = t["frozen_lake: RL gain over warm start (FrozenLake success)"]
+    assert (f["gained"], f["lost"], f["value"], f["reached"], f["p_value"]) == (1, 1, 0.0, False, 1.0)
+    line = demo.format_target("x", g)
+    assert "4 gained, 1 lost" in line and "p = 0.38" in line and "0.400 -> 0.700" in line
