@@ -141,6 +141,23 @@ def _attn_out_mlp(cfg: Qwen2Config, p, x, attn):
     return x + _dense(jax.nn.silu(_dense(h, m["gate_proj"], s)) * _dense(h, m["up_proj"], s), m["down_proj"], s)
 
 
+def _write_kv(cache: jax.Array, li, rows, slots, new: jax.Array) -> jax.Array:
+    """cache[li, rows, slots] = new for the stacked [L, B, S, ...] cache; slots >= S are dropped.
+
+    One scatter into the stack, in place, except on XLA:CPU with a 16-bit cache: XLA:CPU has no
+    bfloat16/float16 scatter and converts the whole operand (every layer's cache) to float32 and back
+    around it, two full-cache float32 copies per layer and token. There the scatter goes into this
+    layer's slice as same-width integers (bit-exact) and the slice is written back in place.
+    """
+    new = new.astype(cache.dtype)
+    if cache.dtype.itemsize >= 4 or jax.default_backend() != "cpu":
+        return cache.at[li, rows, slots].set(new, mode="drop")
+    bits = jnp.dtype(f"uint{8 * cache.dtype.itemsize}")
+    layer = jax.lax.bitcast_convert_type(jax.lax.dynamic_index_in_dim(cache, li, 0, keepdims=False), bits)
+    layer = layer.at[rows, slots].set(jax.lax.bitcast_convert_type(new, bits), mode="drop")
+    return jax.lax.dynamic_update_index_in_dim(cache, jax.lax.bitcast_convert_type(layer, cache.dtype), li, 0)
+
+
 def decoder_stack(cfg: Qwen2Config, layers, x, valid, cache: KVCache | None, prefix: "PrefixKV | None" = None,
                   return_kv: bool = False):
     """Run all layers. `layers` is the pure dict of stacked [L, ...] arrays. Returns (x, cache), or
@@ -191,8 +208,7 @@ def decoder_stack(cfg: Qwen2Config, layers, x, valid, cache: KVCache | None, pre
         q, k, v = _attn_in(cfg, p, x, cos, sin)
         # Scatter only the new rows into the loop-carried stacked cache (updated in place by XLA);
         # then read back this layer's [B, S, ...] slice: decode costs O(S) per token, no O(S^2).
-        ck = ck.at[li, rows, write].set(k.astype(ck.dtype), mode="drop")
-        cv = cv.at[li, rows, write].set(v.astype(cv.dtype), mode="drop")
+        ck, cv = _write_kv(ck, li, rows, write, k), _write_kv(cv, li, rows, write, v)
         keys = jax.lax.dynamic_index_in_dim(ck, li, axis=0, keepdims=False)
         vals = jax.lax.dynamic_index_in_dim(cv, li, axis=0, keepdims=False)
         # A query sees every slot <= its own (the cache rule); per-row offsets, so no cudnn/splash.
