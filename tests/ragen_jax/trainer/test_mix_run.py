@@ -16,7 +16,7 @@ from ragen_jax.trainer.setup import check_run_dir_config
 
 TINY = ["train.iterations=1", "train.val_every=1", "env.val_set=Sokoban:2,FrozenLake:3", "train.save_every=1",
         "rollout.group_size=2", "algo.mini_batch_size=2", "prompt.max_response_tokens=12", "rollout.max_context=640",
-        "train.log_samples=0", "train.collapse_every=0", "mesh.data=1"]
+        "train.log_samples=1", "train.collapse_every=1", "train.collapse_samples=4", "mesh.data=1"]
 METRICS = ("success", "reward_mean", "format_ok", "num_actions", "in_group_std", "pass_at_n")
 
 
@@ -54,6 +54,7 @@ def test_mix_cpu_one_tiny_iteration(tmp_path):
     # The validation set: each env with its own number of states.
     assert val["val/Sokoban/num_states"] == 2 and val["val/FrozenLake/num_states"] == 3
     tb = _tb_scalars(tmp_path / "run")
+    assert "collapse/first_turn_valid_rate" in h  # the reasoning-collapse probe reads mixed rows too
     for tag in ("train/Sokoban/success", "train/FrozenLake/reward_mean", "val/FrozenLake/success", "train/success"):
         assert tag in tb, tag
     assert tb["train/Sokoban/success"][-1] == pytest.approx(h["train/Sokoban/success"])
