@@ -15,7 +15,6 @@ import math
 from pathlib import Path
 
 import jax
-import jax.numpy as jnp
 from flax import nnx
 
 import envs_jax

@@ -445,12 +445,12 @@ def aot_compile(rollout, prepare_jit, update_jit, state: TrainState, ref, key, g
         batch = _outputs(prepare)[0]
         update = update_jit.lower(st, batch, frozen).compile()
     ref_bytes = bytes_per_device(ref) if ref is not None else 0
+    # The LoRA base is among every program's arguments (the rollout's actor = base + adapters, the
+    # `frozen` argument of prepare and update): counted in their peaks, never as resident.
     usage = {
         "rollout": (program_memory(compiled_rollout), bytes_per_device((st.actor_opt, st.critic, st.critic_opt)) + ref_bytes),
         "prepare": (program_memory(prepare), bytes_per_device((st.actor_opt, st.critic_opt))),
         "update": (program_memory(update), ref_bytes + bytes_per_device(traj)),
-        # The rollout's arguments hold the LoRA base (actor = base + adapters); prepare and update
-        # take it as their `frozen` argument: it is counted in each program's arguments.
     }
     return {"rollout": compiled_rollout, "prepare": prepare, "update": update}, usage
 
