@@ -98,6 +98,8 @@ def host_rollout(model, text_env, parser, cfg, key, group_seeds, token_bytes):
             parsed = parser.parse_text(forced_text + tok.decode(gen, skip_special_tokens=False))
             reward = 0.0
             st = states[a_row]
+            if hasattr(text_env, "restrict_to_state"):  # names this episode does not accept: dropped, penalised
+                parsed = jax.tree.map(np.asarray, text_env.restrict_to_state(parsed, st))
             for a in range(int(parsed.num_actions)):
                 k = jax.random.fold_in(jax.random.fold_in(k_env, a), a_row)
                 _, st, rew, _, _ = step(k, st, jnp.int32(parsed.actions[a]), params)

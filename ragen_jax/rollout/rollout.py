@@ -280,7 +280,7 @@ class Rollout:
         key, k_sample, k_env = jax.random.split(c.key, 3)
         seg = self._segment(c)
         out = self._answer(model, stop_table, c, seg, k_sample)
-        parsed = self._parse(out)
+        parsed = self._restrict(self._parse(out), c.state)
         executed = self._execute(c.state, parsed, seg.active, k_env)
         return self._record(c, key, seg, out, parsed, executed)
 
@@ -329,6 +329,12 @@ class Rollout:
         forced = jnp.broadcast_to(jnp.asarray(self.forced), (out.tokens.shape[0], len(self.forced)))
         return jax.vmap(self.parser.parse)(jnp.concatenate([forced, out.tokens], axis=1),
                                            len(self.forced) + out.lengths)
+
+    def _restrict(self, parsed: Parsed, state) -> Parsed:
+        """Drop the names each row's own state does not accept (flagged, so the turn is penalised):
+        an env whose action names depend on the episode (BanditPairs draws its arm pair per reset)."""
+        restrict = getattr(self.text_env, "restrict_to_state", None)
+        return parsed if restrict is None else jax.vmap(restrict)(parsed, state)
 
     def _execute(self, state, parsed: Parsed, active, key) -> _Executed:
         """Step the env with each active row's valid actions, in answer order."""

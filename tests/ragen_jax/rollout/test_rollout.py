@@ -104,6 +104,34 @@ def test_garbage_answers_get_the_format_penalty_every_turn(tok):
     assert m["format_ok"] == 0.0 and m["num_turns"] == 3.0
 
 
+def test_bandit_pairs_answer_naming_another_pairs_arm_gets_the_format_penalty(tok):
+    """BanditPairs draws each episode's arm pair at reset: a name of another pair is no valid action
+    for that episode (issue 16, the reference's per-state action lookup). Hand-computed outcomes."""
+    te = _text_env(tok, "BanditPairs", max_turns=1, max_response_tokens=24)
+    env, params = te.env, te.env_params
+    names = env.action_names(params)
+    pair_of = {s: int(_initial_states(te, [s])[0].pair) for s in range(40)}
+    s0 = 0
+    s1 = next(s for s in range(1, 40) if pair_of[s] != pair_of[s0])  # two groups, two different pairs
+    low0, high0 = names[2 * pair_of[s0]], names[2 * pair_of[s0] + 1]
+    low1, high1 = names[2 * pair_of[s1]], names[2 * pair_of[s1] + 1]
+    answer = " x</think><answer>{}</answer>".format
+    texts = [[answer(low0)],  # own pair, low arm: its reward, no penalty
+             [answer(low1)],  # the other group's arm: dropped, nothing pulled, penalty only
+             [answer(f"{low0} || {low1}")],  # another pair's name next to an own one: own pulled + penalty
+             [answer(high1)]]  # own pair, high arm: success, no penalty
+    cfg = RolloutConfig(num_groups=2, group_size=2, max_context=1024, greedy=True)
+    policy = ScriptedPolicy(make_script(tok, texts, cfg.group_size))
+    traj = Rollout(policy, te, cfg)(nnx.state(policy), jax.random.PRNGKey(3), np.array([s0, s1]))
+    pen, low = -0.1, params.low_reward
+    np.testing.assert_allclose(np.asarray(traj.reward[:3]), [low, pen, low + pen], atol=1e-6)
+    assert float(traj.reward[3]) in (params.high_reward, params.high_fail_reward)
+    assert np.asarray(traj.num_format_errors).tolist() == [0, 1, 1, 0]
+    assert np.asarray(traj.num_actions).tolist() == [1, 0, 1, 1]
+    assert np.asarray(traj.action_is_valid).tolist() == [True, False, False, True]
+    assert np.asarray(traj.success).tolist() == [False, False, False, True]
+
+
 def test_context_overflow_truncates_cleanly(tok):
     te = _text_env(tok, "Sokoban", max_turns=5, max_response_tokens=40)
     first = len(te.prefix_ids) + te.max_segment_len
