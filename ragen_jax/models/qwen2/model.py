@@ -47,6 +47,11 @@ from ragen_jax.models.qwen2.config import REMAT_POLICIES, Qwen2Config
 
 f32 = jnp.float32
 
+# Single-token decode steps unroll the layer loop (see `decoder_stack`): faster decode, at the cost of
+# one per-layer copy of the layer weights (in the compute dtype) alive while a program decodes.
+# False restores the scan over stacked weights (no copy kept, every token re-slices them).
+DECODE_UNROLL = True
+
 
 # ----------------------------------------------------------------------------- KV cache
 @struct.dataclass
@@ -216,8 +221,20 @@ def decoder_stack(cfg: Qwen2Config, layers, x, valid, cache: KVCache | None, pre
         return (_attn_out_mlp(cfg, p, x, out), ck, cv), None
 
     # No remat here: the cached path is inference (remat would only keep per-layer cache copies alive).
-    li = jnp.arange(cfg.num_hidden_layers, dtype=jnp.int32)
-    (x, ck, cv), _ = jax.lax.scan(layer, (x, cache.k, cache.v), (layers, li))
+    carry = (x, cache.k, cache.v)
+    if t == 1 and DECODE_UNROLL:
+        # Single-token decode runs inside the sampler's token loop. A scan over the stacked [L, ...]
+        # weights slices (copies) every layer's weights on every token before its matmul (XLA:CPU
+        # does not fuse a dynamic slice into a dot), tripling the memory traffic of a step that is
+        # bound by streaming the weights. With static layer indices the slices are loop-invariant
+        # and XLA hoists them out of the token loop: one copy per program run instead of one per
+        # token (docs/decode.md).
+        for li in range(cfg.num_hidden_layers):
+            carry, _ = layer(carry, (jax.tree.map(lambda a, i=li: a[i], layers), li))
+    else:
+        li = jnp.arange(cfg.num_hidden_layers, dtype=jnp.int32)
+        carry, _ = jax.lax.scan(layer, carry, (layers, li))
+    x, ck, cv = carry
     return x, KVCache(k=ck, v=cv, end=cache.end + n_new)
 
 
