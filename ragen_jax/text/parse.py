@@ -11,7 +11,8 @@ The reference (behaviour spec section 3) does, on the decoded assistant text:
 
 1. Decode: every id becomes its raw bytes (from `token_bytes_table`), scattered by cumulative
    length into a per-row buffer of static size `len(ids) * Lmax`, Lmax being the longest token
-   actually present in the table (128 bytes for Qwen2.5). This is an exact upper bound, so no
+   actually present in the table (128 bytes for Qwen2.5), or the longest of the ids the caller
+   says can occur (`emit_ids`, e.g. a task vocabulary). This is an exact upper bound, so no
    input is ever truncated. Ids outside the table (or at positions >= length) contribute nothing.
 2. Why bytes suffice although Python works on the text decoded with errors="replace": ASCII bytes
    are never swallowed by a U+FFFD replacement (they are not UTF-8 continuation bytes), so the
@@ -136,10 +137,15 @@ class Parser:
     the sampled ids, so that the same bytes reach both. `parse(ids, length)` reads `ids[:length]`;
     `ids` may have any static length T (e.g. max_tokens = prefix + per-turn budget); its byte
     buffer holds T * `token_max_bytes` bytes (see `max_bytes`).
+
+    `emit_ids` (optional): every id `parse` can receive, e.g. a task vocabulary's ids
+    (`VocabMap.to_qwen`) together with the forced prefix's ids. `token_max_bytes` is then the longest
+    of THESE tokens (a much smaller buffer than the vocabulary's 128 bytes per id) and ids outside the
+    set decode to no bytes, like ids outside the table: exact for inputs drawn from the set.
     """
 
     def __init__(self, tokenizer, action_names: tuple[str, ...], max_actions_per_turn: int,
-                 think: bool = True, max_tokens: int = 400):
+                 think: bool = True, max_tokens: int = 400, emit_ids=None):
         names = tuple(action_names)
         if not names:
             raise ValueError("action_names is empty; a parser needs at least one action name")
@@ -166,6 +172,15 @@ class Parser:
         table, lengths = token_bytes_table(tokenizer)
         lengths = np.asarray(lengths)
         self.vocab_size = int(lengths.shape[0])
+        if emit_ids is not None:
+            # Only these ids can reach `parse` (a model with its own small vocabulary plus the forced
+            # prefix): the buffer bound is their longest token, not the whole vocabulary's.
+            emit = np.unique(np.asarray(emit_ids, np.int64).reshape(-1))
+            if emit.size == 0 or emit[0] < 0:
+                raise ValueError("emit_ids must be a non-empty set of token ids >= 0 (or None for every id)")
+            allowed = np.zeros(lengths.shape, bool)
+            allowed[emit[emit < lengths.shape[0]]] = True
+            lengths = np.where(allowed, lengths, 0)
         self.token_max_bytes = int(max(1, lengths.max()))
         # Flat byte store (about 1 MB) instead of the [V, Lmax] table (about 19 MB): it is a
         # constant of every program that parses. Padded by Lmax so that gathers stay in range.
