@@ -224,13 +224,16 @@ def decoder_stack(cfg: Qwen2Config, layers, x, valid, cache: KVCache | None, pre
     carry = (x, cache.k, cache.v)
     if t == 1 and DECODE_UNROLL:
         # Single-token decode runs inside the sampler's token loop. A scan over the stacked [L, ...]
-        # weights slices (copies) every layer's weights on every token before its matmul (XLA:CPU
-        # does not fuse a dynamic slice into a dot), tripling the memory traffic of a step that is
-        # bound by streaming the weights. With static layer indices the slices are loop-invariant
-        # and XLA hoists them out of the token loop: one copy per program run instead of one per
-        # token (docs/decode.md).
+        # weights slices (copies) every layer's weights on every token before its matmuls (XLA:CPU
+        # does not fuse a slice into a dot), tripling the memory traffic of a step that is bound by
+        # streaming the weights. Static per-layer slices are loop-invariant, but XLA's loop-invariant
+        # code motion leaves a bare slice in the loop ("cheap"); behind an optimization barrier it
+        # hoists it: one copy per layer (cast to the compute dtype, which every use does anyway) per
+        # program run instead of one per token (docs/decode.md).
+        dt = jnp.dtype(cfg.dtype)
         for li in range(cfg.num_hidden_layers):
-            carry, _ = layer(carry, (jax.tree.map(lambda a, i=li: a[i], layers), li))
+            p = jax.lax.optimization_barrier(jax.tree.map(lambda a, i=li: a[i].astype(dt), layers))
+            carry, _ = layer(carry, (p, li))
     else:
         li = jnp.arange(cfg.num_hidden_layers, dtype=jnp.int32)
         carry, _ = jax.lax.scan(layer, carry, (layers, li))

@@ -57,3 +57,38 @@ def test_unrolled_decode_equals_layer_scan(cache_dtype):
         assert not got[:, 1, 7:].any() and not got[:, 0, 8:].any()
         # Every layer got its own keys/values (a wrong static index would leave a layer empty).
         assert all(got[li, :, :7].any() for li in range(cfg.num_hidden_layers))
+
+
+def test_token_loop_carries_hoisted_layer_weights():
+    """The performance property itself, read from the compiled program: the sampler's token loop
+    carries each layer's weights as its own buffer (sliced once, before the loop), so no step
+    copies weights out of the stacked [L, ...] arrays. With the layer scan it carries the stacks."""
+    from ragen_jax.rollout import sampler
+
+    cfg = Qwen2Config.from_preset("tiny", num_hidden_layers=3, intermediate_size=136)  # [64, 136]: unique
+    model = Qwen2(cfg, nnx.Rngs(0))
+    graphdef, params = nnx.split(model)
+
+    def token_loop_signature(unroll):
+        old = qwen2_model.DECODE_UNROLL
+        qwen2_model.DECODE_UNROLL = unroll
+        try:
+            def gen(params, tokens):
+                m = nnx.merge(graphdef, params)
+                cache = KVCache.init(cfg, batch=2, max_len=12, dtype="float32")
+                logits, cache = sampler.prefill(m, cache, tokens, jnp.ones_like(tokens, bool))
+                return sampler.decode(m, cache, logits, jax.random.key(0), max_new_tokens=6, greedy=True).tokens
+
+            text = jax.jit(gen).lower(params, jnp.ones((2, 5), jnp.int32)).compile().as_text()
+        finally:
+            qwen2_model.DECODE_UNROLL = old
+        # The token loop is the while whose state holds the KV cache and the [B, N+1] token buffer.
+        loops = [ln for ln in text.splitlines() if " while(" in ln and "s32[2,7]" in ln]
+        assert len(loops) == 1, loops
+        return loops[0]
+
+    unrolled, scanned = token_loop_signature(True), token_loop_signature(False)
+    # gate and up kernels of each of the 3 layers, as separate [64, 136] buffers
+    assert unrolled.count("f32[64,136]") == 2 * cfg.num_hidden_layers
+    assert "f32[3,64,136]" not in unrolled
+    assert scanned.count("f32[64,136]") == 0 and "f32[3,64,136]" in scanned
