@@ -1,14 +1,26 @@
-"""Decode throughput of `ragen_jax.rollout.sampler.generate` next to transformers' PyTorch `generate`.
+"""Decode throughput of `ragen_jax.rollout.sampler.generate` next to its peers, side by side in one run.
 
-Random weights, a prompt of `--prompt-len` ids, `--new-tokens` new tokens, greedy, no stop token
-(every row generates all tokens), float32. Tokens/s = batch * new_tokens / wall time of one full
-call (prefill included), median of `--repeats` after one warm-up call (which includes compilation,
-timed separately). When torch is importable, the SAME weights (our `hf_state_dict`) are loaded into
-`transformers.Qwen2ForCausalLM` and run with the same prompts, interleaved with ours so that both
-see the same machine load; the greedy tokens of both are compared as a sanity check.
+Random weights, a prompt of `--prompt-len` random ids, `--new-tokens` new tokens, greedy, no stop
+token (every row generates all tokens), float32. Tokens/s = batch * new_tokens / wall time of one
+full call (prefill included), median of `--repeats` after one warm-up call (which includes
+compilation, timed separately). Peers, each measured in the same run and interleaved with ours
+call by call (the CPU is shared: only ratios taken in one run mean something):
 
-Usage: python -m bench.sampler [--rows tiny:1,16,64 --rows qwen2.5-0.5b:1,16] [--repeats 3]
-       [--no-torch] [--out bench/results/sampler.json]
+  torch       transformers' `Qwen2ForCausalLM.generate`, float32, the SAME weights (our
+              `hf_state_dict`); its greedy tokens are compared with ours (`greedy_tokens_equal_frac`).
+  torch_bf16  the same model cast to bfloat16 (weights and compute).
+  tunix       Tunix's `Sampler` on its own Qwen2 (same shapes, its own random weights, float32),
+              when `tunix` is importable (bench/README.md has the recipe; never a project dependency).
+  ours_scan   (`--before`) our sampler with the pre-issue-14 decode path: the layer loop a scan over
+              the stacked weights (`models.qwen2.model.DECODE_UNROLL = False`).
+
+Each row also has the memory-bandwidth bound of the decode steps: one decode step streams every
+weight once (the layer stack plus the tied vocabulary head), so decode-only tokens/s <=
+batch / (weight_bytes / bandwidth). The bandwidth is measured in the same run (`--bandwidth-gbs`
+overrides it): the best of a few timed reductions over a 1 GiB float32 array.
+
+Usage: python -m bench.sampler [--rows tiny:64 --rows qwen2.5-0.5b:16,64] [--repeats 3] [--before]
+       [--no-torch] [--no-tunix] [--out bench/results/sampler.json]
 """
 
 from __future__ import annotations
@@ -29,19 +41,21 @@ from flax import nnx
 
 from bench._common import machine as common_machine  # noqa: E402
 from bench._common import write_result  # noqa: E402
-from ragen_jax.rollout import sampler
 from ragen_jax.models import Qwen2, Qwen2Config
+from ragen_jax.models.qwen2 import model as qwen2_model
 from ragen_jax.models.qwen2.weights import hf_state_dict
+from ragen_jax.rollout import sampler
 
 RESULTS = Path(__file__).resolve().parent / "results" / "sampler.json"
-DEFAULT_ROWS = ("tiny:1,16,64", "qwen2.5-0.5b:1,16")
+DEFAULT_ROWS = ("tiny:64", "qwen2.5-0.5b:16,64")
+PEER_NAMES = ("torch", "torch_bf16", "tunix")
 
-# architecture.md, "Speed of peers on a machine like ours (2-core CPU)": tokens/s, f32 unless noted.
-PEERS = {
-    ("tiny", 64): {"tunix": 765, "torch": 1374},
-    ("qwen2.5-0.5b", 16): {"tunix": 40.6, "torch": 36.4, "torch_bf16": 76.0},
-    ("qwen2.5-0.5b", 1): {"tunix": 10.6, "torch": 6.0, "torch_bf16": 12.6},
-}
+
+def targets_for(name: str) -> dict:
+    """Issue 14's targets, as minimum ratios ours / peer."""
+    if name == "tiny":
+        return {"best_peer": 3.0}
+    return {"tunix": 1.5, "torch_bf16": 1.0}
 
 
 def parse_rows(specs):
@@ -73,19 +87,41 @@ def machine():
         info["torch_threads"] = torch.get_num_threads()
     except ImportError:
         info["torch"] = None
+    info["tunix"] = _tunix_version()
     return info
 
 
-def time_call(fn, repeats):
-    times = []
+def _tunix_version():
+    try:
+        from importlib.metadata import version
+
+        import tunix  # noqa: F401
+
+        return version("google-tunix")
+    except Exception:  # noqa: BLE001 - any failure means "not available"
+        return None
+
+
+def measure_bandwidth_gbs(n_bytes: int = 1 << 30, repeats: int = 5) -> float:
+    """Read bandwidth (GB/s): best of `repeats` jitted sums over an `n_bytes` float32 array."""
+    x = jnp.ones((n_bytes // 4,), jnp.float32)
+    f = jax.jit(jnp.sum)
+    f(x).block_until_ready()
+    best = float("inf")
     for _ in range(repeats):
         t0 = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - t0)
-    return times
+        f(x).block_until_ready()
+        best = min(best, time.perf_counter() - t0)
+    del x
+    return n_bytes / best / 1e9
 
 
-def torch_model(model):
+def weight_bytes(model) -> int:
+    """Bytes one decode step must read: every parameter once (the tied head is the embedding)."""
+    return int(sum(v.size * v.dtype.itemsize for v in jax.tree.leaves(nnx.state(model, nnx.Param))))
+
+
+def torch_model(model, dtype: str = "float32"):
     import torch
     import transformers
 
@@ -100,60 +136,151 @@ def torch_model(model):
     if unexpected or [k for k in missing if k != "lm_head.weight"]:
         raise RuntimeError(f"weight transfer to transformers failed: missing {missing}, unexpected {unexpected}")
     tm.tie_weights()
+    if dtype == "bfloat16":
+        tm = tm.to(torch.bfloat16)
     return tm.eval()
 
 
-def bench_row(name, batch, args, model, tmodel):
+def torch_generate_fn(tmodel, prompts: np.ndarray, n: int):
+    import torch
+
+    ids = torch.from_numpy(prompts.astype(np.int64))
+    mask = torch.ones_like(ids)
+
+    def fn():
+        with torch.inference_mode():
+            return tmodel.generate(
+                input_ids=ids, attention_mask=mask, max_new_tokens=n, min_new_tokens=n, do_sample=False,
+                pad_token_id=0, eos_token_id=None, use_cache=True,
+            )[:, prompts.shape[1]:].numpy()
+
+    return fn
+
+
+def tunix_generate_fn(cfg: Qwen2Config, prompts: np.ndarray, n: int):
+    """Tunix's sampler on a Tunix Qwen2 of the same shapes (random weights), greedy, float32."""
+    from tunix.generate import sampler as tsampler
+    from tunix.models.qwen2 import model as tmodel
+
+    tcfg = tmodel.ModelConfig(
+        num_layers=cfg.num_hidden_layers, vocab_size=cfg.vocab_size, embed_dim=cfg.hidden_size,
+        hidden_dim=cfg.intermediate_size, num_heads=cfg.num_attention_heads, head_dim=cfg.head_dim,
+        num_kv_heads=cfg.num_key_value_heads, rope_theta=int(cfg.rope_theta), norm_eps=cfg.rms_norm_eps,
+        use_tied_embedding=cfg.tie_word_embeddings,
+    )
+    model = tmodel.Qwen2(tcfg, rngs=nnx.Rngs(0))
+
+    class _Tok:  # Tunix's sampler wants a tokenizer; prompts are passed as ids, so only ids matter
+        def encode(self, s, **_):
+            return [int(t) for t in s.split()]
+
+        def decode(self, ids, **_):
+            return " ".join(str(int(t)) for t in ids)
+
+        def bos_id(self):
+            return 0
+
+        def eos_id(self):
+            return -1
+
+        def pad_id(self):
+            return 0
+
+    cache_cfg = tsampler.CacheConfig(cache_size=prompts.shape[1] + n, num_layers=cfg.num_hidden_layers,
+                                     num_kv_heads=cfg.num_key_value_heads, head_dim=cfg.head_dim)
+    s = tsampler.Sampler(transformer=model, tokenizer=_Tok(), cache_config=cache_cfg)
+    text = [" ".join(str(int(t)) for t in row) for row in prompts]
+
+    def fn():
+        out = s(text, max_generation_steps=n, temperature=0.0, echo=False, return_logits=False)
+        return np.asarray([np.asarray(t)[-n:] for t in out.tokens])
+
+    return fn
+
+
+def bench_row(name, batch, args, model, peers: dict, before: bool, bw_gbs: float):
     rng = np.random.default_rng(batch)
     prompts = rng.integers(0, 151643, (batch, args.prompt_len)).astype(np.int32)
     tokens = jnp.asarray(prompts)
     valid = jnp.ones_like(tokens, bool)
     n = args.new_tokens
+    graphdef, state = nnx.split(model)
 
-    def ours():
-        out = sampler.generate(model, tokens, valid, jax.random.key(0), max_new_tokens=n, greedy=True, stop_ids=())
-        return np.asarray(jax.block_until_ready(out.tokens))
+    def compiled(unroll: bool):
+        """Our generate program, compiled with the decode layer loop unrolled or scanned."""
+        old = qwen2_model.DECODE_UNROLL
+        qwen2_model.DECODE_UNROLL = unroll
+        try:
+            statics = (n, args.prompt_len + n, 0, True, False, (), 151643, None)
+            fn = jax.jit(lambda st, tk, vd, key: sampler._generate_impl(
+                st, tk, vd, key, jnp.float32(1.0), jnp.float32(1.0), None, graphdef=graphdef, statics=statics))
+            return fn.lower(state, tokens, valid, jax.random.key(0)).compile()
+        finally:
+            qwen2_model.DECODE_UNROLL = old
+
+    def ours_fn(exe):
+        def fn():
+            out = exe(state, tokens, valid, jax.random.key(0))
+            return np.asarray(jax.block_until_ready(out.tokens))
+
+        return fn
 
     row = {"shape": name, "batch": batch, "prompt_len": args.prompt_len, "new_tokens": n}
+    fns = {}
     t0 = time.perf_counter()
-    our_tokens = ours()
+    fns["ours"] = ours_fn(compiled(True))
+    # The public entry point must give the very same tokens as the program compiled here.
+    public = np.asarray(sampler.generate(model, tokens, valid, jax.random.key(0), max_new_tokens=n, greedy=True,
+                                         stop_ids=()).tokens)
+    our_tokens = fns["ours"]()
     row["ours_first_call_s"] = round(time.perf_counter() - t0, 2)
-
-    torch_fn = None
-    if tmodel is not None:
-        import torch
-
-        ids = torch.from_numpy(prompts.astype(np.int64))
-        mask = torch.ones_like(ids)
-
-        def torch_fn():
-            with torch.inference_mode():
-                return tmodel.generate(
-                    input_ids=ids, attention_mask=mask, max_new_tokens=n, min_new_tokens=n, do_sample=False,
-                    pad_token_id=0, eos_token_id=None, use_cache=True,
-                )[:, args.prompt_len :].numpy()
-
+    if not np.array_equal(public, our_tokens):
+        raise RuntimeError("sampler.generate and the benchmarked program disagree")
+    if before:
+        fns["ours_scan"] = ours_fn(compiled(False))
+        row["ours_scan_tokens_equal_frac"] = float(np.mean(fns["ours_scan"]() == our_tokens))
+    for peer, make in peers.items():
         t0 = time.perf_counter()
-        torch_tokens = torch_fn()
-        row["torch_first_call_s"] = round(time.perf_counter() - t0, 2)
-        row["greedy_tokens_equal_frac"] = float(np.mean(torch_tokens == our_tokens))
+        fns[peer] = make(prompts, n)
+        peer_tokens = fns[peer]()
+        row[f"{peer}_first_call_s"] = round(time.perf_counter() - t0, 2)
+        if peer != "tunix":  # tunix runs its own random weights: its tokens are not comparable
+            row[f"{peer}_greedy_tokens_equal_frac"] = float(np.mean(peer_tokens == our_tokens))
 
-    ours_t, torch_t = [], []
-    for _ in range(args.repeats):  # interleaved: both sides see the same machine load
-        ours_t += time_call(ours, 1)
-        if torch_fn is not None:
-            torch_t += time_call(torch_fn, 1)
-    row["ours_s"] = [round(t, 3) for t in ours_t]
-    row["ours_tok_s"] = round(batch * n / statistics.median(ours_t), 1)
-    if torch_t:
-        row["torch_s"] = [round(t, 3) for t in torch_t]
-        row["torch_tok_s"] = round(batch * n / statistics.median(torch_t), 1)
-        row["ratio_ours_over_torch"] = round(row["ours_tok_s"] / row["torch_tok_s"], 2)
-    peers = PEERS.get((name, batch))
-    if peers:
-        row["peers_2core_tok_s"] = peers
-        # The target is 1.5x the best float32 peer (PyTorch bf16 is listed for context only).
-        row["target_tok_s"] = round(1.5 * max(v for k, v in peers.items() if not k.endswith("bf16")), 1)
+    times = {k: [] for k in fns}
+    for _ in range(args.repeats):  # interleaved: every side sees the same machine load
+        for k, fn in fns.items():
+            t0 = time.perf_counter()
+            fn()
+            times[k].append(time.perf_counter() - t0)
+    for k, ts in times.items():
+        row[f"{k}_s"] = [round(t, 3) for t in ts]
+        row[f"{k}_tok_s"] = round(batch * n / statistics.median(ts), 1)
+    for k in fns:
+        if k != "ours":
+            row[f"ratio_ours_over_{k}"] = round(row["ours_tok_s"] / row[f"{k}_tok_s"], 2)
+    # Backwards-compatible names (the README renderer and older readers).
+    if "torch_tok_s" in row:
+        row["greedy_tokens_equal_frac"] = row["torch_greedy_tokens_equal_frac"]
+
+    wb = weight_bytes(model)
+    row["bandwidth_bound"] = {
+        "weight_bytes": wb,
+        "bandwidth_gbs": round(bw_gbs, 1),
+        "decode_only_tok_s": round(batch / (wb / (bw_gbs * 1e9)), 1),
+        "formula": "decode-only tok/s <= batch * bandwidth / weight_bytes (one step streams every weight)",
+    }
+    tg = targets_for(name)
+    met = {}
+    for peer, ratio in tg.items():
+        if peer == "best_peer":
+            best = max((row[f"{p}_tok_s"] for p in PEER_NAMES if f"{p}_tok_s" in row), default=None)
+            met["best_peer"] = None if best is None else bool(row["ours_tok_s"] >= ratio * best)
+        elif f"{peer}_tok_s" in row:
+            met[peer] = bool(row["ours_tok_s"] >= ratio * row[f"{peer}_tok_s"])
+        else:
+            met[peer] = None  # peer not measured in this run
+    row["targets"] = {"min_ratio": tg, "met": met}
     return row
 
 
@@ -163,7 +290,10 @@ def main(argv=None):
     p.add_argument("--prompt-len", type=int, default=128)
     p.add_argument("--new-tokens", type=int, default=64)
     p.add_argument("--repeats", type=int, default=3)
+    p.add_argument("--before", action="store_true", help="also time the previous decode path (layer scan)")
     p.add_argument("--no-torch", action="store_true")
+    p.add_argument("--no-tunix", action="store_true")
+    p.add_argument("--bandwidth-gbs", type=float, default=None, help="skip the bandwidth measurement")
     p.add_argument("--out", default=str(RESULTS))
     args = p.parse_args(argv)
     try:
@@ -179,26 +309,36 @@ def main(argv=None):
 
             have_torch = True
         except ImportError:
-            print("torch not importable: PyTorch baseline skipped", file=sys.stderr)
+            print("torch/transformers not importable: PyTorch peers skipped", file=sys.stderr)
+    have_tunix = not args.no_tunix and _tunix_version() is not None
+    if not args.no_tunix and not have_tunix:
+        print("tunix not importable: Tunix peer skipped (bench/README.md has the recipe)", file=sys.stderr)
 
-    result = {"machine": machine(), "settings": vars(args), "rows": []}
+    bw = args.bandwidth_gbs or measure_bandwidth_gbs()
+    result = {"machine": machine(), "settings": {**vars(args), "bandwidth_gbs": round(bw, 1)}, "rows": []}
     for name in dict.fromkeys(n for n, _ in rows):
-        model = Qwen2(Qwen2Config.from_preset(name), nnx.Rngs(0))
-        tmodel = torch_model(model) if have_torch else None
+        cfg = Qwen2Config.from_preset(name)
+        model = Qwen2(cfg, nnx.Rngs(0))
+        peers = {}
+        if have_torch:
+            tm32, tm16 = torch_model(model), torch_model(model, "bfloat16")
+            peers["torch"] = lambda pr, n, m=tm32: torch_generate_fn(m, pr, n)
+            peers["torch_bf16"] = lambda pr, n, m=tm16: torch_generate_fn(m, pr, n)
+        if have_tunix:
+            peers["tunix"] = lambda pr, n, c=cfg: tunix_generate_fn(c, pr, n)
         for shape, batch in rows:
             if shape != name:
                 continue
-            row = bench_row(name, batch, args, model, tmodel)
+            row = bench_row(name, batch, args, model, peers, args.before, bw)
             result["rows"].append(row)
             line = f"{name:>14} b{batch:<3} ours {row['ours_tok_s']:8.1f} tok/s"
-            if "torch_tok_s" in row:
-                line += f"  torch {row['torch_tok_s']:8.1f} tok/s  ratio {row['ratio_ours_over_torch']:.2f}"
-                line += f"  (greedy tokens equal: {row['greedy_tokens_equal_frac']:.2f})"
-            if "target_tok_s" in row:
-                line += f"  target {row['target_tok_s']}"
+            for k in ("ours_scan", *PEER_NAMES):
+                if f"{k}_tok_s" in row:
+                    line += f" | {k} {row[f'{k}_tok_s']:.1f} ({row[f'ratio_ours_over_{k}']:.2f}x)"
+            line += f" | decode bound {row['bandwidth_bound']['decode_only_tok_s']:.0f} | targets {row['targets']['met']}"
             print(line, flush=True)
             write_result(result, args.out)  # after every row: a long run that is cut short keeps its rows
-        del model, tmodel
+        del model, peers
     write_result(result, args.out)
     print(f"wrote {args.out}")
     return 0

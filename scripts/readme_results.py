@@ -38,17 +38,27 @@ def _machine(m: dict) -> str:
 def sampler_section(d) -> list[str]:
     if not d:
         return []
+    bw = d.get("settings", {}).get("bandwidth_gbs")
     out = ["### Decode speed (`bench/sampler.py`)", "",
            f"Greedy decode, prompt {d['rows'][0].get('prompt_len')} ids, {d['rows'][0].get('new_tokens')} new tokens, "
-           f"random weights, f32; {_machine(d.get('machine', {}))}. Ours vs transformers' PyTorch `generate` on the "
-           "same weights in the same run.", "",
-           "| shape | batch | ours tok/s | PyTorch tok/s | ratio | same greedy tokens |", "|---|---|---|---|---|---|"]
+           f"random weights, f32 unless noted, tokens/s end to end (prefill included); {_machine(d.get('machine', {}))}. "
+           "Every peer runs in the same run, interleaved call by call with ours; ratios are ours / peer. "
+           "PyTorch = transformers `generate` on the same weights (f32 and a bf16 cast); Tunix = its `Sampler` on a "
+           "Qwen2 of the same shapes; ours (scan) = the decode path before docs/decode.md. Bound = decode-only "
+           "memory-bandwidth bound, batch x bandwidth / weight bytes" + (f" ({bw:.0f} GB/s measured)" if bw else "")
+           + ".", "",
+           "| shape | batch | ours tok/s | ours (scan) | PyTorch f32 | PyTorch bf16 | Tunix | bound (decode only) "
+           "| same greedy tokens as PyTorch f32 |", "|---|---|---|---|---|---|---|---|---|"]
+
+    def peer(r, k):
+        v = r.get(f"{k}_tok_s")
+        return "-" if v is None else f"{v:,.0f} ({r[f'ratio_ours_over_{k}']:.2f}x)"
+
     for r in d["rows"]:
-        torch, ratio = r.get("torch_tok_s"), r.get("ratio_ours_over_torch")
-        torch_s = "-" if torch is None else f"{torch:,.0f}"
-        ratio_s = "-" if ratio is None else f"{ratio:.2f}x"
-        out.append(f"| {r['shape']} | {r['batch']} | {r['ours_tok_s']:,.0f} | {torch_s} | {ratio_s} | "
-                   f"{r.get('greedy_tokens_equal_frac', '-')} |")
+        bound = (r.get("bandwidth_bound") or {}).get("decode_only_tok_s")
+        out.append(f"| {r['shape']} | {r['batch']} | {r['ours_tok_s']:,.0f} | {peer(r, 'ours_scan')} | {peer(r, 'torch')} "
+                   f"| {peer(r, 'torch_bf16')} | {peer(r, 'tunix')} | {'-' if bound is None else f'{bound:,.0f}'} "
+                   f"| {r.get('greedy_tokens_equal_frac', '-')} |")
     return out + [""]
 
 
