@@ -188,8 +188,11 @@ class Rollout:
                     f"{self.batch_axes}; change num_groups/group_size or the mesh")
 
         # The parser sees forced prefix + sampled ids, so its static budget covers both.
+        # With a task vocabulary (and no teacher forcing ids from outside it) only its ids and the forced
+        # prefix can reach the parser, which then sizes its byte buffer by their longest token.
+        emit = None if vocab is None or teacher is not None else np.union1d(vocab.to_qwen, self.forced)
         self.parser = Parser(text_env.tokenizer, text_env.action_names, self.max_actions,
-                             think=pc.think, max_tokens=len(self.forced) + self.max_new)
+                             think=pc.think, max_tokens=len(self.forced) + self.max_new, emit_ids=emit)
         self.stop_table = None
         if config.stop_at_answer:
             self.stop_table = sampler.make_stop_table(("</answer>",), token_bytes_table(text_env.tokenizer))

@@ -53,6 +53,14 @@ f32 = jnp.float32
 DECODE_UNROLL = True
 
 
+def _unrolled_decode(cache: "KVCache") -> bool:
+    """Whether a single-token step unrolls the layers. Only on XLA:CPU (where a sliced weight is copied
+    before every dot) and only with a 32-bit cache: the 16-bit cache's CPU write (`_write_kv`) is in
+    place inside the layer scan but not once unrolled, where XLA keeps a second full cache copy alive,
+    which costs more memory than the unroll saves time at rollout sizes (bench/results/memory.json)."""
+    return DECODE_UNROLL and jax.default_backend() == "cpu" and cache.k.dtype.itemsize >= 4
+
+
 # ----------------------------------------------------------------------------- KV cache
 @struct.dataclass
 class KVCache:
@@ -222,7 +230,7 @@ def decoder_stack(cfg: Qwen2Config, layers, x, valid, cache: KVCache | None, pre
 
     # No remat here: the cached path is inference (remat would only keep per-layer cache copies alive).
     carry = (x, cache.k, cache.v)
-    if t == 1 and DECODE_UNROLL:
+    if t == 1 and _unrolled_decode(cache):
         # Single-token decode runs inside the sampler's token loop. A scan over the stacked [L, ...]
         # weights slices (copies) every layer's weights on every token before its matmuls (XLA:CPU
         # does not fuse a slice into a dot), tripling the memory traffic of a step that is bound by

@@ -1,6 +1,7 @@
 """The single-token decode path (layer loop unrolled, `DECODE_UNROLL`) computes what the layer scan
-computes: the same hidden states and the same cache writes, token after token, for float32 and a
-bfloat16 cache, with rows that skip a step (valid=False) left untouched.
+computes: the same hidden states and the same cache writes, token after token, with rows that skip a
+step (valid=False) left untouched. A 16-bit cache on CPU keeps the layer scan (its write is in place
+only there).
 
 The independent truth is the scan path (the one prefill and training use, itself checked against
 transformers in test_model.py) run on the same inputs."""
@@ -39,7 +40,14 @@ def _run(model, unroll: bool, cache_dtype, steps):
         qwen2_model.DECODE_UNROLL = old
 
 
-@pytest.mark.parametrize("cache_dtype", ["float32", "bfloat16"])
+def test_decode_unrolls_only_with_a_32bit_cache_on_cpu():
+    cfg = Qwen2Config.from_preset("tiny", num_hidden_layers=2)
+    assert jax.default_backend() == "cpu"
+    assert qwen2_model._unrolled_decode(KVCache.init(cfg, batch=1, max_len=4, dtype="float32"))
+    assert not qwen2_model._unrolled_decode(KVCache.init(cfg, batch=1, max_len=4, dtype="bfloat16"))
+
+
+@pytest.mark.parametrize("cache_dtype", ["float32"])
 def test_unrolled_decode_equals_layer_scan(cache_dtype):
     cfg = Qwen2Config.from_preset("tiny", num_hidden_layers=3)
     model = Qwen2(cfg, nnx.Rngs(1))

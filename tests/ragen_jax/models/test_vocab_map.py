@@ -59,3 +59,21 @@ def test_rollout_logprobs_equal_recomputed_logprobs(text_env, mapped):
     if mapped:
         sampled = np.asarray(t)[np.asarray(traj.loss_mask)]
         assert set(sampled.tolist()) <= set(vm.to_qwen.tolist())
+
+
+def test_rollout_parser_bounded_by_the_task_vocabulary_reads_the_same(text_env):
+    """With a task vocabulary the rollout's parser sizes its byte buffer by the longest token the model
+    can emit (Parser(emit_ids=...)); the episodes equal those parsed with the full-vocabulary buffer."""
+    from ragen_jax.text.parse import Parser
+
+    vm = VocabMap.for_text_envs([text_env], text_env.tokenizer, extra_texts=["<answer> Left || Up </answer>"])
+    model = Qwen2(Qwen2Config.from_preset("tiny").replace(vocab_size=vm.size), rngs=nnx.Rngs(2))
+    rc = RolloutConfig(num_groups=2, group_size=4, max_context=400, temperature=1.5)
+    bounded, full = Rollout(model, text_env, rc, vocab=vm), Rollout(model, text_env, rc, vocab=vm)
+    pc = text_env.config
+    full.parser = Parser(text_env.tokenizer, text_env.action_names, full.max_actions, think=pc.think,
+                         max_tokens=len(full.forced) + full.max_new)
+    assert bounded.parser.token_max_bytes < full.parser.token_max_bytes
+    params = nnx.split(model)[1]
+    a, b = (ro(params, jax.random.PRNGKey(5), np.array([3, 4])) for ro in (bounded, full))
+    jax.tree.map(np.testing.assert_array_equal, a, b)
