@@ -16,7 +16,7 @@ a random-init preset. Multi-device rows run on simulated CPU devices (8 are crea
 script starts jax). Two setting sets:
   before: today's settings before issue 12: xla attention, no remat, no micro-batches, no donation.
   after:  attention auto (chunked on CPU for long rows), remat on, micro-batches of 8 rows, the update
-          donating the train state; after-mb4: the same with micro-batches of 4 rows.
+          donating the train state; after-mb4 / after-mb2: the same with micro-batches of 4 / 2 rows.
 
 Usage: python -m bench.memory [--rows 0.5b-ppo,3b-grpo] [--settings before,after] [--force] [--list]
        [--out bench/results/memory.json]
@@ -65,6 +65,7 @@ SETTINGS = {
     # micro_batch_size: rows per forward/backward over the whole mesh (a multiple of its devices).
     "after": dict(attention="auto", remat=True, micro_batch_size=8, donate=True),
     "after-mb4": dict(attention="auto", remat=True, micro_batch_size=4, donate=True),
+    "after-mb2": dict(attention="auto", remat=True, micro_batch_size=2, donate=True),
 }
 
 

@@ -113,12 +113,18 @@ def train_step_section(d) -> list[str]:
     out = ["### PPO update (`bench/train_step.py`)", "",
            f"prepare (no-grad log-probs) + one clipped-PPO AdamW step over K trajectories of T tokens, f32; "
            f"{_loads(d)}. Baseline: the same step with transformers' PyTorch Qwen2 in the same run.", "",
-           "| shape | K x T | ours tok/s | PyTorch tok/s | ratio |", "|---|---|---|---|---|"]
+           "Rows with a LoRA rank train adapters only (`model.lora_rank`); their ratio is to the full-training "
+           "row measured just before them in the same run.", "",
+           "| shape | K x T | micro-batch | LoRA rank | ours tok/s | PyTorch tok/s | ratio |",
+           "|---|---|---|---|---|---|---|"]
     for r in d["rows"]:
         torch = (r.get("torch") or {}).get("tok_s")
-        ratio = r.get("ratio_ours_over_torch")
-        out.append(f"| {r['shape']} | {r['rows']}x{r['seq_len']} | {r['tok_s']:,.1f} | "
-                   f"{'-' if torch is None else f'{torch:,.1f}'} | {'-' if ratio is None else f'{ratio:.2f}x'} |")
+        ratio, lora = r.get("ratio_ours_over_torch"), r.get("ratio_lora_over_full")
+        ratio = (f"{ratio:.2f}x vs PyTorch" if ratio is not None
+                 else f"{lora:.2f}x vs full" if lora is not None else "-")
+        out.append(f"| {r['shape']} | {r['rows']}x{r['seq_len']} | {r.get('micro_batch', '-')} | "
+                   f"{r.get('lora_rank', '-')} | {r['tok_s']:,.1f} | {'-' if torch is None else f'{torch:,.1f}'} | "
+                   f"{ratio} |")
     return out + [""]
 
 
