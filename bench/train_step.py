@@ -24,7 +24,7 @@ matmul parameters (the embedding counted once, as the head). MFU = achieved FLOP
 
 Usage: python -m bench.train_step [--shapes tiny,qwen2.5-0.5b] [--rows 32 --seq-len 2048] [--quick]
        [--big-rows 2 --big-seq-len 128] [--repeats 3] [--no-torch] [--peak-tflops 989] [--micro-batch N]
-       [--lora-rank 64]
+       [--lora-rank 64] [--before-after]
        [--out bench/results/train_step.json]
 """
 
@@ -197,13 +197,16 @@ def torch_side(model, cfg, micro_rows: int = 1):
 
 def bench_train_step(shape: str, k: int, t: int, *, repeats: int = 3, torch_baseline: bool = True,
                      mini_batch: int | None = None, peak_tflops: float | None = None, torch_micro_rows: int = 1,
-                     seed: int = 0, micro_batch: int = 0, lora_rank: int = 0) -> dict:
-    """One row: our prepare+update tokens/s (+ PyTorch's and the ratio), FLOPs and MFU. JSON-able."""
+                     seed: int = 0, micro_batch: int = 0, lora_rank: int = 0, model_overrides=None) -> dict:
+    """One row: our prepare+update tokens/s (+ PyTorch's and the ratio), FLOPs and MFU. JSON-able.
+    `model_overrides`: Qwen2Config fields replaced on the preset (e.g. attention, remat), recorded."""
     from ragen_jax.models import Qwen2, Qwen2Config
 
     if shape not in _presets():
         raise ValueError(f"unknown shape {shape!r}; valid: {', '.join(_presets())}")
-    model = Qwen2(Qwen2Config.from_preset(shape), rngs=nnx.Rngs(seed))
+    model_overrides = dict(model_overrides or {})
+    setting = model_overrides.pop("setting", None)  # a label only
+    model = Qwen2(Qwen2Config.from_preset(shape).replace(**model_overrides), rngs=nnx.Rngs(seed))
     step, cfg = build_programs(model, k, mini_batch or k, micro_batch, lora_rank)
     traj = synthetic_batch(k, t, model.cfg.vocab_size, seed=seed)
     n_tok = k * t
@@ -214,6 +217,10 @@ def bench_train_step(shape: str, k: int, t: int, *, repeats: int = 3, torch_base
            "dtype": str(model.cfg.dtype), "estimator": "grpo", "critic": False}
     if lora_rank:
         row["lora_rank"] = lora_rank
+    if model_overrides:
+        row["model"] = model_overrides
+    if setting:
+        row["setting"] = setting
     t0 = time.perf_counter()
     step(traj)
     first = time.perf_counter() - t0
@@ -262,6 +269,10 @@ def main(argv=None):
                    help="tiny shape: also run with algo.micro_batch_size=N and record the speed ratio to one pass")
     p.add_argument("--lora-rank", type=int, default=0,
                    help="also run every shape with LoRA adapters of this rank and record the speed ratio to full")
+    p.add_argument("--before-after", action="store_true",
+                   help="run each shape with issue 12's before settings (xla attention, no remat) and after "
+                        "settings (auto attention, remat as a run resolves it: on from 0.5B up), side by side, "
+                        "and record the after/before speed ratio (no PyTorch)")
     p.add_argument("--big-rows", type=int, default=2, help="K for shapes other than tiny (slow on CPU)")
     p.add_argument("--big-seq-len", type=int, default=128, help="T for shapes other than tiny")
     p.add_argument("--quick", action="store_true", help="K=4, T=128 (K=2, T=64 for big shapes)")
@@ -295,6 +306,19 @@ def main(argv=None):
         result["machine"]["torch_threads"] = torch.get_num_threads()
     for shape in shapes:
         k, t = (args.rows, args.seq_len) if shape == "tiny" else (args.big_rows, args.big_seq_len)
+        if args.before_after:
+            mb = args.mini_batch if shape == "tiny" else None
+            before = bench_train_step(shape, k, t, repeats=args.repeats, torch_baseline=False, mini_batch=mb,
+                                      model_overrides={"attention": "xla", "remat": False, "setting": "before"})
+            after = bench_train_step(shape, k, t, repeats=args.repeats, torch_baseline=False, mini_batch=mb,
+                                     model_overrides={"attention": "auto", "remat": shape != "tiny",
+                                                      "setting": "after"})
+            after["ratio_after_over_before"] = round(after["tok_s"] / before["tok_s"], 2)
+            result["rows"] += [before, after]
+            print(f"{shape:>13} K{k} T{t}: before {before['tok_s']:.1f} tok/s, after {after['tok_s']:.1f} tok/s "
+                  f"(ratio {after['ratio_after_over_before']:.2f})", flush=True)
+            write_result(result, args.out)
+            continue
         try:
             row = bench_train_step(shape, k, t, repeats=args.repeats, torch_baseline=have_torch,
                                    mini_batch=args.mini_batch if shape == "tiny" else None,

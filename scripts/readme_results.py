@@ -114,14 +114,17 @@ def train_step_section(d) -> list[str]:
            f"prepare (no-grad log-probs) + one clipped-PPO AdamW step over K trajectories of T tokens, f32; "
            f"{_loads(d)}. Baseline: the same step with transformers' PyTorch Qwen2 in the same run.", "",
            "Rows with a LoRA rank train adapters only (`model.lora_rank`); their ratio is to the full-training "
-           "row measured just before them in the same run.", "",
+           "row measured just before them in the same run. Rows marked before / after (`--before-after`) are "
+           "issue 12's settings side by side: before = xla attention, no remat; after = `auto` attention and "
+           "remat as a run resolves it (on from 0.5B up: the backward recomputes the forward to save memory).", "",
            "| shape | K x T | micro-batch | LoRA rank | ours tok/s | PyTorch tok/s | ratio |",
            "|---|---|---|---|---|---|---|"]
     for r in d["rows"]:
         torch = (r.get("torch") or {}).get("tok_s")
-        ratio, lora = r.get("ratio_ours_over_torch"), r.get("ratio_lora_over_full")
+        ratio, lora, ba = r.get("ratio_ours_over_torch"), r.get("ratio_lora_over_full"), r.get("ratio_after_over_before")
         ratio = (f"{ratio:.2f}x vs PyTorch" if ratio is not None
-                 else f"{lora:.2f}x vs full" if lora is not None else "-")
+                 else f"{lora:.2f}x vs full" if lora is not None
+                 else f"{ba:.2f}x vs before" if ba is not None else r.get("setting", "-"))
         out.append(f"| {r['shape']} | {r['rows']}x{r['seq_len']} | {r.get('micro_batch', '-')} | "
                    f"{r.get('lora_rank', '-')} | {r['tok_s']:,.1f} | {'-' if torch is None else f'{torch:,.1f}'} | "
                    f"{ratio} |")
