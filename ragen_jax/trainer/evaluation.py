@@ -29,6 +29,7 @@ from flax import nnx
 
 import envs_jax
 from ragen_jax.models import Qwen2, Qwen2Config
+from ragen_jax.models.lora import LoRAParam
 from ragen_jax.models.qwen2.weights import from_pretrained, read_config
 from ragen_jax.models.vocab_map import VocabMap
 from ragen_jax.rollout import Rollout, RolloutConfig, format_trajectory, rollout_metrics
@@ -37,8 +38,8 @@ from ragen_jax.text import PromptConfig, TextEnv
 from ragen_jax.text.tokenizer import load_tokenizer
 from ragen_jax.trainer.checkpoint import POLICY_DIR, CheckpointError, load_policy_params
 from ragen_jax.trainer.config import Config, ConfigError, config_from_dict
-from ragen_jax.trainer.setup import (SINGLE_ACTION_ENVS, build_text_envs, build_vocab, load_task_tokenizer,
-                                     prompt_for_env)
+from ragen_jax.trainer.setup import (SINGLE_ACTION_ENVS, build_policy, build_text_envs, build_vocab,
+                                     init_policy_params, load_task_tokenizer, prompt_for_env)
 
 DEFAULT_SUITE = ("Sokoban", "NewSymbolsSokoban", "LargerSokoban", "FrozenLake", "Bandit", "BanditTest")
 BANDIT_ENVS = SINGLE_ACTION_ENVS  # their success is "chose the high-risk arm" (reported as high_arm_rate)
@@ -111,14 +112,17 @@ def _abstract_policy(qcfg):
 
 
 def _restore_actor_from_checkpoints(ckpt_dir: Path, like):
-    """The actor (policy params) of the latest complete training checkpoint, nothing else restored."""
+    """The policy's trained parameters (an RL run's `actor`, an SFT run's `params`; with LoRA: the
+    adapters) of the latest complete checkpoint, nothing else restored."""
     mngr = ocp.CheckpointManager(ckpt_dir.resolve(), options=ocp.CheckpointManagerOptions(create=False))
     step = mngr.latest_step()
     if step is None:
         raise CheckpointError(f"{ckpt_dir} holds no complete checkpoint")
     try:
+        saved = json.loads((ckpt_dir / str(step) / "state" / "_METADATA").read_text())["tree_metadata"]
+        field = "params" if not any("'actor'" in k for k in saved) and any("'params'" in k for k in saved) else "actor"
         # A partial restore: the optimizer states and the critic are never read (memory: 1x the policy).
-        item = {"actor": like}
+        item = {field: like}
         restore_args = jax.tree.map(
             lambda x: ocp.ArrayRestoreArgs(sharding=x.sharding, global_shape=x.shape, dtype=x.dtype), item)
         out = mngr.restore(step, args=ocp.args.Composite(
@@ -129,7 +133,22 @@ def _restore_actor_from_checkpoints(ckpt_dir: Path, like):
                               "from a different model") from None
     finally:
         mngr.close()
-    return out["state"]["actor"]
+    return out["state"][field]
+
+
+def _restore_lora_from_checkpoints(ckpt_dir: Path, config: Config, vocab):
+    """(graphdef, params) of a LoRA run that has only checkpoints/ (interrupted before its exports):
+    its checkpoints hold the adapters alone, so the frozen base is rebuilt as the run built it
+    (`model.path`, or the preset's seeded initialisation, then `model.init_from`) and the latest
+    adapters go on top."""
+    policy = build_policy(config, vocab)
+    graphdef, params = nnx.split(policy)
+    params = init_policy_params(config, graphdef, params)
+    adapters, base = nnx.split_state(params, LoRAParam, ...)
+    device = jax.sharding.SingleDeviceSharding(jax.local_devices()[0])
+    like = jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=device), adapters)
+    trained = _restore_actor_from_checkpoints(ckpt_dir, like)
+    return graphdef, nnx.merge_state(trained, jax.device_put(base, device))
 
 
 def _load_run_dir(p: Path, config: Optional[Config]):
@@ -145,8 +164,10 @@ def _load_run_dir(p: Path, config: Optional[Config]):
     vocab = _run_vocab(p, config, tokenizer)
     qcfg = _qwen_config(config, vocab)
     graphdef, like = _abstract_policy(qcfg)
-    if (p / POLICY_DIR).is_dir():
+    if (p / POLICY_DIR).is_dir():  # a LoRA run's export is the merged policy: plain weights
         params = load_policy_params(p, like)
+    elif (p / "checkpoints").is_dir() and config.model.lora_rank:
+        graphdef, params = _restore_lora_from_checkpoints(p / "checkpoints", config, vocab)
     elif (p / "checkpoints").is_dir():
         params = _restore_actor_from_checkpoints(p / "checkpoints", like)
     else:
