@@ -16,7 +16,8 @@ a random-init preset. Multi-device rows run on simulated CPU devices (8 are crea
 script starts jax). Two setting sets:
   before: today's settings before issue 12: xla attention, no remat, no micro-batches, no donation.
   after:  attention auto (chunked on CPU for long rows), remat on, micro-batches of 8 rows, the update
-          donating the train state; after-mb4 / after-mb2: the same with micro-batches of 4 / 2 rows.
+          donating the train state; after-mb4 / after-mb2: the same with micro-batches of 4 / 2 rows;
+          after-mb4-pass2: micro-batches of 4 and the rollout generating 2 of the 8 groups at a time.
 
 Usage: python -m bench.memory [--rows 0.5b-ppo,3b-grpo] [--settings before,after] [--force] [--list]
        [--out bench/results/memory.json]
@@ -51,14 +52,20 @@ from bench._common import machine, write_result  # noqa: E402
 RESULTS = Path(__file__).resolve().parent / "results" / "memory.json"
 GIB = 2**30
 
-# name: (preset, estimator, mesh.fsdp, target GiB per device of the largest program or None)
+# name: (preset, estimator, mesh.fsdp, target GiB per device of the largest program or None, LoRA rank).
+# The LoRA rows (issue 17) train rank-64 adapters on all seven projections over a bfloat16 frozen
+# base (`model.param_dtype=bfloat16`): AdamW holds state only for the adapters (and the critic's
+# value head), so what remains is the base, the rollout's KV cache and the activations.
 ROWS = {
-    "0.5b-ppo": ("qwen2.5-0.5b", "gae", 1, 20),
-    "1.5b-ppo": ("qwen2.5-1.5b", "gae", 1, None),
-    "3b-ppo": ("qwen2.5-3b", "gae", 1, None),
-    "3b-grpo": ("qwen2.5-3b", "grpo", 1, 70),
-    "3b-ppo-fsdp4": ("qwen2.5-3b", "gae", 4, 40),
-    "7b-grpo-fsdp8": ("qwen2.5-7b", "grpo", 8, 40),
+    "0.5b-ppo": ("qwen2.5-0.5b", "gae", 1, 20, 0),
+    "1.5b-ppo": ("qwen2.5-1.5b", "gae", 1, None, 0),
+    "3b-ppo": ("qwen2.5-3b", "gae", 1, None, 0),
+    "3b-grpo": ("qwen2.5-3b", "grpo", 1, 70, 0),
+    "3b-ppo-fsdp4": ("qwen2.5-3b", "gae", 4, 40, 0),
+    "7b-grpo-fsdp8": ("qwen2.5-7b", "grpo", 8, 40, 0),
+    "3b-ppo-lora": ("qwen2.5-3b", "gae", 1, 24, 64),
+    "7b-grpo-lora": ("qwen2.5-7b", "grpo", 1, 40, 64),
+    "0.5b-ppo-lora": ("qwen2.5-0.5b", "gae", 1, None, 64),
 }
 SETTINGS = {
     "before": dict(attention="xla", remat=False, micro_batch_size=0, donate=False),
@@ -66,25 +73,31 @@ SETTINGS = {
     "after": dict(attention="auto", remat=True, micro_batch_size=8, donate=True),
     "after-mb4": dict(attention="auto", remat=True, micro_batch_size=4, donate=True),
     "after-mb2": dict(attention="auto", remat=True, micro_batch_size=2, donate=True),
+    # ... and the rollout in passes of 2 groups (`rollout.groups_per_pass`): a quarter of the KV cache.
+    "after-mb4-pass2": dict(attention="auto", remat=True, micro_batch_size=4, donate=True, groups_per_pass=2),
 }
 
 
 def row_config(name: str, setting: str):
     from ragen_jax.trainer.config import load_config
 
-    preset, estimator, fsdp, _ = ROWS[name]
+    preset, estimator, fsdp, _, lora_rank = ROWS[name]
     s = SETTINGS[setting]
     over = ["model.random_init=true", f"model.preset={preset}", f"model.attention={s['attention']}",
             f"model.remat={str(s['remat']).lower()}", f"algo.micro_batch_size={s['micro_batch_size']}",
-            "mesh.data=1", f"mesh.fsdp={fsdp}", "mesh.tensor=1"]
+            "mesh.data=1", f"mesh.fsdp={fsdp}", "mesh.tensor=1", f"rollout.groups_per_pass={s.get('groups_per_pass', 0)}"]
     if estimator == "grpo":
         over += ["algo.adv_estimator=grpo", "algo.reward_norm=mean_std", "model.critic=none"]
+    if lora_rank:
+        over += [f"model.lora_rank={lora_rank}", f"model.lora_alpha={lora_rank}", "model.param_dtype=bfloat16"]
     return load_config("sokoban.py", over)
 
 
 def abstract_programs(cfg, donate: bool):
-    """(rollout jit, prepare jit, update jit, abstract TrainState, mesh) of a config, nothing allocated."""
+    """(rollout jit, prepare jit, update jit, abstract TrainState, abstract frozen LoRA base or None, mesh)
+    of a config, split as the Trainer splits it; nothing allocated."""
     from ragen_jax.models import Qwen2, Qwen2Config, critic_from_policy, param_shardings
+    from ragen_jax.models.lora import CRITIC_TRAINABLE, POLICY_TRAINABLE, add_lora
     from ragen_jax.rollout import Rollout
     from ragen_jax.trainer.optim import make_optimizer
     from ragen_jax.trainer.setup import build_mesh, build_text_envs, load_task_tokenizer
@@ -101,14 +114,25 @@ def abstract_programs(cfg, donate: bool):
         return jax.tree.map(lambda x, s: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=s), tree,
                             param_shardings(tree, mesh))
 
-    policy = nnx.eval_shape(lambda: Qwen2(qcfg, rngs=nnx.Rngs(0)))
+    def make_policy():
+        policy = Qwen2(qcfg, rngs=nnx.Rngs(0))
+        if m.lora_rank:  # as setup._with_lora: float32 adapters on the (maybe bf16) base
+            add_lora(policy, m.lora_rank, m.lora_alpha, m.lora_targets, rngs=nnx.Rngs(3))
+        return policy
+
+    policy = nnx.eval_shape(make_policy)
     graph, actor = nnx.split(policy)
     actor = sds(actor)
+    frozen = None
+    if m.lora_rank:  # the train state holds the adapters; the base is the programs' frozen argument
+        actor, frozen = nnx.split_state(actor, POLICY_TRAINABLE, ...)
     critic_graph, critic = None, {}
     if m.critic == "separate" and cfg.algo.adv_estimator == "gae":
-        critic_model = nnx.eval_shape(lambda: critic_from_policy(Qwen2(qcfg, rngs=nnx.Rngs(0)), nnx.Rngs(1)))
+        critic_model = nnx.eval_shape(lambda: critic_from_policy(make_policy(), nnx.Rngs(1)))
         critic_graph, critic = nnx.split(critic_model)
         critic = sds(critic)
+        if m.lora_rank:  # its trunk base is the actor's: only adapters + value head are its own
+            critic = nnx.split_state(critic, CRITIC_TRAINABLE, ...)[0]
     actor_opt = make_optimizer(cfg.optim.actor_lr, cfg.optim)
     critic_opt = make_optimizer(cfg.optim.critic_lr, cfg.optim)
     rep = NamedSharding(mesh, PartitionSpec())
@@ -124,7 +148,7 @@ def abstract_programs(cfg, donate: bool):
     update = jax.jit(programs.update, out_shardings=(state_shardings, None), donate_argnums=(0,) if donate else ())
     text_env = build_text_envs(cfg, load_task_tokenizer(cfg))[cfg.env.name]
     rollout = Rollout(policy, text_env, cfg.rollout, mesh=mesh)
-    return rollout, prepare, update, state, mesh
+    return rollout, prepare, update, state, frozen, mesh
 
 
 def measure(name: str, setting: str) -> dict:
@@ -132,15 +156,15 @@ def measure(name: str, setting: str) -> dict:
 
     cfg = row_config(name, setting)
     s = SETTINGS[setting]
-    rollout, prepare, update, state, mesh = abstract_programs(cfg, s["donate"])
+    rollout, prepare, update, state, frozen, mesh = abstract_programs(cfg, s["donate"])
     rep = NamedSharding(mesh, PartitionSpec())
     key = jax.ShapeDtypeStruct((2,), jnp.uint32, sharding=rep)
     seeds = jax.ShapeDtypeStruct((cfg.rollout.num_groups,), jnp.int32, sharding=rep)
     ref = None  # kl_coef is 0 in the reference config: no reference policy
     t0 = time.perf_counter()
-    _, usage = aot_compile(rollout, prepare, update, state, ref, key, seeds)
+    _, usage = aot_compile(rollout, prepare, update, state, ref, key, seeds, frozen=frozen)
     compile_s = time.perf_counter() - t0
-    preset, estimator, fsdp, target = ROWS[name]
+    preset, estimator, fsdp, target, lora_rank = ROWS[name]
     a, r, p = cfg.algo, cfg.rollout, cfg.prompt
     programs = {}
     for prog, (mem, resident) in usage.items():
@@ -157,7 +181,8 @@ def measure(name: str, setting: str) -> dict:
                      "micro_batch_size": effective_micro_batch(a.mini_batch_size, a.micro_batch_size),
                      "mini_batch_size": a.mini_batch_size, "donate": s["donate"], "dtype": cfg.model.dtype,
                      "param_dtype": cfg.model.param_dtype, "cache_dtype": r.cache_dtype,
-                     "rollout": f"P={r.num_groups} x N={r.group_size}",
+                     "lora_rank": lora_rank, "lora_alpha": cfg.model.lora_alpha if lora_rank else None,
+                     "rollout": f"P={r.num_groups} x N={r.group_size}", "groups_per_pass": r.groups_per_pass,
                      "turns": f"{p.max_turns} x {p.max_response_tokens} tokens", "max_context": r.max_context},
         "programs": programs,
         "max_total_gib": worst,

@@ -196,6 +196,15 @@ class Rollout:
         self.stop_table = None
         if config.stop_at_answer:
             self.stop_table = sampler.make_stop_table(("</answer>",), token_bytes_table(text_env.tokenizer))
+        # Several passes: one pass is this same rollout for groups_per_pass groups, run in a loop.
+        self._pass = None
+        if 0 < config.groups_per_pass < config.num_groups:
+            if hasattr(text_env, "env_of_row"):  # a MixedTextEnv assigns envs by row of the whole batch
+                raise ValueError("RolloutConfig.groups_per_pass does not work with a mixed-environment batch "
+                                 "(env.mix) yet; set it to 0")
+            self._pass = Rollout(model, text_env,
+                                 dataclasses.replace(config, num_groups=config.groups_per_pass, groups_per_pass=0),
+                                 mesh=mesh, batch_axes=batch_axes, teacher=teacher, vocab=vocab)
         run = self._run if max_traces is None else _limit_traces(self._run, max_traces)
         self._jitted = jax.jit(run)
 
@@ -220,11 +229,28 @@ class Rollout:
 
     def _run(self, params, key, group_seeds, stop_table) -> Trajectories:
         self.trace_count += 1  # runs only while tracing: counts compilations
+        if self._pass is not None:
+            return self._run_passes(params, key, group_seeds, stop_table)
         model = self._policy(params)
         seeds = jnp.repeat(group_seeds, self.config.group_size)
         carry = self._start(model, key, seeds)
         carry = jax.lax.while_loop(self._any_turn_left, functools.partial(self._turn, model, stop_table), carry)
         return self._trajectories(carry, seeds)
+
+    def _run_passes(self, params, key, group_seeds, stop_table) -> Trajectories:
+        """Pass i = the one-pass rollout of groups [i*G, (i+1)*G) with fold_in(key, i), in a loop (lax.map
+        allocates one pass's buffers); rows come out in group order, group ids global."""
+        inner = self._pass
+        g = inner.config.num_groups
+        n = self.config.num_groups // g
+
+        def one(args):
+            i, seeds = args
+            traj = inner._run(params, jax.random.fold_in(key, i), seeds, stop_table)
+            return traj.replace(group=traj.group + i * g)
+
+        out = jax.lax.map(one, (jnp.arange(n, dtype=jnp.int32), group_seeds.reshape(n, g)))
+        return jax.tree.map(lambda x: self._shard(x.reshape(n * x.shape[1], *x.shape[2:])), out)
 
     def _policy(self, params):
         """The model the program samples from; None in teacher mode."""

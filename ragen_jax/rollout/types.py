@@ -35,6 +35,12 @@ class RolloutConfig:
     stop_at_answer: bool = True
     # KV-cache dtype; None = the model's compute dtype (bf16 on accelerators halves cache traffic).
     cache_dtype: str | None = None
+    # Groups generated together (0: all P at once). With fewer, the P groups run in P / groups_per_pass
+    # passes one after another inside the same compiled program, and the KV cache (rows x max_context
+    # x layers: the rollout's largest buffer) is sized for one pass: memory for time, like verl's
+    # rollout micro-batches. Pass i samples with fold_in(key, i): the same distribution as one pass,
+    # other draws.
+    groups_per_pass: int = 0
 
     def __post_init__(self):
         self.validate()
@@ -50,6 +56,10 @@ class RolloutConfig:
             raise ValueError(f"RolloutConfig.top_p must be in (0, 1], got {self.top_p}")
         if self.top_k < 0:
             raise ValueError(f"RolloutConfig.top_k must be >= 0 (0 = off), got {self.top_k}")
+        g = self.groups_per_pass
+        if not isinstance(g, int) or isinstance(g, bool) or g < 0 or (g and self.num_groups % g):
+            raise ValueError(f"RolloutConfig.groups_per_pass must be 0 (all groups at once) or a divisor of "
+                             f"num_groups = {self.num_groups}, got {g!r}")
 
     @property
     def batch_size(self) -> int:

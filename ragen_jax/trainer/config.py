@@ -526,6 +526,9 @@ class Config:
         if self.env.mix and sum(g for _, g in self.env.mix) != r.num_groups:
             raise ConfigError(f"env.mix={format_mix(self.env.mix)!r} has {sum(g for _, g in self.env.mix)} groups in all "
                               f"but rollout.num_groups={r.num_groups}; make the mix's group counts sum to num_groups")
+        if self.env.mix and 0 < r.groups_per_pass < r.num_groups:
+            raise ConfigError("rollout.groups_per_pass does not work with env.mix yet (the mix assigns envs by row "
+                              "of the whole batch); set rollout.groups_per_pass=0")
 
         spec = a.filter_spec(r.num_groups)
         slots = spec.slots(r.num_groups)

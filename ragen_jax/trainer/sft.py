@@ -255,7 +255,7 @@ class SFTTrainer:
         # Demo chunks: a multiple of the data-parallel devices (the rollout shards its batch).
         chunk = min(demo_chunk, cfg.sft.num_demos)
         self.demo_chunk = -(-chunk // self.n_shards) * self.n_shards
-        demo_cfg = dataclasses.replace(cfg.rollout, num_groups=self.demo_chunk, group_size=1)  # teacher: no sampling
+        demo_cfg = dataclasses.replace(cfg.rollout, num_groups=self.demo_chunk, group_size=1, groups_per_pass=0)  # teacher: no sampling
         self.demo_rollout = Rollout(None, self.text_env, demo_cfg,
             mesh=self.mesh, teacher=self.teacher)
 

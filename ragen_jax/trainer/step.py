@@ -468,11 +468,16 @@ def check_memory_fits(cfg: Config, usage: dict, limit: int) -> None:
         if need > limit:
             a = cfg.algo
             micro = effective_micro_batch(a.mini_batch_size, a.micro_batch_size)
+            if name == "rollout":  # its largest buffer is the KV cache of all P x N rows
+                knobs = (f"generate fewer groups at a time with rollout.groups_per_pass (now "
+                         f"{cfg.rollout.groups_per_pass or cfg.rollout.num_groups} of {cfg.rollout.num_groups})")
+            else:
+                knobs = (f"lower algo.micro_batch_size (now {micro}), set model.remat=true (now "
+                         f"{str(cfg.model.use_remat).lower()})")
             raise ConfigError(
                 f"the compiled {name} program needs {_size(need)} per device ({_size(mem['peak_bytes'])} "
                 f"of arguments + outputs - donated + temporaries, plus {_size(resident)} of training state "
-                f"held between programs) but the device has {_size(limit)}; lower algo.micro_batch_size "
-                f"(now {micro}), set model.remat=true (now {str(cfg.model.use_remat).lower()}) or shard the parameters over "
+                f"held between programs) but the device has {_size(limit)}; {knobs} or shard the parameters over "
                 f"more devices with mesh.fsdp (now {cfg.mesh.fsdp})")
 
 

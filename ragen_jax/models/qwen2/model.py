@@ -171,6 +171,34 @@ def _write_kv(cache: jax.Array, li, rows, slots, new: jax.Array) -> jax.Array:
     return jax.lax.dynamic_update_index_in_dim(cache, jax.lax.bitcast_convert_type(layer, cache.dtype), li, 0)
 
 
+def _scan_layers(layer, carry, layers, *rest):
+    """`jax.lax.scan(layer, carry, (layers, *rest))` over the stacked [L, ...] weights, for the cached
+    (inference) path.
+
+    On XLA:CPU, 16-bit float weights are scanned as same-width integers (bit-exact) and reinterpreted
+    inside the layer: XLA:CPU has no bfloat16/float16 dynamic-slice, so its float normalisation slices
+    the WHOLE stacked weight as float32 in the loop body, and loop-invariant code motion then hoists
+    that conversion out of the rollout's loops: a float32 copy of every layer's weights (twice a 16-bit
+    model) alive for the whole program; the integer view costs one 16-bit copy instead. The training
+    forward keeps the plain scan: under remat and the backward pass XLA:CPU also converts the saved
+    16-bit activations, and there the integer view measured more memory, not less. GPU/TPU slice
+    16-bit arrays natively and scan them as they are."""
+    if jax.default_backend() != "cpu":
+        return jax.lax.scan(layer, carry, (layers, *rest))
+    dtypes = jax.tree.map(lambda a: a.dtype, layers)
+
+    def narrow(a):
+        if jnp.issubdtype(a.dtype, jnp.floating) and a.dtype.itemsize == 2:
+            return jax.lax.bitcast_convert_type(a, jnp.uint16)
+        return a
+
+    def body(c, xs):
+        p = jax.tree.map(lambda a, d: a if a.dtype == d else jax.lax.bitcast_convert_type(a, d), xs[0], dtypes)
+        return layer(c, (p, *xs[1:]))
+
+    return jax.lax.scan(body, carry, (jax.tree.map(narrow, layers), *rest))
+
+
 def decoder_stack(cfg: Qwen2Config, layers, x, valid, cache: KVCache | None, prefix: "PrefixKV | None" = None,
                   return_kv: bool = False):
     """Run all layers. `layers` is the pure dict of stacked [L, ...] arrays. Returns (x, cache), or
@@ -244,7 +272,7 @@ def decoder_stack(cfg: Qwen2Config, layers, x, valid, cache: KVCache | None, pre
             carry, _ = layer(carry, (p, li))
     else:
         li = jnp.arange(cfg.num_hidden_layers, dtype=jnp.int32)
-        carry, _ = jax.lax.scan(layer, carry, (layers, li))
+        carry, _ = _scan_layers(layer, carry, layers, li)
     x, ck, cv = carry
     return x, KVCache(k=ck, v=cv, end=cache.end + n_new)
 

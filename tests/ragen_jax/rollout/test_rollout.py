@@ -217,6 +217,42 @@ def test_no_recompilation_and_sharded_equals_single_device(tok, tiny_model):
     chex.assert_trees_all_close((t8.turn_reward, t8.reward), (t1.turn_reward, t1.reward), atol=1e-6)
 
 
+def test_passes_equal_one_pass_rollouts_of_their_groups(tok, tiny_model):
+    """groups_per_pass: the P groups run in passes inside one program. Truth: pass i is the one-pass
+    rollout of its groups with fold_in(key, i); the rows come back in group order, group ids global.
+    Sampled (temperature 1) FrozenLake, so the key and the env slips matter; also on 8 devices."""
+    te = _text_env(tok, "FrozenLake", max_turns=2, max_response_tokens=8)
+    params, key = nnx.state(tiny_model), jax.random.PRNGKey(4)
+    seeds = np.array([5, 6, 7, 8])
+    cfg = RolloutConfig(num_groups=4, group_size=2, max_context=512, temperature=1.0, groups_per_pass=2)
+    got = jax.device_get(Rollout(tiny_model, te, cfg)(params, key, seeds))
+    one = Rollout(tiny_model, te, RolloutConfig(num_groups=2, group_size=2, max_context=512, temperature=1.0))
+    parts = [jax.device_get(one(params, jax.random.fold_in(key, i), seeds[2 * i: 2 * i + 2])) for i in range(2)]
+    want = jax.tree.map(lambda *xs: np.concatenate(xs), *parts)
+    want = want.replace(group=np.repeat(np.arange(4, dtype=np.int32), 2))
+    chex.assert_trees_all_equal(got.replace(logprobs=None), want.replace(logprobs=None))
+    chex.assert_trees_all_close(got.logprobs, want.logprobs, atol=1e-6)
+    assert not np.array_equal(parts[0].tokens, parts[1].tokens)  # the two passes sampled differently
+
+    devices = np.array(jax.devices()[:8])
+    if len(devices) < 8:
+        pytest.skip("needs 8 (simulated) devices")
+    mesh = jax.sharding.Mesh(devices.reshape(4, 2, 1), ("data", "fsdp", "tensor"))
+    cfg8 = RolloutConfig(num_groups=8, group_size=2, max_context=512, temperature=1.0, groups_per_pass=4)
+    seeds8 = np.arange(20, 28)
+    with mesh:
+        t8 = jax.device_get(Rollout(tiny_model, te, cfg8, mesh=mesh)(params, key, seeds8))
+    t1 = jax.device_get(Rollout(tiny_model, te, cfg8)(params, key, seeds8))
+    floats = ("logprobs", "turn_reward", "reward")
+    chex.assert_trees_all_equal(t8.replace(**dict.fromkeys(floats)), t1.replace(**dict.fromkeys(floats)))
+    chex.assert_trees_all_close(t8.logprobs, t1.logprobs, atol=1e-4)
+
+
+def test_groups_per_pass_must_divide_the_groups(tok):
+    with pytest.raises(ValueError, match="groups_per_pass must be 0 .* or a divisor of num_groups = 4, got 3"):
+        RolloutConfig(num_groups=4, groups_per_pass=3)
+
+
 def test_bad_settings_are_rejected(tok):
     te = _text_env(tok, "Bandit", max_turns=1, max_response_tokens=8)
     with pytest.raises(ValueError, match="max_context"):

@@ -27,7 +27,9 @@ def test_too_small_device_fails_before_the_first_iteration(tmp_path):
         Trainer(cfg, tmp_path / "run", quiet=True)
     msg = str(e.value)
     assert "program needs" in msg and "per device" in msg and "but the device has 1.0 MiB" in msg
-    for knob in ("algo.micro_batch_size (now 2)", "model.remat", "mesh.fsdp (now 1)"):
+    # The rollout is checked first; its knob is the number of groups generated at a time.
+    assert "compiled rollout program" in msg
+    for knob in ("rollout.groups_per_pass (now 2 of 2)", "mesh.fsdp (now 1)"):
         assert knob in msg
     assert "\n" not in msg
     assert not (tmp_path / "run").exists()  # nothing written
@@ -50,3 +52,13 @@ def test_programs_that_fit_run_with_the_checked_executables(tmp_path):
     assert max(m["peak_bytes"] + r for m, r in tr.memory.values()) < 64 * GIB
     hist = tr.train()
     assert len(hist) == 1 and math.isfinite(hist[0]["actor/pg_loss"]) and math.isfinite(hist[0]["critic/value_loss"])
+
+    # A limit between what the largest other program and the update need: the update's knobs are named.
+    need = {k: m["peak_bytes"] + r for k, (m, r) in tr.memory.items()}
+    others = max(v for k, v in need.items() if k != "update")
+    if need["update"] > others:
+        limit_gib = (others + need["update"]) / 2 / GIB
+        with pytest.raises(ConfigError, match=r"compiled update program .* lower algo.micro_batch_size \(now 2\), "
+                                              r"set model.remat=true"):
+            Trainer(load_config("tiny_cpu.py", [*FAST, f"--config.train.device_memory_gib={limit_gib}"]),
+                    tmp_path / "tight", quiet=True)

@@ -91,6 +91,9 @@ def test_mix_forms_and_saved_runs(tmp_path):
      r"env.overrides\['FrozenLake'\]: unknown parameter"),
     (["env.val_set=Sokoban:4", "env.val_envs=FrozenLake"], "put the env.val_envs FrozenLake into it"),
     (["env.val_set=Sokoban:-4"], "env.val_set entry 'Sokoban:-4': the count must be a positive"),
+    (["env.mix=Sokoban:2,FrozenLake:2", "rollout.groups_per_pass=2"], "rollout.groups_per_pass does not work with "
+                                                                       "env.mix"),
+    (["rollout.groups_per_pass=3"], r"rollout.groups_per_pass must be 0 \(all groups at once\) or a divisor"),
 ])
 def test_bad_mixes_are_one_sentence_config_errors(overrides, message):
     with pytest.raises(ConfigError, match=message) as e:
