@@ -24,7 +24,7 @@ matmul parameters (the embedding counted once, as the head). MFU = achieved FLOP
 
 Usage: python -m bench.train_step [--shapes tiny,qwen2.5-0.5b] [--rows 32 --seq-len 2048] [--quick]
        [--big-rows 2 --big-seq-len 128] [--repeats 3] [--no-torch] [--peak-tflops 989] [--micro-batch N]
-       [--lora-rank 64] [--before-after]
+       [--lora-rank 64] [--before-after [--device-gib 24]]
        [--out bench/results/train_step.json]
 """
 
@@ -138,6 +138,14 @@ def build_programs(model, k: int, mini_batch: int, micro_batch: int = 0, lora_ra
         jax.block_until_ready(new_state.actor)
         return new_state, metrics
 
+    def update_peak_bytes(traj) -> int:
+        """The compiled update's peak bytes per device (XLA memory_analysis; compiled once, cached)."""
+        batch = jax.eval_shape(lambda t: prepare(state.actor, state.critic, None, t, *frozen)[0], traj)
+        mem = update.lower(state, batch, *frozen).compile().memory_analysis()
+        return int(mem.argument_size_in_bytes + mem.output_size_in_bytes - mem.alias_size_in_bytes
+                   + mem.temp_size_in_bytes)
+
+    step.update_peak_bytes = update_peak_bytes
     return step, cfg
 
 
@@ -224,6 +232,7 @@ def bench_train_step(shape: str, k: int, t: int, *, repeats: int = 3, torch_base
     t0 = time.perf_counter()
     step(traj)
     first = time.perf_counter() - t0
+    row["update_peak_gib"] = round(step.update_peak_bytes(traj) / 2**30, 3)
     times = []
     for _ in range(repeats):
         t0 = time.perf_counter()
@@ -269,6 +278,9 @@ def main(argv=None):
                    help="tiny shape: also run with algo.micro_batch_size=N and record the speed ratio to one pass")
     p.add_argument("--lora-rank", type=int, default=0,
                    help="also run every shape with LoRA adapters of this rank and record the speed ratio to full")
+    p.add_argument("--device-gib", type=float, default=24.0,
+                   help="--before-after: the device memory the after row's remat is decided for (default 24: "
+                        "a 24 GB GPU)")
     p.add_argument("--before-after", action="store_true",
                    help="run each shape with issue 12's before settings (xla attention, no remat) and after "
                         "settings (auto attention, remat as a run resolves it: on from 0.5B up), side by side, "
@@ -310,9 +322,14 @@ def main(argv=None):
             mb = args.mini_batch if shape == "tiny" else None
             before = bench_train_step(shape, k, t, repeats=args.repeats, torch_baseline=False, mini_batch=mb,
                                       model_overrides={"attention": "xla", "remat": False, "setting": "before"})
+            # remat as a run with model.remat unset decides it on a device of --device-gib: never for
+            # "tiny"; from 0.5B up only when the update does not fit without it (Trainer._fit_memory).
             after = bench_train_step(shape, k, t, repeats=args.repeats, torch_baseline=False, mini_batch=mb,
-                                     model_overrides={"attention": "auto", "remat": shape != "tiny",
-                                                      "setting": "after"})
+                                     model_overrides={"attention": "auto", "remat": False, "setting": "after"})
+            if shape != "tiny" and after["update_peak_gib"] > args.device_gib:
+                after = bench_train_step(shape, k, t, repeats=args.repeats, torch_baseline=False, mini_batch=mb,
+                                         model_overrides={"attention": "auto", "remat": True, "setting": "after"})
+            after["device_gib"] = args.device_gib
             after["ratio_after_over_before"] = round(after["tok_s"] / before["tok_s"], 2)
             result["rows"] += [before, after]
             print(f"{shape:>13} K{k} T{t}: before {before['tok_s']:.1f} tok/s, after {after['tok_s']:.1f} tok/s "

@@ -70,7 +70,9 @@ class ModelConfig:
     dtype: str = "float32"
     param_dtype: str = "float32"
     # Rematerialise each decoder layer in the backward pass: trades ~30% compute for activation memory.
-    # None: on for every model from 0.5B up (a `path`, or any preset but "tiny"), off for "tiny".
+    # None (auto): off for "tiny"; for every model from 0.5B up (a `path`, or any other preset) off when
+    # the compiled programs fit the device without it (the Trainer's memory check, where the device's
+    # memory is known: a GPU/TPU, or train.device_memory_gib), else on.
     remat: Optional[bool] = None
     # What a rematerialised layer keeps: "full" nothing (least memory), "dots" the projection/MLP
     # matmul outputs (less recompute, more memory; bench/results/attention.json).
@@ -139,7 +141,8 @@ class ModelConfig:
 
     @property
     def use_remat(self) -> bool:
-        """`remat`, with None resolved by model size: off only for the random "tiny" preset."""
+        """`remat`, with None resolved by model size (off only for the random "tiny" preset): what runs where
+        the device's memory is unknown; where it is known the RL Trainer may still turn it off (`Trainer.remat`)."""
         if self.remat is not None:
             return self.remat
         return self.path is not None or self.preset != "tiny"

@@ -34,9 +34,9 @@ from ragen_jax.trainer.evaluation import log_validation, validate_run
 from ragen_jax.trainer.logger import EchoTrapMonitor, Logger
 from ragen_jax.trainer.optim import make_optimizer
 from ragen_jax.trainer.setup import (build_mesh, build_policy, build_text_envs, build_vocab, check_run_dir_config,
-                                     init_policy_params, load_task_tokenizer)
+                                     init_policy_params, load_task_tokenizer, without_remat)
 from ragen_jax.trainer.step import (StepPrograms, TrainState, aot_compile, check_batch_fits_mesh, check_memory_fits,
-                                    device_memory_limit, full_params)
+                                    critic_frozen, device_memory_limit, full_params)
 
 # Config keys that may change when a run is resumed (everything else must match the saved run).
 RESUMABLE_CHANGES = ("train.iterations", "train.val_every", "train.save_every", "train.log_samples",
@@ -110,13 +110,8 @@ class Trainer:
             critic_opt=put(critic_opt.init(critic)) if critic_graph is not None else {},
             skipped_updates=jax.device_put(jnp.zeros((), jnp.int32), replicated),
         )
-        self.programs = StepPrograms(cfg, self.policy_graph, critic_graph, actor_opt, critic_opt, vocab=self.vocab)
-        state_shardings = jax.tree.map(lambda x: x.sharding, state)
-        self._prepare = jax.jit(self.programs.prepare)
-        # The update donates the train state: parameters and optimizer state exist once, updated in place.
-        # The prepare pass donates nothing: none of its outputs has the shape of an input (the
-        # trajectories are P*N rows, the batch the kept K), and the host reads the trajectories later.
-        self._update = jax.jit(self.programs.update, out_shardings=(state_shardings, None), donate_argnums=(0,))
+        self._critic_graph, self._opts = critic_graph, (actor_opt, critic_opt)
+        self._build_programs(state, self.policy_graph, critic_graph)
 
         # Rollouts: training (P x N) and validation (val_size states x 1, lower temperature).
         self.rollout = Rollout(policy, self.text_env, cfg.rollout, mesh=self.mesh, vocab=self.vocab)
@@ -128,9 +123,10 @@ class Trainer:
         # Fail before the first iteration (and before anything is written) when the compiled programs
         # do not fit the device.
         self.memory = None
+        self.remat = cfg.model.use_remat  # what the update runs with (model.remat=None: decided below)
         limit = device_memory_limit(cfg, self.mesh.devices.flat[0])
         if limit is not None:
-            self.memory = self._check_memory(state, limit)
+            self.memory = self._fit_memory(state, limit)
         self.ckpt = Checkpointer(self.workdir / "checkpoints", keep=cfg.train.keep_checkpoints)
         self.state = state
         latest = self.ckpt.latest_step()
@@ -142,6 +138,36 @@ class Trainer:
                                        mesh=self.mesh) if cfg.train.collapse_every else None)
         self.stops = EarlyStops(cfg.train)
         self.logger = None
+
+    def _build_programs(self, state: TrainState, policy_graph, critic_graph) -> None:
+        self.programs = StepPrograms(self.cfg, policy_graph, critic_graph, *self._opts, vocab=self.vocab)
+        state_shardings = jax.tree.map(lambda x: x.sharding, state)
+        self._prepare = jax.jit(self.programs.prepare)
+        # The update donates the train state: parameters and optimizer state exist once, updated in place.
+        # The prepare pass donates nothing: none of its outputs has the shape of an input (the
+        # trajectories are P*N rows, the batch the kept K), and the host reads the trajectories later.
+        self._update = jax.jit(self.programs.update, out_shardings=(state_shardings, None), donate_argnums=(0,))
+
+    def _fit_memory(self, state: TrainState, limit: int) -> dict:
+        """`_check_memory`, deciding `model.remat=None` (auto) by memory first: remat makes the backward
+        recompute every layer's forward, so it is used only when the update does not fit without it
+        (the rollout and the no-grad pass do not depend on it). Sets `self.remat`."""
+        m = self.cfg.model
+        if m.remat is not None or not m.use_remat:  # set by the user, or a "tiny" model (never remat)
+            return self._check_memory(state, limit)
+        abstract = lambda tree: jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype), tree)  # noqa: E731
+        actor_like = abstract(full_params(state.actor, self.frozen))
+        critic_like = (abstract(full_params(state.critic, critic_frozen(self.frozen)))
+                       if self._critic_graph is not None else None)
+        self._build_programs(state, without_remat(self.policy_graph, actor_like),
+                             without_remat(self._critic_graph, critic_like))
+        try:
+            usage = self._check_memory(state, limit)
+            self.remat = False
+            return usage
+        except ConfigError:  # too big without remat: the default programs (remat on), checked again
+            self._build_programs(state, self.policy_graph, self._critic_graph)
+            return self._check_memory(state, limit)
 
     def _check_memory(self, state: TrainState, limit: int) -> dict:
         """AOT-compile the rollout, prepare and update programs for the run's shapes and shardings,

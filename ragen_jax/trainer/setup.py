@@ -168,6 +168,19 @@ def build_policy(cfg: Config, vocab=None, mesh=None):
     return _with_lora(cfg, nnx.merge(graphdef, init()), mesh)
 
 
+def without_remat(graphdef, like):
+    """The graph of a Qwen2 or Qwen2Critic (`like`: its parameter state, abstract is enough) with its
+    layers' remat off: remat is static config of the graph, so an update program without it is
+    built from this graph (the parameters are the same)."""
+    if graphdef is None:
+        return None
+    model = nnx.merge(graphdef, like)
+    cfg = model.cfg.replace(remat=False)
+    model.cfg = cfg
+    model.model.cfg = cfg
+    return nnx.split(model)[0]
+
+
 def _with_lora(cfg: Config, policy, mesh):
     """`policy` with fresh adapters (A random, B zero: the model is unchanged) when model.lora_rank > 0,
     placed in their mesh sharding. Adapters stay float32 whatever param_dtype: they are what the

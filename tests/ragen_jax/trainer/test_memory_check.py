@@ -62,3 +62,37 @@ def test_programs_that_fit_run_with_the_checked_executables(tmp_path):
                                               r"set model.remat=true"):
             Trainer(load_config("tiny_cpu.py", [*FAST, f"--config.train.device_memory_gib={limit_gib}"]),
                     tmp_path / "tight", quiet=True)
+
+
+def test_remat_auto_is_decided_by_memory(tmp_path):
+    """model.remat unset (auto) for a model from a path: remat costs the backward a second forward, so
+    the update runs without it when every program fits the device that way, and with it only when not.
+    Truth: the programs of runs with model.remat set explicitly (their memory_analysis)."""
+    from flax import nnx
+
+    from ragen_jax.models import Qwen2, Qwen2Config, save_pretrained
+
+    hf = tmp_path / "hf"
+    save_pretrained(Qwen2(Qwen2Config.from_preset("tiny"), nnx.Rngs(0)), str(hf))
+    base = [*FAST, "--config.model.random_init=false", f"--config.model.path={hf}", "--config.model.vocab=full",
+            "--config.model.critic=none", "--config.algo.adv_estimator=grpo"]
+
+    def trainer(name, *extra):
+        return Trainer(load_config("tiny_cpu.py", [*base, *extra]), tmp_path / name, quiet=True)
+
+    def need(tr):
+        return {k: m["peak_bytes"] + r for k, (m, r) in tr.memory.items()}
+
+    roomy = "--config.train.device_memory_gib=64"
+    on, off = need(trainer("on", roomy, "--config.model.remat=true")), need(trainer("off", roomy, "--config.model.remat=false"))
+    assert on["update"] < off["update"]  # remat saves memory (the stored activations)
+    auto = trainer("auto", roomy)
+    assert auto.cfg.model.remat is None and auto.cfg.model.use_remat  # the size rule alone would say on
+    assert auto.remat is False and need(auto) == off  # everything fits: the no-remat programs
+
+    # A device between the two: the update fits only with remat.
+    tight = (max(on["update"], off["rollout"], off["prepare"]) + off["update"]) / 2
+    assert max(on["update"], on["rollout"], on["prepare"]) < tight < off["update"]
+    auto = trainer("auto_tight", f"--config.train.device_memory_gib={tight / GIB}")
+    assert auto.remat is True and need(auto) == on
+    assert math.isfinite(auto.train()[0]["actor/pg_loss"])
