@@ -205,6 +205,11 @@ def test_resume_ends_with_the_uninterrupted_parameters(run, tmp_path):
     assert not (wd / "policy").exists()
     second = SFTTrainer(_cfg(*over), wd, quiet=True, demo_chunk=8)
     assert second.step == 2  # the last checkpoint (save_every=2)
+    # The interrupted run evaluates from its checkpoint (its `params` field): the parameters resumed.
+    from ragen_jax.trainer.evaluation import load_for_eval
+
+    for a, b in zip(_leaves(load_for_eval(wd).params), _leaves(second.state.params)):
+        np.testing.assert_array_equal(a, b)
     rest = second.train()
     assert [h["step"] for h in rest][0] == 3 and (wd / "policy").is_dir()
     want = {h["step"]: h["sft/loss"] for h in hist if "sft/loss" in h}
