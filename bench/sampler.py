@@ -20,7 +20,7 @@ batch / (weight_bytes / bandwidth). The bandwidth is measured in the same run (`
 overrides it): the best of a few timed reductions over a 1 GiB float32 array.
 
 Usage: python -m bench.sampler [--rows tiny:64 --rows qwen2.5-0.5b:16,64] [--repeats 3] [--before]
-       [--no-torch] [--no-tunix] [--out bench/results/sampler.json]
+       [--no-torch] [--no-tunix] [--peers torch,torch_bf16,tunix] [--out bench/results/sampler.json]
 """
 
 from __future__ import annotations
@@ -293,6 +293,9 @@ def main(argv=None):
     p.add_argument("--before", action="store_true", help="also time the previous decode path (layer scan)")
     p.add_argument("--no-torch", action="store_true")
     p.add_argument("--no-tunix", action="store_true")
+    p.add_argument("--peers", default=",".join(PEER_NAMES),
+                   help="comma-separated subset of " + ",".join(PEER_NAMES) + " (e.g. the target peers only: "
+                        "torch_bf16,tunix)")
     p.add_argument("--bandwidth-gbs", type=float, default=None, help="skip the bandwidth measurement")
     p.add_argument("--out", default=str(RESULTS))
     args = p.parse_args(argv)
@@ -314,18 +317,24 @@ def main(argv=None):
     if not args.no_tunix and not have_tunix:
         print("tunix not importable: Tunix peer skipped (bench/README.md has the recipe)", file=sys.stderr)
 
+    wanted = {x.strip() for x in args.peers.split(",") if x.strip()}
+    if wanted - set(PEER_NAMES):
+        print(f"error: unknown peer(s) {sorted(wanted - set(PEER_NAMES))} in --peers; valid: {', '.join(PEER_NAMES)}",
+              file=sys.stderr)
+        return 2
     bw = args.bandwidth_gbs or measure_bandwidth_gbs()
     result = {"machine": machine(), "settings": {**vars(args), "bandwidth_gbs": round(bw, 1)}, "rows": []}
     for name in dict.fromkeys(n for n, _ in rows):
         cfg = Qwen2Config.from_preset(name)
         model = Qwen2(cfg, nnx.Rngs(0))
         peers = {}
-        if have_torch:
+        if have_torch and wanted & {"torch", "torch_bf16"}:
             tm32, tm16 = torch_model(model), torch_model(model, "bfloat16")
             peers["torch"] = lambda pr, n, m=tm32: torch_generate_fn(m, pr, n)
             peers["torch_bf16"] = lambda pr, n, m=tm16: torch_generate_fn(m, pr, n)
-        if have_tunix:
+        if have_tunix and "tunix" in wanted:
             peers["tunix"] = lambda pr, n, c=cfg: tunix_generate_fn(c, pr, n)
+        peers = {k: f for k, f in peers.items() if k in wanted}
         for shape, batch in rows:
             if shape != name:
                 continue

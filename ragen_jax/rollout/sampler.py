@@ -28,7 +28,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 from flax import nnx
-from ragen_jax.models.qwen2.model import KVCache
+from ragen_jax.models.qwen2.model import KVCache, decode_layout, stacked_layout
 from ragen_jax.text.tokenizer import ENDOFTEXT, IM_END
 
 # `SampleOutput.stopped_by` codes.
@@ -438,10 +438,13 @@ def decode(
                        table=stop_table, pad_id=pad_id)
     # Step 0 samples from the prefill logits; each loop iteration feeds the pending tokens (so the
     # cache ends up holding every sampled token) and samples the next step from their hidden states.
-    c = _record(_initial_carry(cache, active, budget, n, rules), *pick(first_logits, 0), rules)
+    # The token loop carries the cache in the layout its single-token steps read fastest (per-layer
+    # buffers where the decode is unrolled, models/qwen2/model.py `decode_layout`); callers get it back
+    # stacked.
+    c = _record(_initial_carry(decode_layout(cache), active, budget, n, rules), *pick(first_logits, 0), rules)
     c = jax.lax.while_loop(lambda c: jnp.any(c.pending), functools.partial(_feed_and_sample, model, pick, rules), c)
-    return SampleOutput(tokens=c.tokens[:, :n], logprobs=c.logprobs[:, :n], lengths=c.lengths, cache=c.cache,
-                        stopped_by=c.stopped_by)
+    return SampleOutput(tokens=c.tokens[:, :n], logprobs=c.logprobs[:, :n], lengths=c.lengths,
+                        cache=stacked_layout(c.cache), stopped_by=c.stopped_by)
 
 
 # --------------------------------------------------------------------------------------------------

@@ -42,7 +42,8 @@ import jax
 import jax.numpy as jnp
 from flax import nnx, struct
 
-from ragen_jax.models.attention import attention
+from ragen_jax.models.attention import MASK_VALUE, attention, visible_mask
+from ragen_jax.models.qwen2 import decode as decode_weights
 from ragen_jax.models.qwen2.config import REMAT_POLICIES, Qwen2Config
 
 f32 = jnp.float32
@@ -58,7 +59,8 @@ def _unrolled_decode(cache: "KVCache") -> bool:
     before every dot) and only with a 32-bit cache: the 16-bit cache's CPU write (`_write_kv`) is in
     place inside the layer scan but not once unrolled, where XLA keeps a second full cache copy alive,
     which costs more memory than the unroll saves time at rollout sizes (bench/results/memory.json)."""
-    return DECODE_UNROLL and jax.default_backend() == "cpu" and cache.k.dtype.itemsize >= 4
+    k = cache.k[0] if isinstance(cache, LayerKVCache) else cache.k
+    return DECODE_UNROLL and jax.default_backend() == "cpu" and k.dtype.itemsize >= 4
 
 
 # ----------------------------------------------------------------------------- KV cache
@@ -84,6 +86,46 @@ class KVCache:
     @property
     def batch(self) -> int:
         return self.k.shape[1]
+
+
+@struct.dataclass
+class LayerKVCache:
+    """The KV cache as the unrolled single-token decode reads it (`decode_layout`): one [B, nKV, S, D]
+    buffer per layer. On XLA:CPU a layer's keys/values sliced out of the stacked [L, B, S, nKV, D]
+    cache are copied (and transposed for the attention dots) on every token; separate per-layer
+    buffers in this order are read by the dots in place. Same contents as `stacked()`."""
+
+    k: tuple  # L x [B, n_kv_heads, S, head_dim]
+    v: tuple  # L x [B, n_kv_heads, S, head_dim]
+    end: jax.Array  # [B] int32
+
+    @property
+    def max_len(self) -> int:
+        return self.k[0].shape[2]
+
+    @property
+    def batch(self) -> int:
+        return self.k[0].shape[0]
+
+    def stacked(self) -> KVCache:
+        return KVCache(k=jnp.stack([a.swapaxes(1, 2) for a in self.k]),
+                       v=jnp.stack([a.swapaxes(1, 2) for a in self.v]), end=self.end)
+
+
+def decode_layout(cache):
+    """The cache in the layout single-token decode steps read fastest: a `LayerKVCache` where the decode
+    is unrolled (`_unrolled_decode`), else unchanged. `stacked_layout` converts back. One copy of the
+    cache each way per call, instead of one per layer and token."""
+    if not isinstance(cache, KVCache) or not _unrolled_decode(cache) or not decode_weights.LAYER_CACHE:
+        return cache
+    n = cache.k.shape[0]
+    return LayerKVCache(k=tuple(cache.k[i].swapaxes(1, 2) for i in range(n)),
+                        v=tuple(cache.v[i].swapaxes(1, 2) for i in range(n)), end=cache.end)
+
+
+def stacked_layout(cache):
+    """Inverse of `decode_layout`."""
+    return cache.stacked() if isinstance(cache, LayerKVCache) else cache
 
 
 @struct.dataclass
@@ -127,7 +169,10 @@ def apply_rope(x: jax.Array, cos: jax.Array, sin: jax.Array) -> jax.Array:
 
 
 def _dense(x, p, lora_scale: float = 0.0):
-    y = x @ p["kernel"].astype(x.dtype)
+    if "kernel_t" in p:  # [out, in]: the decode path's per-layer copy (`decode.layer_weights`)
+        y = jnp.einsum("...i,oi->...o", x, p["kernel_t"].astype(x.dtype))
+    else:
+        y = x @ p["kernel"].astype(x.dtype)
     if "lora_a" in p:  # applied on the fly: the frozen base is never copied into merged weights
         y = y + ((x @ p["lora_a"].astype(x.dtype)) @ p["lora_b"].astype(x.dtype)) * jnp.asarray(lora_scale, x.dtype)
     if "bias" in p:
@@ -243,6 +288,9 @@ def decoder_stack(cfg: Qwen2Config, layers, x, valid, cache: KVCache | None, pre
     rows = jnp.arange(b)[:, None]
     cos, sin = rope_cos_sin(pos, cfg.head_dim, cfg.rope_theta)
 
+    if isinstance(cache, LayerKVCache):
+        return _decode_layer_cache(cfg, layers, x, cache, rows, write, pos, cos, sin, n_new)
+
     def layer(carry, xs):
         x, ck, cv = carry
         p, li = xs
@@ -258,7 +306,7 @@ def decoder_stack(cfg: Qwen2Config, layers, x, valid, cache: KVCache | None, pre
 
     # No remat here: the cached path is inference (remat would only keep per-layer cache copies alive).
     carry = (x, cache.k, cache.v)
-    if t == 1 and _unrolled_decode(cache):
+    if (t == 1 or decode_weights.PREFILL_UNROLL) and _unrolled_decode(cache):
         # Single-token decode runs inside the sampler's token loop. A scan over the stacked [L, ...]
         # weights slices (copies) every layer's weights on every token before its matmuls (XLA:CPU
         # does not fuse a slice into a dot), tripling the memory traffic of a step that is bound by
@@ -268,7 +316,7 @@ def decoder_stack(cfg: Qwen2Config, layers, x, valid, cache: KVCache | None, pre
         # program run instead of one per token (docs/decode.md).
         dt = jnp.dtype(cfg.dtype)
         for li in range(cfg.num_hidden_layers):
-            p = jax.lax.optimization_barrier(jax.tree.map(lambda a, i=li: a[i].astype(dt), layers))
+            p = jax.lax.optimization_barrier(decode_weights.layer_weights(layers, li, dt))
             carry, _ = layer(carry, (p, li))
     else:
         li = jnp.arange(cfg.num_hidden_layers, dtype=jnp.int32)
@@ -277,12 +325,48 @@ def decoder_stack(cfg: Qwen2Config, layers, x, valid, cache: KVCache | None, pre
     return x, KVCache(k=ck, v=cv, end=cache.end + n_new)
 
 
+def _decode_layer_cache(cfg: Qwen2Config, layers, x, cache: LayerKVCache, rows, write, pos, cos, sin, n_new):
+    """`decoder_stack` on a per-layer cache: the unrolled layers (hoisted weights, as for `KVCache`),
+    each writing its new keys/values into its own [B, nKV, S, D] buffer and attending to it in place."""
+    if x.shape[1] != 1 or not _unrolled_decode(cache):
+        raise ValueError("a LayerKVCache is for single-token decode steps on the unrolled path; convert it "
+                         "with stacked_layout(cache) for longer appends")
+    dt = jnp.dtype(cfg.dtype)
+    ks, vs = list(cache.k), list(cache.v)
+    for li in range(cfg.num_hidden_layers):
+        p = jax.lax.optimization_barrier(decode_weights.layer_weights(layers, li, dt))
+        q, k, v = _attn_in(cfg, p, x, cos, sin)
+        # [B, 1, nKV, D] rows into [B, nKV, S, D] at each row's slot; slot S is dropped.
+        ks[li] = ks[li].at[rows, :, write].set(k.astype(ks[li].dtype), mode="drop")
+        vs[li] = vs[li].at[rows, :, write].set(v.astype(vs[li].dtype), mode="drop")
+        x = _attn_out_mlp(cfg, p, x, _layer_cache_attention(q, ks[li], vs[li], pos))
+    return x, LayerKVCache(k=tuple(ks), v=tuple(vs), end=cache.end + n_new)
+
+
+def _layer_cache_attention(q, k, v, q_slot):
+    """`attention.xla_attention` (same formula and dtypes) for keys/values laid out [B, nKV, S, D]:
+    q [B, T, nH, D], q_slot [B, T]; a query sees the slots <= its own. -> [B, T, nH * D]."""
+    b, t, nh, d = q.shape
+    nkv, s = k.shape[1], k.shape[2]
+    qg = q.reshape(b, t, nkv, nh // nkv, d)
+    scores = jnp.einsum("btkgd,bksd->bkgts", qg, k.astype(q.dtype), preferred_element_type=f32) * (d**-0.5)
+    scores = jnp.where(visible_mask(None, q_slot, s)[:, None, None], scores, MASK_VALUE)
+    probs = jax.nn.softmax(scores, axis=-1).astype(q.dtype)
+    out = jnp.einsum("bkgts,bksd->btkgd", probs, v.astype(q.dtype))
+    return out.reshape(b, t, nh * d)
+
+
 def _check_inputs(cfg: Qwen2Config, tokens, valid, cache):
     if tokens.ndim != 2:
         raise ValueError(f"tokens must be [batch, time], got shape {tuple(tokens.shape)}")
     if tuple(valid.shape) != tuple(tokens.shape):
         raise ValueError(f"valid shape {tuple(valid.shape)} must equal tokens shape {tuple(tokens.shape)}")
-    if cache is not None:
+    if isinstance(cache, LayerKVCache):
+        want = (tokens.shape[0], cfg.num_key_value_heads, cache.max_len, cfg.head_dim)
+        if len(cache.k) != cfg.num_hidden_layers or any(tuple(a.shape) != want for a in (*cache.k, *cache.v)):
+            raise ValueError(f"per-layer KV cache does not match model/batch: want {cfg.num_hidden_layers} "
+                             f"buffers of {want}")
+    elif cache is not None:
         want = (cfg.num_hidden_layers, tokens.shape[0], cache.max_len, cfg.num_key_value_heads, cfg.head_dim)
         if tuple(cache.k.shape) != want:
             raise ValueError(f"KV cache shape {tuple(cache.k.shape)} does not match model/batch {want}")

@@ -96,16 +96,25 @@ def test_token_loop_carries_hoisted_layer_weights():
         return loops[0]
 
     unrolled, scanned = token_loop_signature(True), token_loop_signature(False)
-    # gate and up kernels of each of the 3 layers, as separate [64, 136] buffers
-    assert unrolled.count("f32[64,136]") == 2 * cfg.num_hidden_layers
+    # gate and up kernels of each of the 3 layers as separate buffers, stored [out, in] = [136, 64]
+    # (decode.layer_weights); the down kernel [64, 136]
+    assert unrolled.count("f32[136,64]") == 2 * cfg.num_hidden_layers
+    assert unrolled.count("f32[64,136]") == cfg.num_hidden_layers
     assert "f32[3,64,136]" not in unrolled
-    assert scanned.count("f32[64,136]") == 0 and "f32[3,64,136]" in scanned
+    assert scanned.count("f32[136,64]") == 0 and "f32[3,64,136]" in scanned
+    # The cache: one [B, nKV, S, D] buffer per layer for keys and for values (model.decode_layout),
+    # not the stacked [L, B, S, nKV, D] one the scan carries.
+    per_layer = f"f32[2,{cfg.num_key_value_heads},12,{cfg.head_dim}]"
+    stacked = f"f32[3,2,12,{cfg.num_key_value_heads},{cfg.head_dim}]"
+    assert unrolled.count(per_layer) == 2 * cfg.num_hidden_layers and stacked not in unrolled
+    assert per_layer not in scanned and stacked in scanned
 
 
-def test_16bit_weights_are_scanned_without_a_float32_copy():
+@pytest.mark.parametrize("path", ["cache", "inference"])
+def test_16bit_weights_are_scanned_without_a_float32_copy(path):
     """XLA:CPU slices a stacked bfloat16 weight as float32 (and hoists that conversion: a float32 copy
-    of every layer) unless the cached path's layer scan reads it as same-width integers
-    (`_scan_layers`). Truth: the plain `lax.scan` over the same bf16 weights gives the same bits
+    of every layer) unless the layer scan of a forward without gradient (the cached path, or
+    `inference=True`) reads it as same-width integers (`_scan_layers`). Truth: the plain `lax.scan` over the same bf16 weights gives the same bits
     (hidden states and cache), and its compiled program holds 2 more bytes per weight than ours
     (XLA's own memory_analysis of the two programs)."""
     cfg = Qwen2Config.from_preset("tiny", num_hidden_layers=4, intermediate_size=512, param_dtype="bfloat16",
