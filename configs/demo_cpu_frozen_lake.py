@@ -37,6 +37,7 @@ def get_config() -> Config:
     cfg.mesh.data = 1  # one device
     cfg.train.iterations = 20
     cfg.train.val_every = 0  # launch/demo.py evaluates after each stage
+    cfg.train.collapse_every = 0  # see configs/demo_cpu.py
     cfg.train.save_every = 20
     cfg.train.log_samples = 1
     cfg.sft.num_demos = 1024

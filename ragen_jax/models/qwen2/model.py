@@ -217,8 +217,8 @@ def _write_kv(cache: jax.Array, li, rows, slots, new: jax.Array) -> jax.Array:
 
 
 def _scan_layers(layer, carry, layers, *rest):
-    """`jax.lax.scan(layer, carry, (layers, *rest))` over the stacked [L, ...] weights, for the cached
-    (inference) path.
+    """`jax.lax.scan(layer, carry, (layers, *rest))` over the stacked [L, ...] weights, for forwards
+    no gradient flows through (the cached path; the no-cache path with `inference=True`).
 
     On XLA:CPU, 16-bit float weights are scanned as same-width integers (bit-exact) and reinterpreted
     inside the layer: XLA:CPU has no bfloat16/float16 dynamic-slice, so its float normalisation slices
@@ -245,7 +245,7 @@ def _scan_layers(layer, carry, layers, *rest):
 
 
 def decoder_stack(cfg: Qwen2Config, layers, x, valid, cache: KVCache | None, prefix: "PrefixKV | None" = None,
-                  return_kv: bool = False):
+                  return_kv: bool = False, inference: bool = False):
     """Run all layers. `layers` is the pure dict of stacked [L, ...] arrays. Returns (x, cache), or
     (x, (k, v)) with every layer's keys/values [L, B, T, n_kv, hd] when `return_kv` (no cache).
 
@@ -274,10 +274,12 @@ def decoder_stack(cfg: Qwen2Config, layers, x, valid, cache: KVCache | None, pre
             out = attend(q, keys, vals, kv_valid, q_valid=valid)
             return _attn_out_mlp(cfg, p, x, out), ((k, v) if return_kv else None)
 
+        rest = (None, None) if prefix is None else (prefix.k, prefix.v)
+        if inference:  # no gradient flows through this forward (e.g. the old-log-prob pass)
+            return _scan_layers(layer, x, layers, *rest)
         if cfg.remat:
             layer = jax.checkpoint(layer, policy=REMAT_POLICIES[cfg.remat_policy])
-        xs = (layers, None, None) if prefix is None else (layers, prefix.k, prefix.v)
-        x, kv = jax.lax.scan(layer, x, xs)
+        x, kv = jax.lax.scan(layer, x, (layers, *rest))
         return x, kv
 
     s = cache.max_len
@@ -440,7 +442,8 @@ class Qwen2Trunk(nnx.Module):
         ids = jnp.where(valid, jnp.clip(tokens.astype(jnp.int32), 0, cfg.vocab_size - 1), 0)
         return jnp.take(self.embed_tokens.embedding[...], ids, axis=0).astype(jnp.dtype(cfg.dtype))
 
-    def __call__(self, tokens, valid, cache: KVCache | None = None, prefix: PrefixKV | None = None):
+    def __call__(self, tokens, valid, cache: KVCache | None = None, prefix: PrefixKV | None = None,
+                 inference: bool = False):
         cfg = self.cfg
         tokens = jnp.asarray(tokens)
         valid = jnp.asarray(valid).astype(bool)
@@ -449,7 +452,7 @@ class Qwen2Trunk(nnx.Module):
             raise ValueError("a shared prefix and a KV cache cannot be combined: the prefix is for the "
                              "no-cache (training) forward")
         layers = nnx.state(self.layers, nnx.Param).to_pure_dict()
-        x, cache = decoder_stack(cfg, layers, self._embed(tokens, valid), valid, cache, prefix)
+        x, cache = decoder_stack(cfg, layers, self._embed(tokens, valid), valid, cache, prefix, inference=inference)
         return rms_norm(x, self.norm.scale[...], cfg.rms_norm_eps), cache
 
     def prefix_kv(self, prefix_tokens) -> PrefixKV:
@@ -473,8 +476,10 @@ class Qwen2(nnx.Module):
         if not cfg.tie_word_embeddings:
             self.lm_head = Dense(cfg.hidden_size, cfg.vocab_size, bias=False, param_dtype=cfg.param_dtype, rngs=rngs)
 
-    def __call__(self, tokens, valid, cache: KVCache | None = None, prefix: PrefixKV | None = None):
-        return self.model(tokens, valid, cache, prefix)
+    def __call__(self, tokens, valid, cache: KVCache | None = None, prefix: PrefixKV | None = None,
+                 inference: bool = False):
+        """`inference=True`: no gradient will flow through this call (memory layout choice only)."""
+        return self.model(tokens, valid, cache, prefix, inference=inference)
 
     def prefix_kv(self, prefix_tokens) -> PrefixKV:
         return self.model.prefix_kv(prefix_tokens)
@@ -497,8 +502,8 @@ class Qwen2Critic(nnx.Module):
         # Like HF *ForTokenClassification(num_labels=1) as used by verl critics: N(0, 0.02) kernel, zero bias.
         self.value_head = Dense(cfg.hidden_size, 1, bias=True, param_dtype="float32", rngs=rngs)
 
-    def __call__(self, tokens, valid) -> jax.Array:
-        hidden, _ = self.model(tokens, valid, None)
+    def __call__(self, tokens, valid, inference: bool = False) -> jax.Array:
+        hidden, _ = self.model(tokens, valid, None, inference=inference)
         return _dense(hidden.astype(f32), nnx.state(self.value_head, nnx.Param).to_pure_dict())[..., 0]
 
 

@@ -1,0 +1,115 @@
+"""One CPU-demo RL stage from a finished warm start, with the demo's paired evaluation (issue 15).
+
+    python scripts/rl_variant.py --family sokoban --sft runs/demo/sokoban/sft --out /tmp/rl15/ppo4 \
+        --eval-at 10,20 algo.ppo_epochs=4 algo.mini_batch_size=8
+
+Runs only launch/demo.py's second stage (StarPO-S RL from `model.init_from=<sft>`, the family's
+demo config plus the given overrides) and evaluates the policy on the demo's fixed states (same
+seeds, temperature and sampling key as launch/demo.py's StageEvaluator) before RL and after each
+iteration count in --eval-at, each compared with the warm start pairwise (flips and exact McNemar
+p, ragen_jax/trainer/paired.py). The warm start's evaluation is cached in <out>/../<family>_before.json
+(its outcome depends only on the SFT run and the eval settings), so variants of one warm start
+evaluate it once. Writes <out>/rl (the run), <out>/result.json and prints one line per eval point.
+The SFT run is read, never written. Exists because launch/demo.py reruns (and cannot resume with
+changed algo settings) the SFT stage; the demo itself is what gets published.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+if __name__ == "__main__":
+    from ragen_jax.runtime import use_transparent_hugepages
+
+    use_transparent_hugepages()
+
+from absl import logging as absl_logging  # noqa: E402
+
+from launch.demo import (EVAL_STATES, FROZEN_LAKE_CONFIG, FROZEN_LAKE_EVAL_ENVS, SOKOBAN_CONFIG,  # noqa: E402
+                         SOKOBAN_EVAL_ENVS, StageEvaluator)
+from ragen_jax.trainer.config import load_config  # noqa: E402
+from ragen_jax.trainer.paired import paired_change  # noqa: E402
+from ragen_jax.trainer.rl import Trainer  # noqa: E402
+
+FAMILIES = {"sokoban": (SOKOBAN_CONFIG, SOKOBAN_EVAL_ENVS[0]),
+            "frozen_lake": (FROZEN_LAKE_CONFIG, FROZEN_LAKE_EVAL_ENVS[0])}
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--family", required=True, choices=sorted(FAMILIES))
+    p.add_argument("--sft", required=True, help="the finished SFT run directory (read only)")
+    p.add_argument("--out", required=True, help="this variant's directory (must not hold a finished run)")
+    p.add_argument("--eval-at", default="", help="comma-separated iteration counts to evaluate at "
+                                                 "(default: train.iterations only)")
+    p.add_argument("--eval-states", type=int, default=EVAL_STATES)
+    p.add_argument("overrides", nargs="*", help="config overrides section.key=value")
+    args = p.parse_args(argv)
+    absl_logging.set_verbosity(absl_logging.ERROR)
+
+    config_name, env = FAMILIES[args.family]
+    cfg = load_config(config_name, list(args.overrides) + [f"model.init_from={os.path.abspath(args.sft)}",
+                                                           "train.val_every=0"])
+    n_it = cfg.train.iterations
+    points = sorted({int(x) for x in args.eval_at.split(",") if x} | {n_it})
+    if points[0] < 1 or points[-1] > n_it:
+        p.error(f"--eval-at points must lie in 1..train.iterations={n_it}, got {args.eval_at!r}")
+    os.makedirs(args.out, exist_ok=True)
+
+    t0, c0 = time.perf_counter(), time.process_time()
+    rl = Trainer(cfg, os.path.join(args.out, "rl"), quiet=True)
+    if rl.iteration:
+        p.error(f"{args.out}/rl already holds a run at iteration {rl.iteration}; use a fresh --out")
+    setup_s, setup_cpu = time.perf_counter() - t0, time.process_time() - c0
+    evaluator = StageEvaluator(rl, (env,), args.eval_states)
+
+    cache = os.path.join(os.path.dirname(os.path.abspath(args.out)), f"{args.family}_before.json")
+    if os.path.exists(cache):
+        with open(cache) as f:
+            before = json.load(f)
+    else:
+        e0 = time.perf_counter()
+        before = evaluator(rl.state.actor)[env]
+        before["eval_wall_s"] = time.perf_counter() - e0
+        with open(cache, "w") as f:
+            json.dump(before, f)
+    print(f"warm start: {env} success {before['success']:.3f} (format {before['format_ok']:.2f})", flush=True)
+
+    rows, train_s, train_cpu = [], 0.0, 0.0
+    metrics_f = open(os.path.join(args.out, "metrics.jsonl"), "w")
+    for it in range(1, n_it + 1):
+        t1, c1 = time.perf_counter(), time.process_time()
+        m = rl.iteration_step()
+        train_s += time.perf_counter() - t1
+        train_cpu += time.process_time() - c1
+        metrics_f.write(json.dumps({"iteration": it, **{k: float(v) for k, v in m.items()
+                                                         if isinstance(v, (int, float))}}) + "\n")
+        metrics_f.flush()
+        if it in points:
+            e1 = time.perf_counter()
+            after = evaluator(rl.state.actor)[env]
+            pc = paired_change(before["state_success"], after["state_success"])
+            row = {"iteration": it, "success": after["success"], "format_ok": after["format_ok"],
+                   "gained": pc["gained"], "lost": pc["lost"], "p_value": pc["p_value"], "change": pc["change"],
+                   "rl_train_s": train_s, "rl_train_cpu_s": train_cpu, "eval_s": time.perf_counter() - e1,
+                   "loadavg": os.getloadavg()[0]}
+            rows.append(row)
+            print(f"it {it:3d}: success {before['success']:.3f} -> {after['success']:.3f} ({pc['change']:+.3f}; "
+                  f"{pc['gained']} gained / {pc['lost']} lost, p = {pc['p_value']:.2g}), format "
+                  f"{after['format_ok']:.2f}; RL {train_s:.0f} s ({train_cpu:.0f} CPU s), load {row['loadavg']:.1f}",
+                  flush=True)
+    metrics_f.close()
+    with open(os.path.join(args.out, "result.json"), "w") as f:
+        json.dump({"family": args.family, "overrides": args.overrides, "sft": os.path.abspath(args.sft),
+                   "before": {k: v for k, v in before.items() if k != "state_success"},
+                   "setup_s": setup_s, "setup_cpu_s": setup_cpu, "points": rows}, f, indent=2)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
