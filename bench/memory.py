@@ -17,7 +17,8 @@ script starts jax). Two setting sets:
   before: today's settings before issue 12: xla attention, no remat, no micro-batches, no donation.
   after:  attention auto (chunked on CPU for long rows), remat on, micro-batches of 8 rows, the update
           donating the train state; after-mb4 / after-mb2: the same with micro-batches of 4 / 2 rows;
-          after-mb4-pass2: micro-batches of 4 and the rollout generating 2 of the 8 groups at a time.
+          after-mbM-passG: micro-batches of M rows and the rollout generating G of the 8 groups at a time
+          (`rollout.groups_per_pass`).
 
 Usage: python -m bench.memory [--rows 0.5b-ppo,3b-grpo] [--settings before,after] [--force] [--list]
        [--out bench/results/memory.json]
@@ -75,6 +76,9 @@ SETTINGS = {
     "after-mb2": dict(attention="auto", remat=True, micro_batch_size=2, donate=True),
     # ... and the rollout in passes of 2 groups (`rollout.groups_per_pass`): a quarter of the KV cache.
     "after-mb4-pass2": dict(attention="auto", remat=True, micro_batch_size=4, donate=True, groups_per_pass=2),
+    "after-mb2-pass2": dict(attention="auto", remat=True, micro_batch_size=2, donate=True, groups_per_pass=2),
+    "after-mb1-pass2": dict(attention="auto", remat=True, micro_batch_size=1, donate=True, groups_per_pass=2),
+    "after-mb1-pass1": dict(attention="auto", remat=True, micro_batch_size=1, donate=True, groups_per_pass=1),
 }
 
 

@@ -154,7 +154,7 @@ def cross_logprobs(graphdef, params, tokens, plan: dict, *, width: int, block: i
         valid = jnp.concatenate([valid, jnp.zeros((pad_rows, width), bool)])
     if sharding is not None:
         ids, valid = jax.lax.with_sharding_constraint((ids, valid), (sharding, sharding))
-    fn = functools.partial(sequence_logprobs, graphdef, params, vocab=vocab, temperature=temperature)
+    fn = functools.partial(sequence_logprobs, graphdef, params, vocab=vocab, temperature=temperature, inference=True)
     logp, _ = _in_minibatches(lambda x, v: fn(x, v), ids.shape[0], block, ids, valid)
     # Target column c holds token c + 1: z's tokens are positions [x_len, x_len + z_len).
     m, p = plan["row"].shape[0], plan["rep"].shape[0]

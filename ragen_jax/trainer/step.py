@@ -77,25 +77,28 @@ def critic_frozen(frozen):
 
 
 # ----------------------------------------------------------------------------------- forward helpers
-def sequence_logprobs(graphdef, params, tokens, valid, chunk: int = 128, vocab=None, temperature: float = 1.0):
+def sequence_logprobs(graphdef, params, tokens, valid, chunk: int = 128, vocab=None, temperature: float = 1.0,
+                      inference: bool = False):
     """Per-target log-probs and entropies [K, T-1], never materialising [K, T, V] logits.
 
     `vocab`: optional VocabMap of a small-vocabulary model; tokens stay Qwen ids outside the model.
     `temperature`: the logits are divided by it, as the sampler does (and verl's actor, which divides
     by the rollout temperature): the PPO ratio and the entropy are then those of the policy that
     actually sampled the tokens, and `old_logp` equals the rollout's recorded log-probs.
+    `inference`: no gradient will be taken through this call (the no-grad passes), which lets the
+    model pick a lighter memory layout (models/qwen2/model.py `_scan_layers`); same numbers.
     """
     model = nnx.merge(graphdef, params)
     ids = tokens if vocab is None else vocab.model_ids(tokens)
-    hidden, _ = model(ids, valid, None)
+    hidden, _ = model(ids, valid, None, inference=inference)
     logits_fn = model.logits if temperature == 1.0 else (lambda h: model.logits(h) / temperature)
     return loss_lib.token_logprobs_and_entropy(hidden[:, :-1], ids[:, 1:], logits_fn, chunk=chunk)
 
 
-def sequence_values(graphdef, params, tokens, valid, vocab=None):
+def sequence_values(graphdef, params, tokens, valid, vocab=None, inference: bool = False):
     """Critic values aligned on targets: V at position t is the value before sampling token t+1."""
     ids = tokens if vocab is None else vocab.model_ids(tokens)
-    return nnx.merge(graphdef, params)(ids, valid)[:, :-1].astype(jnp.float32)
+    return nnx.merge(graphdef, params)(ids, valid, inference=inference)[:, :-1].astype(jnp.float32)
 
 
 def effective_micro_batch(mini_batch_size: int, micro_batch_size: int) -> int:
@@ -185,7 +188,7 @@ class StepPrograms:
         a, r = self.cfg.algo, self.cfg.rollout
         n = r.group_size
         logp_fn = functools.partial(sequence_logprobs, self.actor_graph, full_params(actor, frozen), vocab=self.vocab,
-                                    temperature=self.temperature)
+                                    temperature=self.temperature, inference=True)
         micro = effective_micro_batch(a.mini_batch_size, a.micro_batch_size)
         # Group filter (StarPO-S / RAGEN-2) on raw rewards, static slots; unselected slots get row
         # weight 0. Entropy metrics need every row's entropy: the old-log-prob pass then runs over
@@ -214,12 +217,12 @@ class StepPrograms:
         ref_logp = jnp.zeros_like(old_logp)
         if self.use_ref:
             ref_fn = functools.partial(sequence_logprobs, self.actor_graph, full_params(ref, frozen), vocab=self.vocab,
-                                       temperature=self.temperature)
+                                       temperature=self.temperature, inference=True)
             ref_logp, _ = _in_minibatches(lambda x, v: ref_fn(x, v), k, mb, t.tokens, valid)
         values = jnp.zeros_like(old_logp)
         if self.has_critic:
             val_fn = functools.partial(sequence_values, self.critic_graph, full_params(critic, critic_frozen(frozen)),
-                                       vocab=self.vocab)
+                                       vocab=self.vocab, inference=True)
             values = _in_minibatches(lambda x, v: val_fn(x, v), k, mb, t.tokens, valid)
         values = jnp.where(mask, values, 0.0)
 

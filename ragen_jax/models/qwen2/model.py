@@ -224,10 +224,10 @@ def _scan_layers(layer, carry, layers, *rest):
     inside the layer: XLA:CPU has no bfloat16/float16 dynamic-slice, so its float normalisation slices
     the WHOLE stacked weight as float32 in the loop body, and loop-invariant code motion then hoists
     that conversion out of the rollout's loops: a float32 copy of every layer's weights (twice a 16-bit
-    model) alive for the whole program; the integer view costs one 16-bit copy instead. The training
-    forward keeps the plain scan: under remat and the backward pass XLA:CPU also converts the saved
-    16-bit activations, and there the integer view measured more memory, not less. GPU/TPU slice
-    16-bit arrays natively and scan them as they are."""
+    model) alive for the whole program; the integer view costs one 16-bit copy instead. A forward that is
+    differentiated cannot scan integers for its trained weights: a LoRA model's training forward uses
+    `_scan_frozen_base`, full training the plain scan. GPU/TPU slice 16-bit arrays natively and scan
+    them as they are."""
     if jax.default_backend() != "cpu":
         return jax.lax.scan(layer, carry, (layers, *rest))
     dtypes = jax.tree.map(lambda a: a.dtype, layers)
@@ -242,6 +242,31 @@ def _scan_layers(layer, carry, layers, *rest):
         return layer(c, (p, *xs[1:]))
 
     return jax.lax.scan(body, carry, (jax.tree.map(narrow, layers), *rest))
+
+
+def _scan_frozen_base(layer, carry, layers, rest, remat_policy):
+    """The rematerialised training forward's layer scan of a LoRA model on XLA:CPU (see `_scan_layers`):
+    the frozen 16-bit base is held as same-width integers, closed over (not scanned: a scanned input
+    would be stacked again as a residual for the backward) and sliced per layer inside the
+    rematerialised layer; the trained (float32) leaves are scanned as usual. Only for LoRA: there
+    every 16-bit leaf is frozen, and an integer view carries no gradient. Without remat the plain scan
+    measured the same memory, so it keeps that."""
+    is16 = lambda a: jnp.issubdtype(a.dtype, jnp.floating) and a.dtype.itemsize == 2  # noqa: E731
+    leaves, tree = jax.tree.flatten(layers)
+    frozen = {i: jax.lax.bitcast_convert_type(a, jnp.uint16) for i, a in enumerate(leaves) if is16(a)}
+    dtypes = [a.dtype for a in leaves]
+    trained = [a for i, a in enumerate(leaves) if i not in frozen]
+
+    def body(c, xs):
+        li, trained_li, *r = xs
+        it = iter(trained_li)
+        p = [jax.lax.bitcast_convert_type(jax.lax.dynamic_index_in_dim(frozen[i], li, 0, keepdims=False), dtypes[i])
+             if i in frozen else next(it) for i in range(len(leaves))]
+        return layer(c, (jax.tree.unflatten(tree, p), *r))
+
+    n_layers = leaves[0].shape[0]
+    return jax.lax.scan(jax.checkpoint(body, policy=remat_policy), carry,
+                        (jnp.arange(n_layers, dtype=jnp.int32), trained, *rest))
 
 
 def decoder_stack(cfg: Qwen2Config, layers, x, valid, cache: KVCache | None, prefix: "PrefixKV | None" = None,
@@ -277,6 +302,8 @@ def decoder_stack(cfg: Qwen2Config, layers, x, valid, cache: KVCache | None, pre
         rest = (None, None) if prefix is None else (prefix.k, prefix.v)
         if inference:  # no gradient flows through this forward (e.g. the old-log-prob pass)
             return _scan_layers(layer, x, layers, *rest)
+        if cfg.lora_rank and cfg.remat and jax.default_backend() == "cpu":  # 16-bit leaves: the frozen base
+            return _scan_frozen_base(layer, x, layers, rest, REMAT_POLICIES[cfg.remat_policy])
         if cfg.remat:
             layer = jax.checkpoint(layer, policy=REMAT_POLICIES[cfg.remat_policy])
         x, kv = jax.lax.scan(layer, x, (layers, *rest))
