@@ -116,7 +116,9 @@ def train_step_section(d) -> list[str]:
            "Rows with a LoRA rank train adapters only (`model.lora_rank`); their ratio is to the full-training "
            "row measured just before them in the same run. Rows marked before / after (`--before-after`) are "
            "issue 12's settings side by side: before = xla attention, no remat; after = `auto` attention and "
-           "remat as a run resolves it (on from 0.5B up: the backward recomputes the forward to save memory).", "",
+           "remat as a run with `model.remat` unset resolves it on a 24 GB device (off when the update fits without "
+           "it, as it does at these shapes; the backward otherwise recomputes the forward to save memory); the "
+           "after rows record `update_peak_gib`.", "",
            "| shape | K x T | micro-batch | LoRA rank | ours tok/s | PyTorch tok/s | ratio |",
            "|---|---|---|---|---|---|---|"]
     for r in d["rows"]:
