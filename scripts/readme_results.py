@@ -118,7 +118,8 @@ def train_step_section(d) -> list[str]:
            "issue 12's settings side by side: before = xla attention, no remat; after = `auto` attention and "
            "remat as a run with `model.remat` unset resolves it on a 24 GB device (off when the update fits without "
            "it, as it does at these shapes; the backward otherwise recomputes the forward to save memory); the "
-           "after rows record `update_peak_gib`.", "",
+           "after rows record `update_peak_gib` and whether they compile to the same program as before "
+           "(`same_program_as_before`, from a digest of the lowered programs).", "",
            "| shape | K x T | micro-batch | LoRA rank | ours tok/s | PyTorch tok/s | ratio |",
            "|---|---|---|---|---|---|---|"]
     for r in d["rows"]:
