@@ -164,10 +164,13 @@ class Trainer:
         try:
             usage = self._check_memory(state, limit)
             self.remat = False
+            self._print("model.remat unset: off (every program fits the device without it)")
             return usage
         except ConfigError:  # too big without remat: the default programs (remat on), checked again
             self._build_programs(state, self.policy_graph, self._critic_graph)
-            return self._check_memory(state, limit)
+            usage = self._check_memory(state, limit)
+            self._print("model.remat unset: on (the update does not fit the device without it)")
+            return usage
 
     def _check_memory(self, state: TrainState, limit: int) -> dict:
         """AOT-compile the rollout, prepare and update programs for the run's shapes and shardings,
