@@ -112,7 +112,7 @@ def _stub(kind, lag):
     fixed unigram distribution)."""
     unigram = jax.nn.log_softmax(jnp.linspace(0.0, 3.0, V))
 
-    def fn(graphdef, params, tokens, valid, chunk=128, vocab=None, temperature=1.0):
+    def fn(graphdef, params, tokens, valid, chunk=128, vocab=None, temperature=1.0, inference=False):
         nxt = tokens[:, 1:]
         if kind == "ignore":
             return unigram[nxt], jnp.zeros(nxt.shape)
