@@ -216,6 +216,10 @@ def _write_kv(cache: jax.Array, li, rows, slots, new: jax.Array) -> jax.Array:
     return jax.lax.dynamic_update_index_in_dim(cache, jax.lax.bitcast_convert_type(layer, cache.dtype), li, 0)
 
 
+def _is_16bit_float(a) -> bool:
+    return jnp.issubdtype(a.dtype, jnp.floating) and a.dtype.itemsize == 2
+
+
 def _scan_layers(layer, carry, layers, *rest):
     """`jax.lax.scan(layer, carry, (layers, *rest))` over the stacked [L, ...] weights, for forwards
     no gradient flows through (the cached path; the no-cache path with `inference=True`).
@@ -233,9 +237,7 @@ def _scan_layers(layer, carry, layers, *rest):
     dtypes = jax.tree.map(lambda a: a.dtype, layers)
 
     def narrow(a):
-        if jnp.issubdtype(a.dtype, jnp.floating) and a.dtype.itemsize == 2:
-            return jax.lax.bitcast_convert_type(a, jnp.uint16)
-        return a
+        return jax.lax.bitcast_convert_type(a, jnp.uint16) if _is_16bit_float(a) else a
 
     def body(c, xs):
         p = jax.tree.map(lambda a, d: a if a.dtype == d else jax.lax.bitcast_convert_type(a, d), xs[0], dtypes)
@@ -251,9 +253,8 @@ def _scan_frozen_base(layer, carry, layers, rest, remat_policy):
     rematerialised layer; the trained (float32) leaves are scanned as usual. Only for LoRA: there
     every 16-bit leaf is frozen, and an integer view carries no gradient. Without remat the plain scan
     measured the same memory, so it keeps that."""
-    is16 = lambda a: jnp.issubdtype(a.dtype, jnp.floating) and a.dtype.itemsize == 2  # noqa: E731
     leaves, tree = jax.tree.flatten(layers)
-    frozen = {i: jax.lax.bitcast_convert_type(a, jnp.uint16) for i, a in enumerate(leaves) if is16(a)}
+    frozen = {i: jax.lax.bitcast_convert_type(a, jnp.uint16) for i, a in enumerate(leaves) if _is_16bit_float(a)}
     dtypes = [a.dtype for a in leaves]
     trained = [a for i, a in enumerate(leaves) if i not in frozen]
 
