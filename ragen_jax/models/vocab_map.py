@@ -94,8 +94,11 @@ class MappedModel:
     def __call__(self, tokens, valid, cache=None):
         return self.model(self.vmap.model_ids(tokens), valid, cache)
 
-    def logits(self, hidden):
-        return self.model.logits(hidden)
+    def logits(self, hidden, head=None):
+        return self.model.logits(hidden, head)
+
+    def head_weight(self):
+        return self.model.head_weight()
 
     def output_ids(self, index):
         return self.vmap.qwen_ids(index)

@@ -365,7 +365,7 @@ def _record(c: _Carry, tok, logp, rules: _StopRules) -> _Carry:
     )
 
 
-def _feed_and_sample(model, pick: _Picker, rules: _StopRules, c: _Carry) -> _Carry:
+def _feed_and_sample(model, pick: _Picker, rules: _StopRules, head, c: _Carry) -> _Carry:
     """One loop iteration: write the pending tokens to the cache, sample the next step from their hidden states."""
     hidden, cache = model(c.last[:, None], c.pending[:, None], c.cache)
     c = c.replace(cache=cache)
@@ -374,7 +374,7 @@ def _feed_and_sample(model, pick: _Picker, rules: _StopRules, c: _Carry) -> _Car
     tok, logp = jax.lax.cond(
         jnp.all(c.done),
         lambda h: (jnp.zeros((b,), jnp.int32), jnp.zeros((b,), jnp.float32)),
-        lambda h: pick(model.logits(h[:, None])[:, 0], c.step),
+        lambda h: pick((model.logits(h[:, None]) if head is None else model.logits(h[:, None], head))[:, 0], c.step),
         hidden[:, 0],
     )
     return _record(c, tok, logp, rules)
@@ -442,7 +442,9 @@ def decode(
     # buffers where the decode is unrolled, models/qwen2/model.py `decode_layout`); callers get it back
     # stacked.
     c = _record(_initial_carry(decode_layout(cache), active, budget, n, rules), *pick(first_logits, 0), rules)
-    c = jax.lax.while_loop(lambda c: jnp.any(c.pending), functools.partial(_feed_and_sample, model, pick, rules), c)
+    # A head cast to the matmul dtype (Qwen2Config.matmul_dtype) is made once, before the loop.
+    head = model.head_weight() if getattr(getattr(model, "cfg", None), "matmul_dtype", None) else None
+    c = jax.lax.while_loop(lambda c: jnp.any(c.pending), functools.partial(_feed_and_sample, model, pick, rules, head), c)
     return SampleOutput(tokens=c.tokens[:, :n], logprobs=c.logprobs[:, :n], lengths=c.lengths,
                         cache=stacked_layout(c.cache), stopped_by=c.stopped_by)
 

@@ -151,8 +151,8 @@ def build_policy(cfg: Config, vocab=None, mesh=None):
 
     m = cfg.model
     m.check_backend()
-    overrides = dict(dtype=m.dtype, param_dtype=m.param_dtype, remat=m.use_remat, remat_policy=m.remat_policy,
-                     attention=m.attention)
+    overrides = dict(dtype=m.dtype, param_dtype=m.param_dtype, matmul_dtype=m.matmul_dtype, remat=m.use_remat,
+                     remat_policy=m.remat_policy, attention=m.attention)
     if m.path is not None:
         if vocab is not None:
             raise ConfigError("model.vocab='task' needs a randomly initialised model (model.random_init=true)")

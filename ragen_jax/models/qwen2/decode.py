@@ -14,11 +14,13 @@ LAYER_CACHE = True
 PREFILL_UNROLL = False  # measured: XLA does not share the copies (two live), slower
 
 
-def layer_weights(layers, li: int, dtype):
+def layer_weights(layers, li: int, dtype, kernel_dtype=None):
     """Layer `li`'s weights for the unrolled decode, cast to the compute dtype, every kernel stored
     [out, in] under the name `kernel_t`: the copy is made once per program run anyway (see
     `model.decoder_stack`), and a few-row matmul streams an [out, in] kernel faster on XLA:CPU (each
-    output reads one contiguous row) than an [in, out] one (docs/decode.md)."""
+    output reads one contiguous row) than an [in, out] one (docs/decode.md). Kernels take
+    `kernel_dtype` (the model's `matmul_dtype`) when given: the token loop then streams those bytes."""
+    kdt = dtype if kernel_dtype is None else kernel_dtype
 
     def walk(d):
         out = {}
@@ -26,7 +28,9 @@ def layer_weights(layers, li: int, dtype):
             if isinstance(v, dict):
                 out[k] = walk(v)
             elif k == "kernel" and DECODE_TRANSPOSED:
-                out["kernel_t"] = v[li].astype(dtype).T
+                out["kernel_t"] = v[li].astype(kdt).T
+            elif k == "kernel":
+                out[k] = v[li].astype(kdt)
             else:
                 out[k] = v[li].astype(dtype)
         return out

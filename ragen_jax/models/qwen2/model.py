@@ -168,11 +168,19 @@ def apply_rope(x: jax.Array, cos: jax.Array, sin: jax.Array) -> jax.Array:
     return x * cos + rotated * sin
 
 
-def _dense(x, p, lora_scale: float = 0.0):
-    if "kernel_t" in p:  # [out, in]: the decode path's per-layer copy (`decode.layer_weights`)
-        y = jnp.einsum("...i,oi->...o", x, p["kernel_t"].astype(x.dtype))
-    else:
-        y = x @ p["kernel"].astype(x.dtype)
+def _dense(x, p, lora_scale: float = 0.0, matmul_dtype: str | None = None):
+    if matmul_dtype is None:
+        if "kernel_t" in p:  # [out, in]: the decode path's per-layer copy (`decode.layer_weights`)
+            y = jnp.einsum("...i,oi->...o", x, p["kernel_t"].astype(x.dtype))
+        else:
+            y = x @ p["kernel"].astype(x.dtype)
+    else:  # rounded operands, float32 accumulation and output (Qwen2Config.matmul_dtype)
+        xm = x.astype(matmul_dtype)
+        if "kernel_t" in p:
+            y = jnp.einsum("...i,oi->...o", xm, p["kernel_t"].astype(matmul_dtype), preferred_element_type=f32)
+        else:
+            y = jnp.einsum("...i,io->...o", xm, p["kernel"].astype(matmul_dtype), preferred_element_type=f32)
+        y = y.astype(x.dtype)
     if "lora_a" in p:  # applied on the fly: the frozen base is never copied into merged weights
         y = y + ((x @ p["lora_a"].astype(x.dtype)) @ p["lora_b"].astype(x.dtype)) * jnp.asarray(lora_scale, x.dtype)
     if "bias" in p:
@@ -184,19 +192,19 @@ def _attn_in(cfg: Qwen2Config, p, x, cos, sin):
     """Pre-norm + q/k/v projections + RoPE for one layer."""
     b, t, _ = x.shape
     h = rms_norm(x, p["input_layernorm"]["scale"], cfg.rms_norm_eps)
-    a, s = p["self_attn"], cfg.lora_scale
-    q = _dense(h, a["q_proj"], s).reshape(b, t, cfg.num_attention_heads, cfg.head_dim)
-    k = _dense(h, a["k_proj"], s).reshape(b, t, cfg.num_key_value_heads, cfg.head_dim)
-    v = _dense(h, a["v_proj"], s).reshape(b, t, cfg.num_key_value_heads, cfg.head_dim)
+    a, s, mm = p["self_attn"], cfg.lora_scale, cfg.matmul_dtype
+    q = _dense(h, a["q_proj"], s, mm).reshape(b, t, cfg.num_attention_heads, cfg.head_dim)
+    k = _dense(h, a["k_proj"], s, mm).reshape(b, t, cfg.num_key_value_heads, cfg.head_dim)
+    v = _dense(h, a["v_proj"], s, mm).reshape(b, t, cfg.num_key_value_heads, cfg.head_dim)
     return apply_rope(q, cos, sin), apply_rope(k, cos, sin), v
 
 
 def _attn_out_mlp(cfg: Qwen2Config, p, x, attn):
-    s = cfg.lora_scale
-    x = x + _dense(attn, p["self_attn"]["o_proj"], s)
+    s, mm = cfg.lora_scale, cfg.matmul_dtype
+    x = x + _dense(attn, p["self_attn"]["o_proj"], s, mm)
     h = rms_norm(x, p["post_attention_layernorm"]["scale"], cfg.rms_norm_eps)
     m = p["mlp"]
-    return x + _dense(jax.nn.silu(_dense(h, m["gate_proj"], s)) * _dense(h, m["up_proj"], s), m["down_proj"], s)
+    return x + _dense(jax.nn.silu(_dense(h, m["gate_proj"], s, mm)) * _dense(h, m["up_proj"], s, mm), m["down_proj"], s, mm)
 
 
 def _write_kv(cache: jax.Array, li, rows, slots, new: jax.Array) -> jax.Array:
@@ -346,7 +354,7 @@ def decoder_stack(cfg: Qwen2Config, layers, x, valid, cache: KVCache | None, pre
         # program run instead of one per token (docs/decode.md).
         dt = jnp.dtype(cfg.dtype)
         for li in range(cfg.num_hidden_layers):
-            p = jax.lax.optimization_barrier(decode_weights.layer_weights(layers, li, dt))
+            p = jax.lax.optimization_barrier(decode_weights.layer_weights(layers, li, dt, cfg.matmul_dtype))
             carry, _ = layer(carry, (p, li))
     else:
         li = jnp.arange(cfg.num_hidden_layers, dtype=jnp.int32)
@@ -364,7 +372,7 @@ def _decode_layer_cache(cfg: Qwen2Config, layers, x, cache: LayerKVCache, rows, 
     dt = jnp.dtype(cfg.dtype)
     ks, vs = list(cache.k), list(cache.v)
     for li in range(cfg.num_hidden_layers):
-        p = jax.lax.optimization_barrier(decode_weights.layer_weights(layers, li, dt))
+        p = jax.lax.optimization_barrier(decode_weights.layer_weights(layers, li, dt, cfg.matmul_dtype))
         q, k, v = _attn_in(cfg, p, x, cos, sin)
         # [B, 1, nKV, D] rows into [B, nKV, S, D] at each row's slot; slot S is dropped.
         ks[li] = ks[li].at[rows, :, write].set(k.astype(ks[li].dtype), mode="drop")
@@ -512,13 +520,22 @@ class Qwen2(nnx.Module):
     def prefix_kv(self, prefix_tokens) -> PrefixKV:
         return self.model.prefix_kv(prefix_tokens)
 
-    def logits(self, hidden: jax.Array) -> jax.Array:
-        """[..., H] -> float32 [..., V]; float32 accumulation whatever the compute dtype."""
-        if self.cfg.tie_word_embeddings:
-            w = self.model.embed_tokens.embedding[...]
-            return jnp.einsum("...h,vh->...v", hidden, w.astype(hidden.dtype), preferred_element_type=f32)
-        w = self.lm_head.kernel[...]
-        return jnp.einsum("...h,hv->...v", hidden, w.astype(hidden.dtype), preferred_element_type=f32)
+    def logits(self, hidden: jax.Array, head: jax.Array | None = None) -> jax.Array:
+        """[..., H] -> float32 [..., V]; float32 accumulation whatever the compute dtype.
+        `head`: the weight from `head_weight()`, made once outside a token loop."""
+        dt = self.cfg.matmul_dtype or hidden.dtype
+        w = self.head_weight(barrier=False) if head is None else head
+        spec = "...h,vh->...v" if self.cfg.tie_word_embeddings else "...h,hv->...v"
+        return jnp.einsum(spec, hidden.astype(dt), w.astype(dt), preferred_element_type=f32)
+
+    def head_weight(self, barrier: bool = True) -> jax.Array:
+        """The vocabulary head's weight in the matmul dtype. A token loop takes it once before the loop
+        (`barrier`: XLA does not hoist a convert out of the loop's conditional body, and converting the
+        [V, H] matrix every step would stream it three times)."""
+        w = self.model.embed_tokens.embedding[...] if self.cfg.tie_word_embeddings else self.lm_head.kernel[...]
+        if self.cfg.matmul_dtype is not None:
+            w = w.astype(self.cfg.matmul_dtype)
+        return jax.lax.optimization_barrier(w) if barrier else w
 
 
 class Qwen2Critic(nnx.Module):
