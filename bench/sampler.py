@@ -11,6 +11,12 @@ call by call (the CPU is shared: only ratios taken in one run mean something):
   torch_bf16  the same model cast to bfloat16 (weights and compute).
   tunix       Tunix's `Sampler` on its own Qwen2 (same shapes, its own random weights, float32),
               when `tunix` is importable (bench/README.md has the recipe; never a project dependency).
+  tunix_bf16  the same with Tunix's dtype and param_dtype bfloat16.
+
+Ours runs twice: `ours` (float32) and `ours_bf16` (the same weights with `matmul_dtype="bfloat16"`:
+projections and the head round their operands to bf16 and accumulate in float32, docs/decode.md);
+ratios are given for both (`ratio_ours_over_<peer>`, `ratio_ours_bf16_over_<peer>`), and
+`ours_bf16_greedy_tokens_equal_frac` says how many greedy tokens the rounding changed.
   ours_scan   (`--before`) our sampler with the pre-issue-14 decode path: the layer loop a scan over
               the stacked weights (`models.qwen2.model.DECODE_UNROLL = False`).
 
@@ -48,7 +54,8 @@ from ragen_jax.rollout import sampler
 
 RESULTS = Path(__file__).resolve().parent / "results" / "sampler.json"
 DEFAULT_ROWS = ("tiny:64", "qwen2.5-0.5b:16,64")
-PEER_NAMES = ("torch", "torch_bf16", "tunix")
+PEER_NAMES = ("torch", "torch_bf16", "tunix", "tunix_bf16")
+OURS = ("ours", "ours_bf16")
 
 
 def targets_for(name: str) -> dict:
@@ -157,8 +164,8 @@ def torch_generate_fn(tmodel, prompts: np.ndarray, n: int):
     return fn
 
 
-def tunix_generate_fn(cfg: Qwen2Config, prompts: np.ndarray, n: int):
-    """Tunix's sampler on a Tunix Qwen2 of the same shapes (random weights), greedy, float32."""
+def tunix_generate_fn(cfg: Qwen2Config, prompts: np.ndarray, n: int, dtype=jnp.float32):
+    """Tunix's sampler on a Tunix Qwen2 of the same shapes (random weights), greedy, in `dtype`."""
     from tunix.generate import sampler as tsampler
     from tunix.models.qwen2 import model as tmodel
 
@@ -166,7 +173,7 @@ def tunix_generate_fn(cfg: Qwen2Config, prompts: np.ndarray, n: int):
         num_layers=cfg.num_hidden_layers, vocab_size=cfg.vocab_size, embed_dim=cfg.hidden_size,
         hidden_dim=cfg.intermediate_size, num_heads=cfg.num_attention_heads, head_dim=cfg.head_dim,
         num_kv_heads=cfg.num_key_value_heads, rope_theta=int(cfg.rope_theta), norm_eps=cfg.rms_norm_eps,
-        use_tied_embedding=cfg.tie_word_embeddings,
+        use_tied_embedding=cfg.tie_word_embeddings, dtype=dtype, param_dtype=dtype,
     )
     model = tmodel.Qwen2(tcfg, rngs=nnx.Rngs(0))
 
@@ -198,7 +205,7 @@ def tunix_generate_fn(cfg: Qwen2Config, prompts: np.ndarray, n: int):
     return fn
 
 
-def bench_row(name, batch, args, model, peers: dict, before: bool, bw_gbs: float):
+def bench_row(name, batch, args, model, peers: dict, before: bool, bw_gbs: float, bf16: bool = True):
     rng = np.random.default_rng(batch)
     prompts = rng.integers(0, 151643, (batch, args.prompt_len)).astype(np.int32)
     tokens = jnp.asarray(prompts)
@@ -206,14 +213,18 @@ def bench_row(name, batch, args, model, peers: dict, before: bool, bw_gbs: float
     n = args.new_tokens
     graphdef, state = nnx.split(model)
 
-    def compiled(unroll: bool):
+    def compiled(unroll: bool, matmul_dtype=None):
         """Our generate program, compiled with the decode layer loop unrolled or scanned."""
         old = qwen2_model.DECODE_UNROLL
         qwen2_model.DECODE_UNROLL = unroll
+        gd = graphdef
+        if matmul_dtype is not None:  # same weights, another config (the graphdef holds the config)
+            cfg = model.cfg.replace(matmul_dtype=matmul_dtype)
+            gd = nnx.split(nnx.eval_shape(lambda: Qwen2(cfg, nnx.Rngs(0))))[0]
         try:
             statics = (n, args.prompt_len + n, 0, True, False, (), 151643, None)
             fn = jax.jit(lambda st, tk, vd, key: sampler._generate_impl(
-                st, tk, vd, key, jnp.float32(1.0), jnp.float32(1.0), None, graphdef=graphdef, statics=statics))
+                st, tk, vd, key, jnp.float32(1.0), jnp.float32(1.0), None, graphdef=gd, statics=statics))
             return fn.lower(state, tokens, valid, jax.random.key(0)).compile()
         finally:
             qwen2_model.DECODE_UNROLL = old
@@ -236,6 +247,11 @@ def bench_row(name, batch, args, model, peers: dict, before: bool, bw_gbs: float
     row["ours_first_call_s"] = round(time.perf_counter() - t0, 2)
     if not np.array_equal(public, our_tokens):
         raise RuntimeError("sampler.generate and the benchmarked program disagree")
+    if bf16:
+        t0 = time.perf_counter()
+        fns["ours_bf16"] = ours_fn(compiled(True, "bfloat16"))
+        row["ours_bf16_greedy_tokens_equal_frac"] = float(np.mean(fns["ours_bf16"]() == our_tokens))
+        row["ours_bf16_first_call_s"] = round(time.perf_counter() - t0, 2)
     if before:
         fns["ours_scan"] = ours_fn(compiled(False))
         row["ours_scan_tokens_equal_frac"] = float(np.mean(fns["ours_scan"]() == our_tokens))
@@ -244,7 +260,7 @@ def bench_row(name, batch, args, model, peers: dict, before: bool, bw_gbs: float
         fns[peer] = make(prompts, n)
         peer_tokens = fns[peer]()
         row[f"{peer}_first_call_s"] = round(time.perf_counter() - t0, 2)
-        if peer != "tunix":  # tunix runs its own random weights: its tokens are not comparable
+        if not peer.startswith("tunix"):  # tunix runs its own random weights: its tokens are not comparable
             row[f"{peer}_greedy_tokens_equal_frac"] = float(np.mean(peer_tokens == our_tokens))
 
     times = {k: [] for k in fns}
@@ -256,9 +272,10 @@ def bench_row(name, batch, args, model, peers: dict, before: bool, bw_gbs: float
     for k, ts in times.items():
         row[f"{k}_s"] = [round(t, 3) for t in ts]
         row[f"{k}_tok_s"] = round(batch * n / statistics.median(ts), 1)
-    for k in fns:
-        if k != "ours":
-            row[f"ratio_ours_over_{k}"] = round(row["ours_tok_s"] / row[f"{k}_tok_s"], 2)
+    for o in (o for o in OURS if o in fns):
+        for k in fns:
+            if k not in OURS:
+                row[f"ratio_{o}_over_{k}"] = round(row[f"{o}_tok_s"] / row[f"{k}_tok_s"], 2)
     # Backwards-compatible names (the README renderer and older readers).
     if "torch_tok_s" in row:
         row["greedy_tokens_equal_frac"] = row["torch_greedy_tokens_equal_frac"]
@@ -272,14 +289,16 @@ def bench_row(name, batch, args, model, peers: dict, before: bool, bw_gbs: float
     }
     tg = targets_for(name)
     met = {}
-    for peer, ratio in tg.items():
-        if peer == "best_peer":
-            best = max((row[f"{p}_tok_s"] for p in PEER_NAMES if f"{p}_tok_s" in row), default=None)
-            met["best_peer"] = None if best is None else bool(row["ours_tok_s"] >= ratio * best)
-        elif f"{peer}_tok_s" in row:
-            met[peer] = bool(row["ours_tok_s"] >= ratio * row[f"{peer}_tok_s"])
-        else:
-            met[peer] = None  # peer not measured in this run
+    for o in (o for o in OURS if o in fns):  # each of our variants against each target peer
+        met[o] = {}
+        for peer, ratio in tg.items():
+            if peer == "best_peer":
+                best = max((row[f"{p}_tok_s"] for p in PEER_NAMES if f"{p}_tok_s" in row), default=None)
+                met[o]["best_peer"] = None if best is None else bool(row[f"{o}_tok_s"] >= ratio * best)
+            elif f"{peer}_tok_s" in row:
+                met[o][peer] = bool(row[f"{o}_tok_s"] >= ratio * row[f"{peer}_tok_s"])
+            else:
+                met[o][peer] = None  # peer not measured in this run
     row["targets"] = {"min_ratio": tg, "met": met}
     return row
 
@@ -291,6 +310,7 @@ def main(argv=None):
     p.add_argument("--new-tokens", type=int, default=64)
     p.add_argument("--repeats", type=int, default=3)
     p.add_argument("--before", action="store_true", help="also time the previous decode path (layer scan)")
+    p.add_argument("--no-bf16", action="store_true", help="skip ours_bf16 (bf16 matmuls)")
     p.add_argument("--no-torch", action="store_true")
     p.add_argument("--no-tunix", action="store_true")
     p.add_argument("--peers", default=",".join(PEER_NAMES),
@@ -334,16 +354,23 @@ def main(argv=None):
             peers["torch_bf16"] = lambda pr, n, m=tm16: torch_generate_fn(m, pr, n)
         if have_tunix and "tunix" in wanted:
             peers["tunix"] = lambda pr, n, c=cfg: tunix_generate_fn(c, pr, n)
+        if have_tunix and "tunix_bf16" in wanted:
+            peers["tunix_bf16"] = lambda pr, n, c=cfg: tunix_generate_fn(c, pr, n, jnp.bfloat16)
         peers = {k: f for k, f in peers.items() if k in wanted}
         for shape, batch in rows:
             if shape != name:
                 continue
-            row = bench_row(name, batch, args, model, peers, args.before, bw)
+            row = bench_row(name, batch, args, model, peers, args.before, bw, bf16=not args.no_bf16)
             result["rows"].append(row)
             line = f"{name:>14} b{batch:<3} ours {row['ours_tok_s']:8.1f} tok/s"
+            if "ours_bf16_tok_s" in row:
+                line += f", ours_bf16 {row['ours_bf16_tok_s']:.1f}"
             for k in ("ours_scan", *PEER_NAMES):
                 if f"{k}_tok_s" in row:
-                    line += f" | {k} {row[f'{k}_tok_s']:.1f} ({row[f'ratio_ours_over_{k}']:.2f}x)"
+                    line += f" | {k} {row[f'{k}_tok_s']:.1f} ({row[f'ratio_ours_over_{k}']:.2f}x"
+                    if f"ratio_ours_bf16_over_{k}" in row:
+                        line += f" / {row[f'ratio_ours_bf16_over_{k}']:.2f}x"
+                    line += ")"
             line += f" | decode bound {row['bandwidth_bound']['decode_only_tok_s']:.0f} | targets {row['targets']['met']}"
             print(line, flush=True)
             write_result(result, args.out)  # after every row: a long run that is cut short keeps its rows

@@ -39,25 +39,37 @@ def sampler_section(d) -> list[str]:
     if not d:
         return []
     bw = d.get("settings", {}).get("bandwidth_gbs")
+    rows = d["rows"]
+    has_bf16 = any("ours_bf16_tok_s" in r for r in rows)
     out = ["### Decode speed (`bench/sampler.py`)", "",
-           f"Greedy decode, prompt {d['rows'][0].get('prompt_len')} ids, {d['rows'][0].get('new_tokens')} new tokens, "
-           f"random weights, f32 unless noted, tokens/s end to end (prefill included); {_machine(d.get('machine', {}))}. "
-           "Every peer runs in the same run, interleaved call by call with ours; ratios are ours / peer. "
+           f"Greedy decode, prompt {rows[0].get('prompt_len')} ids, {rows[0].get('new_tokens')} new tokens, "
+           f"random weights, tokens/s end to end (prefill included); {_machine(d.get('machine', {}))}. "
+           "Every peer runs in the same run, interleaved call by call with ours. "
            "PyTorch = transformers `generate` on the same weights (f32 and a bf16 cast); Tunix = its `Sampler` on a "
-           "Qwen2 of the same shapes; ours (scan) = the decode path before docs/decode.md. Bound = decode-only "
-           "memory-bandwidth bound, batch x bandwidth / weight bytes" + (f" ({bw:.0f} GB/s measured)" if bw else "")
-           + ".", "",
-           "| shape | batch | ours tok/s | ours (scan) | PyTorch f32 | PyTorch bf16 | Tunix | bound (decode only) "
-           "| same greedy tokens as PyTorch f32 |", "|---|---|---|---|---|---|---|---|---|"]
+           "Qwen2 of the same shapes (f32, and bf16 weights and compute); ours (scan) = the decode path before "
+           "docs/decode.md; ours bf16-matmul = the same weights with `matmul_dtype=\"bfloat16\"` (bf16 operands, "
+           "f32 accumulation). "
+           + ("Peer cells: tok/s (ours f32 / peer, ours bf16-matmul / peer). " if has_bf16 else
+              "Peer cells: tok/s (ours / peer). ")
+           + "Bound = decode-only memory-bandwidth bound, batch x bandwidth / f32 weight bytes"
+           + (f" ({bw:.0f} GB/s measured)" if bw else "") + ".", "",
+           "| shape | batch | ours f32 tok/s | ours bf16-matmul | ours (scan) | PyTorch f32 | PyTorch bf16 | Tunix f32 "
+           "| Tunix bf16 | bound (decode only) | same greedy tokens as PyTorch f32 |",
+           "|---|---|---|---|---|---|---|---|---|---|---|"]
 
     def peer(r, k):
         v = r.get(f"{k}_tok_s")
-        return "-" if v is None else f"{v:,.0f} ({r[f'ratio_ours_over_{k}']:.2f}x)"
+        if v is None:
+            return "-"
+        ratios = [f"{r[f'ratio_{o}_over_{k}']:.2f}x" for o in ("ours", "ours_bf16") if f"ratio_{o}_over_{k}" in r]
+        return f"{v:,.0f} ({' / '.join(ratios)})"
 
-    for r in d["rows"]:
+    for r in rows:
         bound = (r.get("bandwidth_bound") or {}).get("decode_only_tok_s")
-        out.append(f"| {r['shape']} | {r['batch']} | {r['ours_tok_s']:,.0f} | {peer(r, 'ours_scan')} | {peer(r, 'torch')} "
-                   f"| {peer(r, 'torch_bf16')} | {peer(r, 'tunix')} | {'-' if bound is None else f'{bound:,.0f}'} "
+        bf = r.get("ours_bf16_tok_s")
+        out.append(f"| {r['shape']} | {r['batch']} | {r['ours_tok_s']:,.0f} | {'-' if bf is None else f'{bf:,.0f}'} "
+                   f"| {peer(r, 'ours_scan')} | {peer(r, 'torch')} | {peer(r, 'torch_bf16')} | {peer(r, 'tunix')} "
+                   f"| {peer(r, 'tunix_bf16')} | {'-' if bound is None else f'{bound:,.0f}'} "
                    f"| {r.get('greedy_tokens_equal_frac', '-')} |")
     return out + [""]
 
