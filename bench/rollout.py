@@ -14,7 +14,14 @@ Memory-bandwidth bound (for an accelerator run): every decode step reads all wei
 KV cache, so seconds_per_rollout >= decode_steps * (weight_bytes + mean_kv_bytes) / HBM_bandwidth
 with decode_steps = turns * max_response_tokens; `--hbm-gbps` fills in the bound and the fraction.
 
-Usage: python -m bench.rollout [--shapes tiny,qwen2.5-0.5b] [--vocab full|task|both] [--quick]
+Variants (`--variants scan,bf16`), built from the same weights and timed in the same run, interleaved
+call by call with the current program (ratios `ratio_<variant>_over_current`, > 1 = the variant is
+faster): `scan` the decode path before issue 14 (the layer loop a scan over the stacked weights and
+cache, `models.qwen2.model.DECODE_UNROLL = False` while it compiles: the "before" of docs/decode.md);
+`bf16` the model with `matmul_dtype="bfloat16"` (projections and head on bf16 operands, float32
+accumulation).
+
+Usage: python -m bench.rollout [--shapes tiny,qwen2.5-0.5b] [--vocab full|task|both] [--quick] [--variants scan,bf16]
        [--groups 8 --group-size 16 --turns 5 --max-response-tokens 400] [--big-settings P,N,TURNS,TOKENS]
        [--repeats 3] [--host-repeats 1] [--no-host] [--hbm-gbps 3350] [--out bench/results/rollout.json]
 """
@@ -46,8 +53,11 @@ def _presets():
     return tuple(PRESETS)
 
 
+VARIANTS = ("scan", "bf16")
+
+
 def build(shape: str, vocab: str, groups: int, group_size: int, turns: int, max_new: int, tokenizer,
-          max_context: int | None = None, seed: int = 0):
+          max_context: int | None = None, seed: int = 0, matmul_dtype: str | None = None):
     """(model, text_env, Rollout) for Sokoban with random weights; `vocab` 'full' or 'task'."""
     from ragen_jax.trainer.config import Config
     from ragen_jax.models import Qwen2, Qwen2Config
@@ -65,7 +75,7 @@ def build(shape: str, vocab: str, groups: int, group_size: int, turns: int, max_
     cfg.prompt.max_response_tokens = max_new
     text_env = build_text_envs(cfg, tokenizer)["Sokoban"]
     vmap = build_vocab(cfg, {"Sokoban": text_env}, tokenizer)
-    qcfg = Qwen2Config.from_preset(shape)
+    qcfg = Qwen2Config.from_preset(shape, matmul_dtype=matmul_dtype)
     if vmap is not None:
         qcfg = qcfg.replace(vocab_size=vmap.size)
     model = Qwen2(qcfg, rngs=nnx.Rngs(seed))
@@ -101,8 +111,9 @@ def bandwidth_bound(model, rcfg, turns: int, max_new: int, mean_context: float,
 
 def bench_rollout(shape: str, vocab: str, *, groups: int, group_size: int, turns: int, max_new: int, tokenizer,
                   repeats: int = 3, host_repeats: int = 1, host: bool = True, hbm_gbps: float | None = None,
-                  max_context: int | None = None) -> dict:
-    """One row: compiled rollout rates (+ host-loop baseline and ratio). JSON-able dict."""
+                  max_context: int | None = None, variants: tuple[str, ...] = ()) -> dict:
+    """One row: compiled rollout rates (+ host-loop baseline and ratio, + variants). JSON-able dict."""
+    from ragen_jax.models.qwen2 import model as qwen2_model
     from ragen_jax.rollout.host_loop import host_rollout
     from ragen_jax.rollout import group_seeds_for_iteration
     from ragen_jax.text.tokenizer import token_bytes_table
@@ -124,13 +135,37 @@ def bench_rollout(shape: str, vocab: str, *, groups: int, group_size: int, turns
     t0 = time.perf_counter()
     traj = call(0)
     first = time.perf_counter() - t0
+    # Variants: the same weights (same seed), compiled now (the decode path is chosen while tracing).
+    extra = {}
+    for v in variants:
+        _, _, vro, _ = build(shape, vocab, groups, group_size, turns, max_new, tokenizer, max_context,
+                             matmul_dtype="bfloat16" if v == "bf16" else None)
+        old = qwen2_model.DECODE_UNROLL
+        qwen2_model.DECODE_UNROLL = v != "scan"
+        try:
+            def vcall(i, vro=vro):
+                t = vro(params, jax.random.PRNGKey(i), group_seeds_for_iteration(i, groups))
+                jax.block_until_ready(t.tokens)
+                return t
+
+            t0 = time.perf_counter()
+            vtraj = vcall(0)
+            extra[v] = {"call": vcall, "first": time.perf_counter() - t0, "times": [], "gen": [],
+                        "same_tokens_frac": float(np.mean(np.asarray(vtraj.tokens) == np.asarray(traj.tokens)))}
+        finally:
+            qwen2_model.DECODE_UNROLL = old
     times, gen, conv = [], [], []
-    for i in range(repeats):
+    for i in range(repeats):  # interleaved: every variant sees the same machine load
         t0 = time.perf_counter()
         traj = call(i + 1)
         times.append(time.perf_counter() - t0)
         gen.append(int(np.sum(np.asarray(traj.response_length))))
         conv.append(int(np.sum(np.asarray(traj.length))))
+        for e in extra.values():
+            t0 = time.perf_counter()
+            vtraj = e["call"](i + 1)
+            e["times"].append(time.perf_counter() - t0)
+            e["gen"].append(int(np.sum(np.asarray(vtraj.response_length))))
     med = statistics.median(times)
     row.update({
         "compile_s": round(max(first - med, 0.0), 2),
@@ -145,6 +180,17 @@ def bench_rollout(shape: str, vocab: str, *, groups: int, group_size: int, turns
         "mean_turns": float(np.mean(np.asarray(traj.num_turns))),
         "truncated_frac": float(np.mean(np.asarray(traj.truncated))),
     })
+    for v, e in extra.items():
+        vmed = statistics.median(e["times"])
+        row[f"variant_{v}"] = {
+            "first_call_s": round(e["first"], 2),
+            "s_per_rollout": [round(t, 3) for t in e["times"]],
+            "median_s_per_rollout": round(vmed, 3),
+            "generated_tok_s": round(statistics.median(g / t for g, t in zip(e["gen"], e["times"])), 1),
+            # same key and weights: the float32 scan samples the same tokens; bf16 rounding may not
+            "same_tokens_as_current_frac": e["same_tokens_frac"],
+        }
+        row[f"ratio_{v}_over_current"] = round(med / vmed, 3)
     mean_ctx = float(np.mean(np.asarray(traj.length))) / 2  # the cache grows linearly over the rollout
     bound = bandwidth_bound(model, rcfg, turns, max_new, mean_ctx, hbm_gbps)
     if bound["bound_s_per_rollout"]:
@@ -212,8 +258,15 @@ def main(argv=None):
     p.add_argument("--host-repeats", type=int, default=1)
     p.add_argument("--no-host", action="store_true")
     p.add_argument("--hbm-gbps", type=float, default=None, help="memory bandwidth for the bound (H100 SXM: 3350)")
+    p.add_argument("--variants", default="", help=f"comma-separated, timed next to the current program: "
+                                                  f"{', '.join(VARIANTS)}")
     p.add_argument("--out", default=str(RESULTS))
     args = p.parse_args(argv)
+    variants = tuple(v for v in args.variants.split(",") if v)
+    if set(variants) - set(VARIANTS):
+        print(f"error: unknown variant(s) {sorted(set(variants) - set(VARIANTS))} in --variants; valid: "
+              f"{', '.join(VARIANTS)}", file=sys.stderr)
+        return 2
     if args.quick:
         args.groups, args.group_size, args.turns, args.max_response_tokens = 2, 4, 2, 32
         if args.big_settings == "2,2,2,16":
@@ -238,7 +291,8 @@ def main(argv=None):
                 print(f"error: {e}", file=sys.stderr)
                 return 2
             row = bench_rollout(shape, vocab, tokenizer=tok, repeats=args.repeats, host_repeats=args.host_repeats,
-                                host=not args.no_host, hbm_gbps=args.hbm_gbps, max_context=args.max_context, **s)
+                                host=not args.no_host, hbm_gbps=args.hbm_gbps, max_context=args.max_context,
+                                variants=variants, **s)
             result["rows"].append(row)
             line = (f"{shape:>13} {vocab:>4} P{s['groups']} N{s['group_size']} turns {s['turns']} tokens {s['max_new']}: "
                     f"{row['median_s_per_rollout']:.2f} s/rollout, {row['generated_tok_s']:.1f} gen tok/s, "
@@ -248,6 +302,11 @@ def main(argv=None):
                 line += (f" | host loop {row['host']['median_s_per_rollout']:.2f} s, "
                          f"{row['host']['generated_tok_s']:.1f} gen tok/s -> ratio "
                          f"{row['ratio_generated_tok_s_ours_over_host']:.2f}x")
+            for v in variants:
+                vr = row[f"variant_{v}"]
+                line += (f" | {v} {vr['median_s_per_rollout']:.2f} s (current {row[f'ratio_{v}_over_current']:.2f}x "
+                         f"faster than it)" if v == "scan" else
+                         f" | {v} {vr['median_s_per_rollout']:.2f} s ({row[f'ratio_{v}_over_current']:.2f}x the current speed)")
             bb = row["bandwidth_bound"]
             line += (f" | bound: {bb['decode_steps']} steps x ({bb['weight_bytes'] / 1e6:.1f} MB weights + "
                      f"{bb['mean_kv_bytes_per_step'] / 1e6:.1f} MB KV) / hbm")

@@ -110,3 +110,18 @@ def test_sft_step_bench_quick(tmp_path):
     assert len({r["demos"] for r in rows.values()}) == 1
     assert rows["shared_prefix"]["shared_prefix_tokens"] == rows["prefix+buckets"]["shared_prefix_tokens"] > 100
     assert list(rows["plain"]["widths"]) == [str(rows["plain"]["padded_length"])]  # JSON keys are strings
+
+
+def test_rollout_variants_are_timed_side_by_side():
+    """`--variants scan,bf16`: each variant is timed in the same run; the float32 scan (the decode path
+    before issue 14) samples exactly the current program's tokens with the same key and weights."""
+    from ragen_jax.text.tokenizer import load_tokenizer
+
+    row = bench_rollout.bench_rollout("tiny", "task", groups=1, group_size=2, turns=2, max_new=6,
+                                      tokenizer=load_tokenizer(), repeats=2, host=False, variants=("scan", "bf16"))
+    row = json.loads(json.dumps(row))
+    for v in ("scan", "bf16"):
+        _positive(row[f"variant_{v}"], ("median_s_per_rollout", "generated_tok_s"))
+        assert len(row[f"variant_{v}"]["s_per_rollout"]) == 2 and row[f"ratio_{v}_over_current"] > 0
+    assert row["variant_scan"]["same_tokens_as_current_frac"] == 1.0
+    assert 0.0 <= row["variant_bf16"]["same_tokens_as_current_frac"] <= 1.0
