@@ -81,3 +81,14 @@ def test_config_normalises_and_rejects_matmul_dtypes():
     c.model.random_init, c.model.matmul_dtype = True, "float16"
     with pytest.raises(ConfigError, match="model.matmul_dtype='float16' is not valid"):
         c.model.validate()
+
+
+def test_trainer_config_reaches_the_policy():
+    from ragen_jax.trainer.setup import build_policy
+
+    c = Config()
+    c.model.random_init, c.model.preset, c.model.matmul_dtype = True, "tiny", "bfloat16"
+    c.mesh.data = 1
+    assert build_policy(c).cfg.matmul_dtype == "bfloat16"
+    c.model.matmul_dtype = None
+    assert build_policy(c).cfg.matmul_dtype is None
