@@ -107,15 +107,26 @@ def rollout_section(d) -> list[str]:
     out = ["### Compiled rollout (`bench/rollout.py`)", "",
            f"Sokoban, temperature 1, random weights, f32; {m.get('cpu_count', '?')}-core CPU, jax {m.get('jax', '?')}, "
            f"{_loads(d)} (shared machine). Baseline: the host loop (`ragen_jax/rollout/host_loop.py`: Python turns, "
-           "whole conversation re-encoded each turn) in the same run.", "",
-           "| shape | vocab | P x N x turns x tokens | s / rollout | generated tok/s | episodes/s | host loop s | ratio |",
-           "|---|---|---|---|---|---|---|---|"]
+           "whole conversation re-encoded each turn) in the same run. Variants, timed in the same run from the same "
+           "weights (`--variants`): before = the decode path before issue 14 (layer scan), bf16-matmul = "
+           "`model.matmul_dtype=bfloat16`; cells: s / rollout (the variant's speed relative to the current program's).", "",
+           "| shape | vocab | P x N x turns x tokens | s / rollout | generated tok/s | episodes/s | host loop s | ratio "
+           "| before (scan) | bf16-matmul |",
+           "|---|---|---|---|---|---|---|---|---|---|"]
+
+    def variant(r, v):
+        vr = r.get(f"variant_{v}")
+        if not vr:
+            return "-"
+        return f"{vr['median_s_per_rollout']:.1f} ({r[f'ratio_{v}_over_current']:.2f}x)"
+
     for r in d["rows"]:
         host = r.get("host") if isinstance(r.get("host"), dict) else {}
         ratio = r.get("ratio_generated_tok_s_ours_over_host")
         out.append(f"| {r['shape']} | {r['vocab']} | {r['groups']}x{r['group_size']}x{r['turns']}x{r['max_response_tokens']} | "
                    f"{r['median_s_per_rollout']:.1f} | {r['generated_tok_s']:,.0f} | {r['episodes_per_s']:.2f} | "
-                   f"{host.get('median_s_per_rollout', '-')} | {'-' if ratio is None else f'{ratio:.1f}x'} |")
+                   f"{host.get('median_s_per_rollout', '-')} | {'-' if ratio is None else f'{ratio:.1f}x'} "
+                   f"| {variant(r, 'scan')} | {variant(r, 'bf16')} |")
     return out + [""]
 
 
