@@ -42,3 +42,27 @@ def right_padded(ref: dict) -> tuple[np.ndarray, np.ndarray]:
         out[b, :n] = ids[b][mask[b]]
         valid[b, :n] = True
     return out, valid
+
+
+def greedy_decode_hlo(model) -> tuple[str, str]:
+    """(optimized HLO text, the token loop's `while` line) of prefill 5 ids + greedy decode 6 tokens,
+    batch 2, a 12-slot float32 cache: what the decode-path tests read the compiled program from."""
+    import jax.numpy as jnp
+    from flax import nnx
+
+    from ragen_jax.models import KVCache
+    from ragen_jax.rollout import sampler
+
+    graphdef, params = nnx.split(model)
+
+    def gen(params, tokens):
+        m = nnx.merge(graphdef, params)
+        cache = KVCache.init(m.cfg, batch=2, max_len=12, dtype="float32")
+        logits, cache = sampler.prefill(m, cache, tokens, jnp.ones_like(tokens, bool))
+        return sampler.decode(m, cache, logits, jax.random.key(0), max_new_tokens=6, greedy=True).tokens
+
+    text = jax.jit(gen).lower(params, jnp.ones((2, 5), jnp.int32)).compile().as_text()
+    # The token loop is the while whose state holds the KV cache and the [B, N+1] token buffer.
+    loops = [ln for ln in text.splitlines() if " while(" in ln and "s32[2,7]" in ln]
+    assert len(loops) == 1, loops
+    return text, loops[0]

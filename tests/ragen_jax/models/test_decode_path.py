@@ -15,6 +15,8 @@ from flax import nnx
 from ragen_jax.models import KVCache, Qwen2, Qwen2Config
 from ragen_jax.models.qwen2 import model as qwen2_model
 
+from ._helpers import greedy_decode_hlo
+
 
 def _run(model, unroll: bool, cache_dtype, steps):
     """Prefill 5 ids, then decode `steps` single tokens; returns every hidden state and the cache."""
@@ -71,29 +73,16 @@ def test_token_loop_carries_hoisted_layer_weights():
     """The performance property itself, read from the compiled program: the sampler's token loop
     carries each layer's weights as its own buffer (sliced once, before the loop), so no step
     copies weights out of the stacked [L, ...] arrays. With the layer scan it carries the stacks."""
-    from ragen_jax.rollout import sampler
-
     cfg = Qwen2Config.from_preset("tiny", num_hidden_layers=3, intermediate_size=136)  # [64, 136]: unique
     model = Qwen2(cfg, nnx.Rngs(0))
-    graphdef, params = nnx.split(model)
 
     def token_loop_signature(unroll):
         old = qwen2_model.DECODE_UNROLL
         qwen2_model.DECODE_UNROLL = unroll
         try:
-            def gen(params, tokens):
-                m = nnx.merge(graphdef, params)
-                cache = KVCache.init(cfg, batch=2, max_len=12, dtype="float32")
-                logits, cache = sampler.prefill(m, cache, tokens, jnp.ones_like(tokens, bool))
-                return sampler.decode(m, cache, logits, jax.random.key(0), max_new_tokens=6, greedy=True).tokens
-
-            text = jax.jit(gen).lower(params, jnp.ones((2, 5), jnp.int32)).compile().as_text()
+            return greedy_decode_hlo(model)[1]
         finally:
             qwen2_model.DECODE_UNROLL = old
-        # The token loop is the while whose state holds the KV cache and the [B, N+1] token buffer.
-        loops = [ln for ln in text.splitlines() if " while(" in ln and "s32[2,7]" in ln]
-        assert len(loops) == 1, loops
-        return loops[0]
 
     unrolled, scanned = token_loop_signature(True), token_loop_signature(False)
     # gate and up kernels of each of the 3 layers as separate buffers, stored [out, in] = [136, 64]

@@ -8,9 +8,11 @@ import numpy as np
 import pytest
 from flax import nnx
 
-from ragen_jax.models import KVCache, Qwen2, Qwen2Config
+from ragen_jax.models import Qwen2, Qwen2Config
 from ragen_jax.models.qwen2 import model as qwen2_model
 from ragen_jax.trainer.config import Config, ConfigError
+
+from ._helpers import greedy_decode_hlo
 
 
 def _bf16(a):
@@ -46,24 +48,11 @@ def test_token_loop_reads_bf16_kernels_and_casts_the_head_once():
     """The decode program streams bf16 bytes: its token loop carries the per-layer kernels as bf16
     buffers, and the vocabulary head is converted outside the loop (a convert inside would re-read the
     float32 matrix every token)."""
-    from ragen_jax.rollout import sampler
-
     cfg = Qwen2Config.from_preset("tiny", num_hidden_layers=3, intermediate_size=136, vocab_size=520,
                                   matmul_dtype="bfloat16")
-    graphdef, params = nnx.split(Qwen2(cfg, nnx.Rngs(0)))
-
-    def gen(params, tokens):
-        m = nnx.merge(graphdef, params)
-        cache = KVCache.init(cfg, batch=2, max_len=12, dtype="float32")
-        logits, cache = sampler.prefill(m, cache, tokens, jnp.ones_like(tokens, bool))
-        return sampler.decode(m, cache, logits, jax.random.key(0), max_new_tokens=6, greedy=True).tokens
-
-    text = jax.jit(gen).lower(params, jnp.ones((2, 5), jnp.int32)).compile().as_text()
-    loops = [ln for ln in text.splitlines() if " while(" in ln and "s32[2,7]" in ln]
-    assert len(loops) == 1, loops
+    text, loop = greedy_decode_hlo(Qwen2(cfg, nnx.Rngs(0)))
     # gate, up and down of each layer, in either orientation (XLA may fold the [out, in] transpose into
     # the bf16 dot), and no float32 copy of them
-    loop = loops[0]
     assert loop.count("bf16[136,64]") + loop.count("bf16[64,136]") == 3 * cfg.num_hidden_layers
     assert "bf16[520,64]" in loop and "f32[136,64]" not in loop and "f32[64,136]" not in loop
     head_converts = [ln for ln in text.splitlines() if "convert(" in ln and ln.lstrip().startswith("ROOT")
