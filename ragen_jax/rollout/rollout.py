@@ -14,6 +14,12 @@ iteration.
 Token layout of row b (what the trainer sees):
     [prefix][seg 1][sampled 1][seg 2][sampled 2] ... pad
 `loss_mask` is 1 exactly on the sampled ids (the forced `<think>` is part of the segment, not sampled).
+
+Single-turn mode (`PromptConfig.context_window_mode="single_turn"`, RAGEN-2 window 1): turn k sees the
+prefix and its own segment only. The cache is rewound to the prefix before every segment (so it holds
+prefix + one turn, not the conversation), and each segment is rendered as a first turn (no reward
+message). The record keeps the same layout, with `turn_start` marking where each turn's block begins;
+the trainer scores each block behind the shared prefix (trainer/step.py `sequence_logprobs`).
 """
 
 from __future__ import annotations
@@ -101,6 +107,7 @@ class _Carry:
     done: jax.Array  # [B] bool: episode over (env done, context full, or last turn taken)
     prev_reward: jax.Array  # [B] f32: last turn's reward, penalty included: the next "Reward:" line
     prev_closed: jax.Array  # [B] bool: last answer ended with <|im_end|> (else the next segment adds it)
+    turn_start: jax.Array  # [B, K] int32: position of each turn's segment, -1 for turns not taken
     turn_end: jax.Array  # [B, K] int32: position of each turn's last sampled token, -1 if none
     turn_reward: jax.Array  # [B, K] f32: env rewards + format penalty of each turn
     all_valid: jax.Array  # [B] bool: no turn so far got the format penalty
@@ -176,6 +183,10 @@ class Rollout:
         self.prefix = np.asarray(text_env.prefix_ids, np.int32)
         self.forced = np.asarray(text_env.forced_prefix_ids, np.int32)
         seg = int(text_env.max_segment_len)
+        self.single_turn = bool(getattr(text_env, "single_turn", False))
+        # Single-turn: the cache holds the prefix and one turn (segment + answer), whatever T_max is.
+        self.cache_len = (min(config.max_context, len(self.prefix) + seg + self.max_new) if self.single_turn
+                          else config.max_context)
         if len(self.prefix) + seg + 1 > config.max_context:
             raise ValueError(
                 f"RolloutConfig.max_context={config.max_context} cannot hold even the first turn: the "
@@ -272,7 +283,7 @@ class Rollout:
         prefix = jnp.broadcast_to(jnp.asarray(self.prefix), (b, n_prefix))
         cache = None
         if model is not None:
-            cache = init_cache(model, b, t_max, cfg.cache_dtype)
+            cache = init_cache(model, b, self.cache_len, cfg.cache_dtype)
             if hasattr(cache, "k"):
                 cache = cache.replace(k=self._shard(cache.k, 1), v=self._shard(cache.v, 1), end=self._shard(cache.end))
             _, cache = model(prefix, jnp.ones(prefix.shape, bool), cache)
@@ -290,6 +301,7 @@ class Rollout:
             done=jnp.zeros((b,), bool),
             prev_reward=jnp.zeros((b,), jnp.float32),
             prev_closed=jnp.ones((b,), bool),
+            turn_start=jnp.full((b, self.max_turns), -1, jnp.int32),
             turn_end=jnp.full((b, self.max_turns), -1, jnp.int32),
             turn_reward=jnp.zeros((b, self.max_turns), jnp.float32),
             all_valid=jnp.ones((b,), bool),
@@ -335,7 +347,10 @@ class Rollout:
             return self._teach(c.state, c.turn + 1, key, seg.active, seg.budget)
         cfg = self.config
         valid = jnp.arange(seg.ids.shape[1])[None, :] < seg.length[:, None]
-        logits, cache = sampler.prefill(model, c.cache, seg.ids, valid)
+        cache = c.cache
+        if self.single_turn:  # forget the previous turn: the prefix's keys stay, later slots are overwritten
+            cache = cache.replace(end=jnp.full_like(cache.end, len(self.prefix)))
+        logits, cache = sampler.prefill(model, cache, seg.ids, valid)
         return sampler.decode(
             model, cache, logits, key, max_new_tokens=self.max_new, budget=seg.budget, active=seg.active,
             temperature=cfg.temperature, top_p=cfg.top_p, top_k=cfg.top_k, greedy=cfg.greedy,
@@ -410,6 +425,7 @@ class Rollout:
             done=c.done | seg.overflow | (active & executed.state.done) | (turn + 1 >= self.max_turns),
             prev_reward=jnp.where(active, reward, c.prev_reward),
             prev_closed=jnp.where(active, (n_gen > 0) & (last_tok == IM_END), c.prev_closed),
+            turn_start=c.turn_start.at[:, turn].set(jnp.where(active, c.pos, -1)),
             turn_end=c.turn_end.at[:, turn].set(jnp.where(active & (n_gen > 0), gen_start + n_gen - 1, -1)),
             turn_reward=c.turn_reward.at[:, turn].set(reward),
             all_valid=c.all_valid & ~bad_format,
@@ -431,6 +447,7 @@ class Rollout:
             length=c.pos,
             loss_mask=c.loss_mask,
             logprobs=c.logprobs,
+            turn_start=c.turn_start,
             turn_end=c.turn_end,
             turn_reward=c.turn_reward,
             reward=jnp.sum(c.turn_reward, axis=1),
@@ -454,6 +471,13 @@ class Rollout:
         spec = [None] * x.ndim
         spec[batch_dim] = self.batch_axes
         return jax.lax.with_sharding_constraint(x, NamedSharding(self.mesh, PartitionSpec(*spec)))
+
+
+def turn_blocks(text_env) -> tuple[int, int]:
+    """(prefix length, block width) of single-turn records: what the trainer needs to score each turn
+    behind the prompt prefix alone (trainer/step.py `TurnBlocks`). A block is one turn's segment
+    and its answer."""
+    return len(text_env.prefix_ids), int(text_env.max_segment_len) + int(text_env.config.max_response_tokens)
 
 
 def group_seeds_for_iteration(iteration: int, num_groups: int, base: int = 10000) -> np.ndarray:

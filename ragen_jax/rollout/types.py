@@ -87,6 +87,9 @@ class Trajectories:
     num_format_errors: jax.Array  # [B] int32: turns that got the format penalty
     response_length: jax.Array  # [B] int32: sampled tokens over all turns
     truncated: jax.Array  # [B] bool: ended because the next turn would overflow max_context
+    # [B, max_turns] int32: position of each turn's segment, -1 for turns not taken. The rollout always
+    # records it; the trainer needs it in single-turn mode (each turn scored behind the prefix alone).
+    turn_start: jax.Array | None = None
 
     @property
     def batch_size(self) -> int:
@@ -97,6 +100,9 @@ class Trajectories:
         b, t, k = batch, max_context, max_turns
         chex.assert_shape([self.tokens, self.loss_mask, self.logprobs], (b, t))
         chex.assert_shape([self.turn_end, self.turn_reward], (b, k))
+        if self.turn_start is not None:
+            chex.assert_shape(self.turn_start, (b, k))
+            chex.assert_type(self.turn_start, jnp.int32)
         per_row = [self.length, self.reward, self.group, self.seed, self.success, self.action_is_valid,
                    self.num_actions, self.num_effective, self.num_turns, self.num_format_errors,
                    self.response_length, self.truncated]

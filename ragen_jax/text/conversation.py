@@ -36,6 +36,10 @@ FORCED_ANSWER = "<answer>"
 MAX_REWARD_SPAN = 2000.0
 
 
+# RAGEN-2 agent_proxy.context_window_mode values this project implements.
+CONTEXT_WINDOW_MODES = ("full", "single_turn")
+
+
 @dataclasses.dataclass
 class PromptConfig:
     """What the conversation looks like. Validated on construction (ValueError naming the field).
@@ -53,6 +57,12 @@ class PromptConfig:
         fixed list would leak the arm order that the env randomises).
     reward_min, reward_max: the range of turn rewards that can be printed exactly; a reward
         outside is clipped to it (see `TextEnv.reward_in_range`).
+    context_window_mode, max_context_window: RAGEN-2's agent_proxy settings of what the model sees
+        of earlier turns. "full" (reference default): the whole conversation. "single_turn" with
+        max_context_window=1: every turn is its own sample, the prompt prefix + `(Turn k):` and the
+        current state only, with no earlier turn ("like without_history"); the rollout restarts its
+        KV cache after the prefix every turn and the trainer scores each turn in that context.
+        RAGEN-2's "limited_multi_turn" and windows k > 1 are not implemented.
     """
 
     think: bool = True
@@ -65,6 +75,8 @@ class PromptConfig:
     list_actions: Optional[bool] = None
     reward_min: float = -100.0
     reward_max: float = 100.0
+    context_window_mode: str = "full"
+    max_context_window: int = -1
 
     # The `prompt` section of the experiment config is this class (one definition of every prompt knob).
     # Mutable like the other config sections; TextEnv keeps its own copy, so a later change to the
@@ -101,6 +113,15 @@ class PromptConfig:
                 raise ValueError(f"PromptConfig.{name} must be a finite number, got {v!r}")
             if abs(v) > 1e5:
                 raise ValueError(f"PromptConfig.{name} must lie within [-1e5, 1e5], got {v!r}")
+        if self.context_window_mode not in CONTEXT_WINDOW_MODES:
+            raise ValueError(f"PromptConfig.context_window_mode must be one of {CONTEXT_WINDOW_MODES}, got "
+                             f"{self.context_window_mode!r} (RAGEN-2's 'limited_multi_turn' is not implemented)")
+        k = self.max_context_window
+        if isinstance(k, bool) or not isinstance(k, (int, np.integer)):
+            raise ValueError(f"PromptConfig.max_context_window must be an integer, got {k!r}")
+        if self.context_window_mode == "single_turn" and k != 1:
+            raise ValueError(f"PromptConfig.max_context_window must be 1 with context_window_mode='single_turn' "
+                             f"(no earlier turns shown; windows k > 1 are not implemented), got {k}")
         if not self.reward_min < self.reward_max:
             raise ValueError(
                 f"PromptConfig.reward_min ({self.reward_min}) must be below reward_max ({self.reward_max})")
@@ -108,6 +129,11 @@ class PromptConfig:
             # One table entry per printable cent: the span bounds the table (2000 -> 200,001 rows).
             raise ValueError(f"PromptConfig.reward_max - reward_min must be at most {MAX_REWARD_SPAN}, "
                              f"got {self.reward_max - self.reward_min}")
+
+    @property
+    def single_turn(self) -> bool:
+        """Each turn sees only the prompt prefix and its own state (RAGEN-2 single_turn, window 1)."""
+        return self.context_window_mode == "single_turn"
 
     @property
     def format_prompt(self) -> str:
@@ -230,8 +256,10 @@ def prefix_text(head: str, cfg: PromptConfig) -> str:
     return chat_message("system", cfg.system_prompt) + f"{IM_START_TEXT}user\n" + head + "\n"
 
 
-def turn_piece_text(turn: int) -> str:
-    return f"Turn {turn}:\nState:\n"
+def turn_piece_text(turn: int, single_turn: bool = False) -> str:
+    """"Turn k:" (full history) or RAGEN-2's single-turn "(Turn k):" label, and the "State:" line."""
+    return f"(Turn {turn}):\nState:\n" if single_turn else f"Turn {turn}:\nState:\n"
+
 
 
 def tail_piece_text(actions_left: int, cfg: PromptConfig) -> str:

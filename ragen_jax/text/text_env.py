@@ -152,8 +152,9 @@ class TextEnv:
             self._coords = _cached(tok, ("coords", self.observation_format, labels, h, w, budget),
                                    lambda: render.build_coord_table(tok, self.observation_format, labels, h, w,
                                                                     *budget, PAD_ID))
+        self.single_turn = config.single_turn
         self._turns = render.PieceTable.build(
-            tok, [conv.turn_piece_text(t) for t in range(1, config.max_turns + 1)], PAD_ID)
+            tok, [conv.turn_piece_text(t, self.single_turn) for t in range(1, config.max_turns + 1)], PAD_ID)
         self._tails = render.PieceTable.build(
             tok, [conv.tail_piece_text(k, config) for k in range(self.max_actions_per_episode + 1)], PAD_ID)
         self._cents_lo, self._cents_hi = config.cents_range
@@ -208,7 +209,8 @@ class TextEnv:
     def render_ids(self, state, turn, actions_left, prev_reward, prev_closed):
         """The segment before assistant turn `turn` -> (ids int32 [max_segment_len], length int32)."""
         turn = jnp.asarray(turn, jnp.int32)
-        later = turn > 1
+        # Single-turn mode: every turn's segment follows the prompt prefix directly, as turn 1's does.
+        later = (turn > 1) & (not self.single_turn)
         state_pieces, _ = self._state_pieces(state)
         cents = jnp.clip(reward_cents_jax(prev_reward), self._cents_lo, self._cents_hi)
         r_ids, r_len = self._rewards.lookup(cents - self._cents_lo)
@@ -233,11 +235,11 @@ class TextEnv:
         turn = min(max(int(turn), 1), self.max_turns)
         actions_left = min(max(int(actions_left), 0), self.max_actions_per_episode)
         text = ""
-        if turn > 1:
+        if turn > 1 and not self.single_turn:
             if not bool(prev_closed):
                 text += conv.IM_END_TEXT
             text += conv.reward_piece_text(conv.format_reward(prev_reward, self.config))
-        return (text + conv.turn_piece_text(turn) + self.state_text(state) + "\n"
+        return (text + conv.turn_piece_text(turn, self.single_turn) + self.state_text(state) + "\n"
                 + conv.tail_piece_text(actions_left, self.config))
 
     def first_turn_text(self, state) -> str:

@@ -539,6 +539,10 @@ class Config:
             raise ConfigError("rollout.groups_per_pass does not work with env.mix yet (the mix assigns envs by row "
                               "of the whole batch); set rollout.groups_per_pass=0")
 
+        if self.prompt.single_turn and self.env.mix:
+            raise ConfigError("prompt.context_window_mode='single_turn' does not work with env.mix yet (each turn is "
+                              "scored behind one prompt prefix shared by every row); use 'full' or one env")
+
         spec = a.filter_spec(r.num_groups)
         slots = spec.slots(r.num_groups)
         kept = slots * r.group_size

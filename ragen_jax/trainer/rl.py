@@ -25,6 +25,7 @@ from ragen_jax.models import critic_from_policy
 from ragen_jax.models.lora import CRITIC_TRAINABLE, POLICY_TRAINABLE
 from ragen_jax.models.qwen2.sharding import param_shardings
 from ragen_jax.rollout import Rollout, format_trajectory, group_seeds_for_iteration, rollout_metrics
+from ragen_jax.rollout.rollout import turn_blocks
 from ragen_jax.rollout.metrics import host_copy, mix_metrics
 from ragen_jax.trainer.checkpoint import Checkpointer, save_lora_exports, save_policy, save_run_files
 from ragen_jax.trainer.collapse import CollapseProbe, EarlyStops
@@ -140,7 +141,9 @@ class Trainer:
         self.logger = None
 
     def _build_programs(self, state: TrainState, policy_graph, critic_graph) -> None:
-        self.programs = StepPrograms(self.cfg, policy_graph, critic_graph, *self._opts, vocab=self.vocab)
+        blocks = turn_blocks(self.text_env) if self.cfg.prompt.single_turn else None
+        self.programs = StepPrograms(self.cfg, policy_graph, critic_graph, *self._opts, vocab=self.vocab,
+                                     turn_blocks=blocks)
         state_shardings = jax.tree.map(lambda x: x.sharding, state)
         self._prepare = jax.jit(self.programs.prepare)
         # The update donates the train state: parameters and optimizer state exist once, updated in place.

@@ -56,6 +56,7 @@ from ragen_jax.models.qwen2.sharding import param_shardings
 from ragen_jax.rollout import Rollout, rollout_metrics
 from ragen_jax.rollout.metrics import host_copy
 from ragen_jax.rollout.teachers import get_teacher
+from ragen_jax.text.tokenizer import ENDOFTEXT
 from ragen_jax.trainer.checkpoint import Checkpointer, save_lora_exports, save_policy, save_run_files
 from ragen_jax.trainer.config import Config, ConfigError
 from ragen_jax.trainer.distributed import on_primary, run_path
@@ -111,6 +112,27 @@ def shared_prefix_length(tokens: np.ndarray, loss_mask: np.ndarray, length: np.n
     if any_loss.any():
         p = min(p, int(np.argmax(any_loss)) - 1)
     return max(0, min(p, int(length.min()) - 1))
+
+
+def unfold_turn_rows(tokens, loss_mask, length, turn_start, prefix_len: int):
+    """Single-turn demonstrations (prompt.context_window_mode="single_turn"): each taken turn of each
+    episode becomes its own row, the shared prompt prefix followed by that turn's block (segment and
+    answer), which is exactly the context the policy answers that turn from. Host arrays: tokens and
+    loss_mask [N, T], length [N], turn_start [N, M] (-1: not taken) -> rows [R, T] (pad ENDOFTEXT,
+    mask False) and their lengths [R], episode-major, turns in order."""
+    rows_t, rows_m, rows_n = [], [], []
+    for i in range(tokens.shape[0]):
+        starts = [int(x) for x in turn_start[i] if x >= 0]
+        for s, e in zip(starts, starts[1:] + [int(length[i])]):
+            rows_t.append(np.concatenate([tokens[i, :prefix_len], tokens[i, s:e]]))
+            rows_m.append(np.concatenate([np.zeros(prefix_len, bool), loss_mask[i, s:e]]))
+            rows_n.append(prefix_len + e - s)
+    n = np.asarray(rows_n, np.int32)
+    out_t = np.full((len(n), int(n.max())), ENDOFTEXT, np.int32)
+    out_m = np.zeros((len(n), int(n.max())), bool)
+    for r, (t_, m_) in enumerate(zip(rows_t, rows_m)):
+        out_t[r, :len(t_)], out_m[r, :len(m_)] = t_, m_
+    return out_t, out_m, n
 
 
 def length_buckets(suffix_len: np.ndarray, bucket: int, full: int, batch_size: int) -> np.ndarray:
@@ -350,10 +372,18 @@ class SFTTrainer:
                                   f"{self.tokenizer.convert_ids_to_tokens(missing[:8].tolist())}; "
                                   "add their texts to the task vocabulary")
         length = np.asarray(traj.length)[keep].astype(np.int32)
+        tokens, loss_mask = np.asarray(traj.tokens)[keep].astype(np.int32), np.asarray(traj.loss_mask)[keep]
+        if self.cfg.prompt.single_turn:  # one row per turn: the prefix and that turn only
+            tokens, loss_mask, length = unfold_turn_rows(tokens, loss_mask, length, np.asarray(traj.turn_start)[keep],
+                                                         len(self.text_env.prefix_ids))
+            stats["demo/turn_rows"] = float(len(length))
+            if len(length) < s.batch_size:
+                raise ConfigError(f"only {len(length)} demonstration turns, fewer than sft.batch_size={s.batch_size}; "
+                                  "raise sft.num_demos")
         # Cut the time axis to the longest demo (rounded up to 64): no compute on the empty tail of max_context.
-        t = int(min(traj.tokens.shape[1], -(-int(length.max()) // 64) * 64))
-        tokens = np.asarray(traj.tokens)[keep, :t].astype(np.int32)
-        loss_mask = np.asarray(traj.loss_mask)[keep, :t]
+        t = int(min(tokens.shape[1], -(-int(length.max()) // 64) * 64))
+        tokens = np.pad(tokens, ((0, 0), (0, max(0, t - tokens.shape[1]))), constant_values=ENDOFTEXT)[:, :t]
+        loss_mask = np.pad(loss_mask, ((0, 0), (0, max(0, t - loss_mask.shape[1]))))[:, :t]
         p = shared_prefix_length(tokens, loss_mask, length) if s.shared_prefix else 0
         width = length_buckets(length - p, s.length_bucket, t - p, s.batch_size)
         self.demos = Demos(tokens=tokens, loss_mask=loss_mask, length=length, prefix_len=p, width=width)

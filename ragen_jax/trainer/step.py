@@ -62,6 +62,7 @@ class Batch:
     advantages: jax.Array  # [K, T-1]
     returns: jax.Array  # [K, T-1]
     row_weight: jax.Array  # [K] 1 for rows that train, 0 for padding rows of variance_cover
+    turn_start: jax.Array | None = None  # [K, M] single-turn records only (`TurnBlocks`)
 
 
 # ----------------------------------------------------------------------------------- LoRA split
@@ -77,8 +78,52 @@ def critic_frozen(frozen):
 
 
 # ----------------------------------------------------------------------------------- forward helpers
+@struct.dataclass
+class TurnBlocks:
+    """How single-turn records are scored (PromptConfig.context_window_mode="single_turn"): every
+    turn of a row was generated seeing only the shared prompt prefix and its own block (segment +
+    answer), so the trainer runs each block as its own row behind the prefix, whose keys and values
+    are computed once. `start` [K, M]: each turn's block position in the record, -1 for turns not
+    taken (`Trajectories.turn_start`). Static: the prefix length P (the same ids begin every row) and
+    the block width W (the longest segment + the answer budget)."""
+
+    start: jax.Array
+    prefix: int = struct.field(pytree_node=False)
+    width: int = struct.field(pytree_node=False)
+
+    def unfold(self, tokens, valid):
+        """[K, T] records -> (block ids [K*M, W], block valid [K*M, W], absolute position of every
+        block token [K, M, W], T for slots past the block's end)."""
+        k, t = tokens.shape
+        start = self.start
+        length = jnp.sum(valid, axis=1, dtype=jnp.int32)
+        # Turns are taken in order: a block ends where the next taken turn starts, else at the end.
+        nxt = jnp.concatenate([start[:, 1:], jnp.full((k, 1), -1, start.dtype)], axis=1)
+        stop = jnp.where(nxt >= 0, nxt, length[:, None])
+        n = jnp.where(start >= 0, jnp.clip(stop - start, 0, self.width), 0)
+        j = jnp.arange(self.width, dtype=jnp.int32)
+        ok = j < n[..., None]
+        pos = jnp.where(ok, start[..., None] + j, t)
+        ids = tokens[jnp.arange(k)[:, None, None], jnp.minimum(pos, t - 1)]
+        m = start.shape[1]
+        return ids.reshape(k * m, self.width), ok.reshape(k * m, self.width), pos
+
+
+def _fold_columns(per_block, pos, shift: int, width: int):
+    """Per-block-row values [K*M, W - shift] back onto record columns [K, width]: block slot j lands
+    on column pos[j + shift] - shift. Targets use shift 1 (column t is about token t+1, computed at
+    slot j from the block's token j+1); values shift 0. Slots past a block's end sit at position T
+    and are dropped. Columns outside every block stay 0 (they are never sampled tokens: a block's
+    first token is its segment's)."""
+    k, m, _ = pos.shape
+    vals = per_block.reshape(k, m, -1)
+    cols = pos[:, :, shift:] - shift
+    out = jnp.zeros((k, width), vals.dtype)
+    return out.at[jnp.arange(k)[:, None, None], cols].set(vals, mode="drop")
+
+
 def sequence_logprobs(graphdef, params, tokens, valid, chunk: int = 128, vocab=None, temperature: float = 1.0,
-                      inference: bool = False):
+                      inference: bool = False, blocks: TurnBlocks | None = None):
     """Per-target log-probs and entropies [K, T-1], never materialising [K, T, V] logits.
 
     `vocab`: optional VocabMap of a small-vocabulary model; tokens stay Qwen ids outside the model.
@@ -87,18 +132,34 @@ def sequence_logprobs(graphdef, params, tokens, valid, chunk: int = 128, vocab=N
     actually sampled the tokens, and `old_logp` equals the rollout's recorded log-probs.
     `inference`: no gradient will be taken through this call (the no-grad passes), which lets the
     model pick a lighter memory layout (models/qwen2/model.py `_scan_layers`); same numbers.
+    `blocks`: single-turn records; each turn is scored behind the prefix alone (`TurnBlocks`).
     """
     model = nnx.merge(graphdef, params)
-    ids = tokens if vocab is None else vocab.model_ids(tokens)
-    hidden, _ = model(ids, valid, None, inference=inference)
+    to_model = (lambda x: x) if vocab is None else vocab.model_ids
     logits_fn = model.logits if temperature == 1.0 else (lambda h: model.logits(h) / temperature)
-    return loss_lib.token_logprobs_and_entropy(hidden[:, :-1], ids[:, 1:], logits_fn, chunk=chunk)
+    if blocks is None:
+        ids = to_model(tokens)
+        hidden, _ = model(ids, valid, None, inference=inference)
+        return loss_lib.token_logprobs_and_entropy(hidden[:, :-1], ids[:, 1:], logits_fn, chunk=chunk)
+    ids, ok, pos = blocks.unfold(to_model(tokens), valid)
+    shared = model.prefix_kv(to_model(tokens[0, :blocks.prefix]))
+    hidden, _ = model(ids, ok, None, prefix=shared, inference=inference)
+    logp, ent = loss_lib.token_logprobs_and_entropy(hidden[:, :-1], ids[:, 1:], logits_fn, chunk=chunk)
+    width = tokens.shape[1] - 1
+    return _fold_columns(logp, pos, 1, width), _fold_columns(ent, pos, 1, width)
 
 
-def sequence_values(graphdef, params, tokens, valid, vocab=None, inference: bool = False):
+def sequence_values(graphdef, params, tokens, valid, vocab=None, inference: bool = False,
+                    blocks: TurnBlocks | None = None):
     """Critic values aligned on targets: V at position t is the value before sampling token t+1."""
-    ids = tokens if vocab is None else vocab.model_ids(tokens)
-    return nnx.merge(graphdef, params)(ids, valid, inference=inference)[:, :-1].astype(jnp.float32)
+    critic = nnx.merge(graphdef, params)
+    to_model = (lambda x: x) if vocab is None else vocab.model_ids
+    if blocks is None:
+        return critic(to_model(tokens), valid, inference=inference)[:, :-1].astype(jnp.float32)
+    ids, ok, pos = blocks.unfold(to_model(tokens), valid)
+    shared = critic.prefix_kv(to_model(tokens[0, :blocks.prefix]))
+    v = critic(ids, ok, inference=inference, prefix=shared).astype(jnp.float32)
+    return _fold_columns(v, pos, 0, tokens.shape[1] - 1)
 
 
 def effective_micro_batch(mini_batch_size: int, micro_batch_size: int) -> int:
@@ -166,9 +227,16 @@ def _keep(grads, params, opt_state):
 class StepPrograms:
     """The compiled `prepare` and `update` programs of one config (built once per run)."""
 
-    def __init__(self, cfg: Config, actor_graph, critic_graph, actor_opt, critic_opt, vocab=None):
+    def __init__(self, cfg: Config, actor_graph, critic_graph, actor_opt, critic_opt, vocab=None,
+                 turn_blocks: tuple[int, int] | None = None):
+        """`turn_blocks`: (prefix length, block width) of single-turn records (`TurnBlocks`; the
+        rollout's `Rollout.turn_blocks`); required when `prompt.context_window_mode="single_turn"`."""
         self.cfg = cfg
         self.vocab = vocab
+        if cfg.prompt.single_turn and turn_blocks is None:
+            raise ConfigError("prompt.context_window_mode='single_turn' needs StepPrograms(turn_blocks=(prefix "
+                              "length, block width)) from the rollout (Rollout.turn_blocks)")
+        self.turn_blocks = turn_blocks if cfg.prompt.single_turn else None
         self.actor_graph, self.critic_graph = actor_graph, critic_graph
         self.actor_opt, self.critic_opt = actor_opt, critic_opt
         self.has_critic = critic_graph is not None
@@ -181,12 +249,21 @@ class StepPrograms:
         self.kept_rows = self.kept_groups * r.group_size
         self.trace_counts = {"prepare": 0, "update": 0}
 
+    def _blocks(self, turn_start) -> TurnBlocks | None:
+        if self.turn_blocks is None:
+            return None
+        return TurnBlocks(start=turn_start, prefix=self.turn_blocks[0], width=self.turn_blocks[1])
+
     # -- prepare: filter + no-grad passes + advantages --------------------------------------
     def prepare(self, actor, critic, ref, traj, frozen=None) -> tuple[Batch, dict]:
         """`frozen`: the LoRA base (None without LoRA); `ref` is then the reference's adapters."""
         self.trace_counts["prepare"] += 1
         a, r = self.cfg.algo, self.cfg.rollout
         n = r.group_size
+        if self.turn_blocks is not None and traj.turn_start is None:
+            raise ValueError("single-turn training needs Trajectories.turn_start (recorded by the Rollout)")
+        # Every pass takes (tokens, valid, turn_start); turn_start is a dummy without single-turn blocks.
+        ts_all = traj.turn_start if self.turn_blocks is not None else jnp.zeros((traj.tokens.shape[0], 1), jnp.int32)
         logp_fn = functools.partial(sequence_logprobs, self.actor_graph, full_params(actor, frozen), vocab=self.vocab,
                                     temperature=self.temperature, inference=True)
         micro = effective_micro_batch(a.mini_batch_size, a.micro_batch_size)
@@ -200,30 +277,35 @@ class StepPrograms:
         if spec.input_name == "entropy":
             b, t_all = traj.tokens.shape
             valid_all = jnp.arange(t_all)[None, :] < traj.length[:, None]
-            all_logp, all_ent = _in_minibatches(lambda x, v: logp_fn(x, v), b, min(micro, b), traj.tokens, valid_all)
+            all_logp, all_ent = _in_minibatches(lambda x, v, ts: logp_fn(x, v, blocks=self._blocks(ts)), b,
+                                                min(micro, b), traj.tokens, valid_all, ts_all)
             m_all = traj.loss_mask[:, 1:].astype(jnp.float32)
             inputs["entropy"] = jnp.sum(all_ent * m_all, -1) / jnp.maximum(jnp.sum(m_all, -1), 1.0)
         f = filter_lib.filter_by_spec(spec, inputs, n)
         t = filter_lib.gather_rows(traj, f.rows)
+        ts = jnp.take(ts_all, f.rows, axis=0)
         k, t_max = t.tokens.shape
         valid = jnp.arange(t_max)[None, :] < t.length[:, None]
         mask = t.loss_mask[:, 1:] & (f.row_weight[:, None] > 0)
         mb = min(micro, k)
 
         if all_logp is None:
-            old_logp, _ = _in_minibatches(lambda x, v: logp_fn(x, v), k, mb, t.tokens, valid)
+            old_logp, _ = _in_minibatches(lambda x, v, s_: logp_fn(x, v, blocks=self._blocks(s_)), k, mb,
+                                          t.tokens, valid, ts)
         else:
             old_logp = jnp.take(all_logp, f.rows, axis=0)
         ref_logp = jnp.zeros_like(old_logp)
         if self.use_ref:
             ref_fn = functools.partial(sequence_logprobs, self.actor_graph, full_params(ref, frozen), vocab=self.vocab,
                                        temperature=self.temperature, inference=True)
-            ref_logp, _ = _in_minibatches(lambda x, v: ref_fn(x, v), k, mb, t.tokens, valid)
+            ref_logp, _ = _in_minibatches(lambda x, v, s_: ref_fn(x, v, blocks=self._blocks(s_)), k, mb,
+                                          t.tokens, valid, ts)
         values = jnp.zeros_like(old_logp)
         if self.has_critic:
             val_fn = functools.partial(sequence_values, self.critic_graph, full_params(critic, critic_frozen(frozen)),
                                        vocab=self.vocab, inference=True)
-            values = _in_minibatches(lambda x, v: val_fn(x, v), k, mb, t.tokens, valid)
+            values = _in_minibatches(lambda x, v, s_: val_fn(x, v, blocks=self._blocks(s_)), k, mb,
+                                     t.tokens, valid, ts)
         values = jnp.where(mask, values, 0.0)
 
         # Trajectory scores normalised within each initial-state group (identity for PPO), placed
@@ -249,7 +331,8 @@ class StepPrograms:
             advantages = advantages * scale
             metrics["actor/filter_loss_scale"] = scale
         batch = Batch(tokens=t.tokens, valid=valid, mask=mask, old_logp=old_logp, ref_logp=ref_logp,
-                      values=values, advantages=advantages, returns=returns, row_weight=f.row_weight)
+                      values=values, advantages=advantages, returns=returns, row_weight=f.row_weight,
+                      turn_start=ts if self.turn_blocks is not None else None)
         metrics.update(f.metrics)
         metrics.update({
             "critic/values_mean": adv_lib.masked_mean(values, mask),
@@ -270,7 +353,8 @@ class StepPrograms:
         norm = tok_norm if a.loss_agg == "token-mean" else row_norm
         share = jnp.sum(mb.mask.astype(jnp.float32)) / tok_norm
         logp, entropy = sequence_logprobs(self.actor_graph, full_params(params, frozen), mb.tokens, mb.valid,
-                                          vocab=self.vocab, temperature=self.temperature)
+                                          vocab=self.vocab, temperature=self.temperature,
+                                          blocks=self._blocks(mb.turn_start))
         pg_loss, pm = loss_lib.ppo_policy_loss(
             logp, mb.old_logp, mb.advantages, mb.mask, eps_low=a.eps_low, eps_high=a.eps_high,
             dual_clip=a.dual_clip, agg_mode=a.loss_agg, norm=norm)
@@ -289,7 +373,7 @@ class StepPrograms:
         tok_norm, _ = norms
         share = jnp.sum(mb.mask.astype(jnp.float32)) / tok_norm
         v = sequence_values(self.critic_graph, full_params(params, critic_frozen(frozen)), mb.tokens, mb.valid,
-                            vocab=self.vocab)
+                            vocab=self.vocab, blocks=self._blocks(mb.turn_start))
         loss, m = loss_lib.value_loss(v, mb.values, mb.returns, mb.mask, clip=self.cfg.algo.value_clip,
                                       agg_mode="token-mean", norm=tok_norm)
         return loss, {"critic/value_loss": m["vf_loss"], "critic/vf_clipfrac": m["vf_clipfrac"] * share,
@@ -499,4 +583,4 @@ def check_batch_fits_mesh(cfg: Config, n_batch_shards: int) -> None:
 __all__ = ["Batch", "GIB", "StepPrograms", "TrainState", "accumulated_value_and_grad", "aot_compile", "bytes_per_device",
            "check_batch_fits_mesh", "check_memory_fits", "critic_frozen", "device_memory_limit", "effective_micro_batch",
            "full_params", "join_rows",
-           "loss_norms", "program_memory", "sequence_logprobs", "sequence_values", "split_rows"]
+           "loss_norms", "program_memory", "sequence_logprobs", "sequence_values", "split_rows", "TurnBlocks"]

@@ -547,9 +547,12 @@ class Qwen2Critic(nnx.Module):
         # Like HF *ForTokenClassification(num_labels=1) as used by verl critics: N(0, 0.02) kernel, zero bias.
         self.value_head = Dense(cfg.hidden_size, 1, bias=True, param_dtype="float32", rngs=rngs)
 
-    def __call__(self, tokens, valid, inference: bool = False) -> jax.Array:
-        hidden, _ = self.model(tokens, valid, None, inference=inference)
+    def __call__(self, tokens, valid, inference: bool = False, prefix: PrefixKV | None = None) -> jax.Array:
+        hidden, _ = self.model(tokens, valid, None, prefix, inference=inference)
         return _dense(hidden.astype(f32), nnx.state(self.value_head, nnx.Param).to_pure_dict())[..., 0]
+
+    def prefix_kv(self, prefix_tokens) -> PrefixKV:
+        return self.model.prefix_kv(prefix_tokens)
 
 
 def critic_from_policy(policy: Qwen2, rngs: nnx.Rngs | None = None, share_trunk: bool = False) -> Qwen2Critic:

@@ -66,7 +66,12 @@ def test_mixed_rows_equal_single_env_rows(runs):
         single = jax.tree.map(lambda x: x[own], out[name])
         # Every field of the row: the whole token stream (the shared prefix, then the member's rest of
         # its prompt at the head of turn 1), loss mask, rewards, success, counts.
-        chex.assert_trees_all_equal(jax.tree.map(lambda x: x[own], t), single)
+        mine = jax.tree.map(lambda x: x[own], t)
+        chex.assert_trees_all_equal(mine.replace(turn_start=None), single.replace(turn_start=None))
+        # Turn 1's segment starts after the prefix the rollout shares: the mix's common one (the member's
+        # own head is then part of its first segment); every later turn starts where the single env's does.
+        np.testing.assert_array_equal(mine.turn_start[:, 1:], single.turn_start[:, 1:])
+        assert (mine.turn_start[:, 0] == len(mixed.prefix_ids)).all()
     assert int(np.sum(t.num_actions)) > 0 and int(np.sum(t.num_format_errors)) > 0
     # Both members really differ on these rows (a mix that rendered one env everywhere would fail).
     assert not np.array_equal(out["Sokoban"].tokens[4:], out["FrozenLake"].tokens[4:])

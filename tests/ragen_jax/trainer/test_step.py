@@ -316,7 +316,8 @@ def plain_update(s: Setup, state: TrainState, batch: dict):
 
 
 def _batch_dict(batch) -> dict:
-    return {f.name: np.asarray(getattr(batch, f.name)) for f in dataclasses.fields(batch)}
+    return {f.name: np.asarray(getattr(batch, f.name)) for f in dataclasses.fields(batch)
+            if getattr(batch, f.name) is not None}
 
 
 def _assert_trees_close(got, want, atol, rtol=1e-4):

@@ -1,0 +1,160 @@
+"""RAGEN-2's single-turn context window (`prompt.context_window_mode="single_turn"`, window 1): every turn
+is generated from the prompt prefix and its own state only, and the trainer scores it that way.
+
+Independent truths: each turn's context is re-encoded from its host text (prefix + the first-turn
+form of the segment, "(Turn k):"), and each turn's log-probs are recomputed by a plain full forward
+of that standalone sequence, with no cache and no prefix sharing.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from flax import nnx
+
+import envs_jax
+from ragen_jax.models import Qwen2, Qwen2Config, critic_from_policy
+from ragen_jax.rollout import Rollout, RolloutConfig
+from ragen_jax.rollout.rollout import turn_blocks
+from ragen_jax.text import PromptConfig, TextEnv
+from ragen_jax.text.tokenizer import load_tokenizer
+from ragen_jax.trainer.config import ConfigError, load_config
+from ragen_jax.trainer.step import TurnBlocks, sequence_logprobs, sequence_values
+
+SINGLE = dict(context_window_mode="single_turn", max_context_window=1)
+
+
+@pytest.fixture(scope="module")
+def setup():
+    tok = load_tokenizer()
+    env, params = envs_jax.make("FrozenLake")
+    pc = PromptConfig(max_turns=4, max_actions_per_turn=1, think=False, max_response_tokens=6, **SINGLE)
+    text_env = TextEnv(env, params, tok, pc)
+    model = Qwen2(Qwen2Config.from_preset("tiny").replace(vocab_size=len(tok)), rngs=nnx.Rngs(0))
+    # Temperature 1.5: answers vary, some fail to parse, episodes end at different turns.
+    ro = Rollout(model, text_env, RolloutConfig(num_groups=2, group_size=4, max_context=512, temperature=1.5))
+    graphdef, params_ = nnx.split(model)
+    traj = ro(params_, jax.random.PRNGKey(1), np.array([3, 8], np.int32))
+    return text_env, model, graphdef, params_, ro, jax.device_get(traj)
+
+
+def _turns(traj, b):
+    """(start, stop) of each taken turn's block in row b."""
+    starts = [int(s) for s in traj.turn_start[b] if s >= 0]
+    stops = starts[1:] + [int(traj.length[b])]
+    return list(zip(starts, stops))
+
+
+def test_every_turn_sees_only_the_prefix_and_its_own_state(setup):
+    text_env, *_ , traj = setup
+    tok = text_env.tokenizer
+    prefix = np.asarray(text_env.prefix_ids)
+    assert (np.asarray(traj.num_turns) > 1).any()  # multi-turn episodes are exercised
+    for b in range(traj.tokens.shape[0]):
+        row = np.asarray(traj.tokens[b])
+        np.testing.assert_array_equal(row[:len(prefix)], prefix)
+        for k, (s, e) in enumerate(_turns(traj, b)):
+            block = row[s:e]
+            text = tok.decode(block.tolist())
+            # No reward message, no earlier turn: the first-turn form with RAGEN-2's "(Turn k):" label.
+            assert text.startswith(f"(Turn {k + 1}):\nState:\n"), text[:40]
+            assert "Reward:" not in text and "<|im_start|>user" not in text
+            sampled = np.asarray(traj.loss_mask[b, s:e])
+            seg_len = int(np.argmax(sampled)) if sampled.any() else len(block)
+            # The segment is the exact encoding of its host text (what RAGEN-2 would show this turn).
+            head = tok.decode(block[:seg_len].tolist())
+            assert tok.encode(head, add_special_tokens=False) == block[:seg_len].tolist()
+            assert head.endswith("<|im_start|>assistant\n<answer>")
+
+
+def test_trainer_logprobs_equal_sampling_logprobs_and_a_standalone_forward(setup):
+    text_env, model, graphdef, params, ro, traj = setup
+    p_len, width = turn_blocks(text_env)
+    t = jnp.asarray(traj.tokens)
+    valid = jnp.arange(t.shape[1])[None, :] < jnp.asarray(traj.length)[:, None]
+    blocks = TurnBlocks(start=jnp.asarray(traj.turn_start), prefix=p_len, width=width)
+    temp = ro.config.temperature  # the sampler records log-probs of softmax(logits / T)
+    logp, ent = jax.jit(lambda p: sequence_logprobs(graphdef, p, t, valid, temperature=temp, blocks=blocks))(params)
+    logp, ent = np.asarray(logp), np.asarray(ent)
+    mask = np.asarray(traj.loss_mask)[:, 1:]
+    assert mask.sum() > 20
+    # 1) the trainer's single-turn scoring = what the sampler recorded (KV cache rewound every turn)
+    np.testing.assert_allclose(logp[mask], np.asarray(traj.logprobs)[:, 1:][mask], atol=2e-4)
+    # 2) = a plain forward of each turn's standalone sequence prefix + block (no cache, no sharing)
+    full = jax.jit(lambda p, x: sequence_logprobs(graphdef, p, x, jnp.ones(x.shape, bool), temperature=temp))
+    for b in range(t.shape[0]):
+        row = np.asarray(traj.tokens[b])
+        for s, e in _turns(traj, b):
+            seq = np.concatenate([row[:p_len], row[s:e]])[None]
+            lp, en = (np.asarray(x)[0] for x in full(params, jnp.asarray(seq)))
+            cols = np.arange(s, e - 1)  # record columns of the block's targets 2..n
+            np.testing.assert_allclose(logp[b, cols], lp[p_len:], atol=2e-4)
+            np.testing.assert_allclose(ent[b, cols], en[p_len:], atol=2e-4)
+    # 3) and differs from scoring the concatenated conversation (what "full" mode would train)
+    whole, _ = sequence_logprobs(graphdef, params, t, valid, temperature=temp)
+    later = mask & (np.arange(mask.shape[1])[None, :] > np.asarray(traj.turn_start)[:, 1:2])
+    assert later.any() and np.abs(np.asarray(whole)[later] - logp[later]).max() > 1e-2
+
+
+def test_critic_values_of_a_turn_come_from_its_standalone_sequence(setup):
+    text_env, model, graphdef, params, ro, traj = setup
+    critic = critic_from_policy(model, nnx.Rngs(4))
+    cgraph, cparams = nnx.split(critic)
+    p_len, width = turn_blocks(text_env)
+    t = jnp.asarray(traj.tokens)
+    valid = jnp.arange(t.shape[1])[None, :] < jnp.asarray(traj.length)[:, None]
+    blocks = TurnBlocks(start=jnp.asarray(traj.turn_start), prefix=p_len, width=width)
+    v = np.asarray(sequence_values(cgraph, cparams, t, valid, blocks=blocks))
+    b = int(np.argmax(np.asarray(traj.num_turns)))
+    row = np.asarray(traj.tokens[b])
+    for s, e in _turns(traj, b):
+        seq = jnp.asarray(np.concatenate([row[:p_len], row[s:e]])[None])
+        ref = np.asarray(critic(seq, jnp.ones(seq.shape, bool)))[0]
+        np.testing.assert_allclose(v[b, s:e - 1], ref[p_len:-1], atol=2e-4)
+
+
+def test_the_cache_holds_one_turn_and_full_mode_is_unchanged(setup):
+    text_env, model, graphdef, params, ro, traj = setup
+    p_len, width = turn_blocks(text_env)
+    assert ro.cache_len == p_len + width < ro.config.max_context
+    full_env = TextEnv(text_env.env, text_env.env_params, text_env.tokenizer,
+                       dataclasses.replace(text_env.config, context_window_mode="full", max_context_window=-1))
+    full = Rollout(model, full_env, ro.config)
+    assert full.cache_len == ro.config.max_context
+    ft = jax.device_get(full(params, jax.random.PRNGKey(1), np.array([3, 8], np.int32)))
+    # The first turn is the same in both modes but for the label: "Turn 1:" instead of "(Turn 1):".
+    tok = text_env.tokenizer
+    s = int(ft.turn_start[0, 0])
+    assert s == p_len and tok.decode(np.asarray(ft.tokens[0, s:s + 4]).tolist()).startswith("Turn 1:")
+    second = int(ft.turn_start[0, 1]) if ft.turn_start[0, 1] >= 0 else None
+    if second is not None:
+        assert "Reward:" in tok.decode(np.asarray(ft.tokens[0, second:second + 12]).tolist())
+
+
+def test_config_errors_name_the_fix():
+    with pytest.raises(ConfigError, match="max_context_window must be 1"):
+        load_config("tiny_cpu.py", ["prompt.context_window_mode=single_turn"])
+    with pytest.raises(ConfigError, match="limited_multi_turn"):
+        load_config("tiny_cpu.py", ["prompt.context_window_mode=limited_multi_turn"])
+    with pytest.raises(ConfigError, match="env.mix"):
+        load_config("mix_cpu.py", ["prompt.context_window_mode=single_turn", "prompt.max_context_window=1"])
+
+
+def test_single_turn_demonstrations_become_one_row_per_turn():
+    """Hand-made record: prefix [1 2 3], turn 1 = [10 11 | 12] (segment | answer), turn 2 = [20 | 21]."""
+    from ragen_jax.text.tokenizer import ENDOFTEXT
+    from ragen_jax.trainer.sft import unfold_turn_rows
+
+    tokens = np.array([[1, 2, 3, 10, 11, 12, 20, 21, 0], [1, 2, 3, 30, 31, 32, 0, 0, 0]], np.int32)
+    mask = np.zeros(tokens.shape, bool)
+    mask[0, [5, 7]] = True
+    mask[1, 5] = True
+    rows, rmask, n = unfold_turn_rows(tokens, mask, np.array([8, 6]), np.array([[3, 6, -1], [3, -1, -1]]), 3)
+    p = ENDOFTEXT
+    np.testing.assert_array_equal(rows, [[1, 2, 3, 10, 11, 12], [1, 2, 3, 20, 21, p], [1, 2, 3, 30, 31, 32]])
+    np.testing.assert_array_equal(n, [6, 5, 6])
+    np.testing.assert_array_equal(rmask, [[0, 0, 0, 0, 0, 1], [0, 0, 0, 0, 1, 0], [0, 0, 0, 0, 0, 1]])
