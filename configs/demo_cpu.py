@@ -24,7 +24,13 @@ def get_config() -> Config:
     cfg.prompt.max_turns = 5
     cfg.prompt.max_actions_per_turn = 5
     cfg.prompt.max_response_tokens = 40
-    cfg.rollout.max_context = 768  # demos average 1.2 turns, the longest 398 tokens; the update pads to this
+    # RAGEN-2's single-turn context (window 1): a turn sees the prompt and the current room only. A
+    # room is Markov, and a later turn then looks like the first turns the warm start learned from
+    # (with the whole history, a turn after a failed plan was malformed a third of the time), and the
+    # trainer scores one turn's tokens instead of the conversation's (docs/demo.md).
+    cfg.prompt.context_window_mode = "single_turn"
+    cfg.prompt.max_context_window = 1
+    cfg.rollout.max_context = 768  # the record of up to 5 turns: a ~170-token prefix, then ~110 per turn
     # -- rollout: P x N smaller than the reference's 8 x 16 (CPU time), still groups for GRPO.
     cfg.rollout.num_groups = 8
     cfg.rollout.group_size = 8

@@ -26,7 +26,13 @@ def get_config() -> Config:
     # turns of decoding fit the CPU budget; the thought would be the teacher's fixed sentence anyway.
     cfg.prompt.think = False
     cfg.prompt.max_response_tokens = 8
-    cfg.rollout.max_context = 1024  # 10 turns: a 218-token first turn, then ~81 per turn (the update pads to this)
+    # RAGEN-2's single-turn context (window 1): each turn sees the prompt and its own state only. The
+    # state is Markov (the map and the player are on the grid), so no information is lost, and a
+    # turn costs its own ~75 tokens in the rollout, SFT and update instead of the whole conversation:
+    # the FrozenLake stages take about a third of the CPU time of the full history (docs/demo.md).
+    cfg.prompt.context_window_mode = "single_turn"
+    cfg.prompt.max_context_window = 1
+    cfg.rollout.max_context = 1024  # the record of 10 turns: a 152-token prefix, then ~75 per turn
     cfg.rollout.num_groups = 8
     cfg.rollout.group_size = 8
     cfg.algo.adv_estimator = "grpo"
