@@ -127,7 +127,10 @@ def test_fixed_batch_is_overfitted(run):
 
 def test_shared_prefix_and_buckets_give_the_full_sequence_loss_and_gradients(tmp_path):
     # Truth: the same demos run as whole sequences, padded to the longest (prefix and buckets off).
-    cfg = load_config("demo_cpu.py", ["sft.num_demos=96", "sft.batch_size=8"])
+    # Full-history conversations: 1-turn and 2-turn demos of different lengths (the demo config's
+    # single-turn rows would all fall into one bucket).
+    cfg = load_config("demo_cpu.py", ["sft.num_demos=96", "sft.batch_size=8", "prompt.context_window_mode=full",
+                                      "prompt.max_context_window=-1"])
     tr = SFTTrainer(cfg, tmp_path / "s", quiet=True)
     d = tr.make_demos()
     assert d.prefix_len > 100  # Sokoban: system prompt + instructions
