@@ -261,7 +261,6 @@ def turn_piece_text(turn: int, single_turn: bool = False) -> str:
     return f"(Turn {turn}):\nState:\n" if single_turn else f"Turn {turn}:\nState:\n"
 
 
-
 def tail_piece_text(actions_left: int, cfg: PromptConfig) -> str:
     """From "You have" to the forced prefix of the assistant turn."""
     block = state_block("", actions_left, cfg)[len("State:\n\n"):]

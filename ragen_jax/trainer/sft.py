@@ -55,6 +55,7 @@ from ragen_jax.models.lora import POLICY_TRAINABLE
 from ragen_jax.models.qwen2.sharding import param_shardings
 from ragen_jax.rollout import Rollout, rollout_metrics
 from ragen_jax.rollout.metrics import host_copy
+from ragen_jax.rollout.rollout import turn_blocks
 from ragen_jax.rollout.teachers import get_teacher
 from ragen_jax.text.tokenizer import ENDOFTEXT
 from ragen_jax.trainer.checkpoint import Checkpointer, save_lora_exports, save_policy, save_run_files
@@ -65,7 +66,7 @@ from ragen_jax.trainer.logger import Logger
 from ragen_jax.trainer.optim import make_optimizer
 from ragen_jax.trainer.setup import (build_mesh, build_policy, build_text_envs, build_vocab, check_run_dir_config,
                                      init_policy_params, load_task_tokenizer)
-from ragen_jax.trainer.step import accumulated_value_and_grad, effective_micro_batch, full_params
+from ragen_jax.trainer.step import TurnBlocks, accumulated_value_and_grad, effective_micro_batch, full_params
 
 # Config keys that may change when an SFT run is resumed (everything else must match the saved run).
 RESUMABLE_CHANGES = ("sft.epochs", "sft.save_every", "train.val_every", "train.keep_checkpoints",
@@ -114,25 +115,23 @@ def shared_prefix_length(tokens: np.ndarray, loss_mask: np.ndarray, length: np.n
     return max(0, min(p, int(length.min()) - 1))
 
 
-def unfold_turn_rows(tokens, loss_mask, length, turn_start, prefix_len: int):
+def unfold_turn_rows(tokens, loss_mask, length, turn_start, prefix_len: int, width: int):
     """Single-turn demonstrations (prompt.context_window_mode="single_turn"): each taken turn of each
     episode becomes its own row, the shared prompt prefix followed by that turn's block (segment and
-    answer), which is exactly the context the policy answers that turn from. Host arrays: tokens and
-    loss_mask [N, T], length [N], turn_start [N, M] (-1: not taken) -> rows [R, T] (pad ENDOFTEXT,
-    mask False) and their lengths [R], episode-major, turns in order."""
-    rows_t, rows_m, rows_n = [], [], []
-    for i in range(tokens.shape[0]):
-        starts = [int(x) for x in turn_start[i] if x >= 0]
-        for s, e in zip(starts, starts[1:] + [int(length[i])]):
-            rows_t.append(np.concatenate([tokens[i, :prefix_len], tokens[i, s:e]]))
-            rows_m.append(np.concatenate([np.zeros(prefix_len, bool), loss_mask[i, s:e]]))
-            rows_n.append(prefix_len + e - s)
-    n = np.asarray(rows_n, np.int32)
-    out_t = np.full((len(n), int(n.max())), ENDOFTEXT, np.int32)
-    out_m = np.zeros((len(n), int(n.max())), bool)
-    for r, (t_, m_) in enumerate(zip(rows_t, rows_m)):
-        out_t[r, :len(t_)], out_m[r, :len(m_)] = t_, m_
-    return out_t, out_m, n
+    answer, at most `width` tokens), which is exactly the context the policy answers that turn from.
+    The blocks are the trainer's (`step.TurnBlocks.unfold`). Host arrays: tokens and loss_mask
+    [N, T], length [N], turn_start [N, M] (-1: not taken) -> rows [R, prefix_len + width] (pad
+    ENDOFTEXT, mask False) and their lengths [R], episode-major, turns in order."""
+    t = tokens.shape[1]
+    blocks = TurnBlocks(start=np.asarray(turn_start, np.int32), prefix=prefix_len, width=width)
+    ids, ok, pos = jax.device_get(blocks.unfold(jnp.asarray(tokens), jnp.arange(t)[None, :] < length[:, None]))
+    n, m = turn_start.shape
+    mask = np.asarray(loss_mask)[np.repeat(np.arange(n), m)[:, None], np.minimum(pos.reshape(n * m, -1), t - 1)] & ok
+    taken = ok.any(axis=1)
+    prefix = np.broadcast_to(np.asarray(tokens[0, :prefix_len], np.int32), (int(taken.sum()), prefix_len))
+    rows = np.concatenate([prefix, np.where(ok, ids, ENDOFTEXT)[taken]], axis=1).astype(np.int32)
+    rows_mask = np.concatenate([np.zeros(prefix.shape, bool), mask[taken]], axis=1)
+    return rows, rows_mask, (prefix_len + ok.sum(axis=1)[taken]).astype(np.int32)
 
 
 def length_buckets(suffix_len: np.ndarray, bucket: int, full: int, batch_size: int) -> np.ndarray:
@@ -375,7 +374,7 @@ class SFTTrainer:
         tokens, loss_mask = np.asarray(traj.tokens)[keep].astype(np.int32), np.asarray(traj.loss_mask)[keep]
         if self.cfg.prompt.single_turn:  # one row per turn: the prefix and that turn only
             tokens, loss_mask, length = unfold_turn_rows(tokens, loss_mask, length, np.asarray(traj.turn_start)[keep],
-                                                         len(self.text_env.prefix_ids))
+                                                         *turn_blocks(self.text_env))
             stats["demo/turn_rows"] = float(len(length))
             if len(length) < s.batch_size:
                 raise ConfigError(f"only {len(length)} demonstration turns, fewer than sft.batch_size={s.batch_size}; "

@@ -229,13 +229,14 @@ class StepPrograms:
 
     def __init__(self, cfg: Config, actor_graph, critic_graph, actor_opt, critic_opt, vocab=None,
                  turn_blocks: tuple[int, int] | None = None):
-        """`turn_blocks`: (prefix length, block width) of single-turn records (`TurnBlocks`; the
-        rollout's `Rollout.turn_blocks`); required when `prompt.context_window_mode="single_turn"`."""
+        """`turn_blocks`: (prefix length, block width) of single-turn records (`TurnBlocks`;
+        `ragen_jax.rollout.rollout.turn_blocks(text_env)`), required when
+        `prompt.context_window_mode="single_turn"`."""
         self.cfg = cfg
         self.vocab = vocab
         if cfg.prompt.single_turn and turn_blocks is None:
             raise ConfigError("prompt.context_window_mode='single_turn' needs StepPrograms(turn_blocks=(prefix "
-                              "length, block width)) from the rollout (Rollout.turn_blocks)")
+                              "length, block width)), from ragen_jax.rollout.rollout.turn_blocks(text_env)")
         self.turn_blocks = turn_blocks if cfg.prompt.single_turn else None
         self.actor_graph, self.critic_graph = actor_graph, critic_graph
         self.actor_opt, self.critic_opt = actor_opt, critic_opt
@@ -253,6 +254,11 @@ class StepPrograms:
         if self.turn_blocks is None:
             return None
         return TurnBlocks(start=turn_start, prefix=self.turn_blocks[0], width=self.turn_blocks[1])
+
+    def _per_rows(self, fn):
+        """`fn(tokens, valid, blocks=...)` as a function of row arrays (tokens, valid, turn_start), the
+        form `_in_minibatches` splits."""
+        return lambda x, v, ts: fn(x, v, blocks=self._blocks(ts))
 
     # -- prepare: filter + no-grad passes + advantages --------------------------------------
     def prepare(self, actor, critic, ref, traj, frozen=None) -> tuple[Batch, dict]:
@@ -277,7 +283,7 @@ class StepPrograms:
         if spec.input_name == "entropy":
             b, t_all = traj.tokens.shape
             valid_all = jnp.arange(t_all)[None, :] < traj.length[:, None]
-            all_logp, all_ent = _in_minibatches(lambda x, v, ts: logp_fn(x, v, blocks=self._blocks(ts)), b,
+            all_logp, all_ent = _in_minibatches(self._per_rows(logp_fn), b,
                                                 min(micro, b), traj.tokens, valid_all, ts_all)
             m_all = traj.loss_mask[:, 1:].astype(jnp.float32)
             inputs["entropy"] = jnp.sum(all_ent * m_all, -1) / jnp.maximum(jnp.sum(m_all, -1), 1.0)
@@ -290,7 +296,7 @@ class StepPrograms:
         mb = min(micro, k)
 
         if all_logp is None:
-            old_logp, _ = _in_minibatches(lambda x, v, s_: logp_fn(x, v, blocks=self._blocks(s_)), k, mb,
+            old_logp, _ = _in_minibatches(self._per_rows(logp_fn), k, mb,
                                           t.tokens, valid, ts)
         else:
             old_logp = jnp.take(all_logp, f.rows, axis=0)
@@ -298,13 +304,13 @@ class StepPrograms:
         if self.use_ref:
             ref_fn = functools.partial(sequence_logprobs, self.actor_graph, full_params(ref, frozen), vocab=self.vocab,
                                        temperature=self.temperature, inference=True)
-            ref_logp, _ = _in_minibatches(lambda x, v, s_: ref_fn(x, v, blocks=self._blocks(s_)), k, mb,
+            ref_logp, _ = _in_minibatches(self._per_rows(ref_fn), k, mb,
                                           t.tokens, valid, ts)
         values = jnp.zeros_like(old_logp)
         if self.has_critic:
             val_fn = functools.partial(sequence_values, self.critic_graph, full_params(critic, critic_frozen(frozen)),
                                        vocab=self.vocab, inference=True)
-            values = _in_minibatches(lambda x, v, s_: val_fn(x, v, blocks=self._blocks(s_)), k, mb,
+            values = _in_minibatches(self._per_rows(val_fn), k, mb,
                                      t.tokens, valid, ts)
         values = jnp.where(mask, values, 0.0)
 
