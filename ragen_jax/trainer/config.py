@@ -27,7 +27,7 @@ from ragen_jax.algorithms.losses import KL_ESTIMATORS, LOSS_AGG_MODES
 from ragen_jax.models.attention import IMPLEMENTATIONS as ATTENTION_IMPLEMENTATIONS
 from ragen_jax.models.attention import check_available as check_attention
 from ragen_jax.models.lora import check_targets as check_lora_targets
-from ragen_jax.models.qwen2.config import REMAT_POLICIES
+from ragen_jax.models.qwen2.config import DEMO_PRESETS, REMAT_POLICIES
 from ragen_jax.rollout.types import RolloutConfig
 from ragen_jax.text.conversation import PromptConfig
 from ragen_jax.text.mix import format_mix, parse_mix
@@ -147,11 +147,11 @@ class ModelConfig:
 
     @property
     def use_remat(self) -> bool:
-        """`remat`, with None resolved by model size (off only for the random "tiny" preset): what runs where
+        """`remat`, with None resolved by model size (off only for the random demo presets, "tiny" and "small"): what runs where
         the device's memory is unknown; where it is known the RL Trainer may still turn it off (`Trainer.remat`)."""
         if self.remat is not None:
             return self.remat
-        return self.path is not None or self.preset != "tiny"
+        return self.path is not None or self.preset not in DEMO_PRESETS
 
 
 @dataclass

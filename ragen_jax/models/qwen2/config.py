@@ -218,13 +218,24 @@ class Qwen2Config:
 
 _QWEN25 = dict(vocab_size=151936, rope_theta=1_000_000.0, rms_norm_eps=1e-6, max_position_embeddings=32768)
 
-# Shapes from the published Qwen2.5 config.json files.
+# Shapes from the published Qwen2.5 config.json files, and two random-init demo shapes (DEMO_PRESETS).
 PRESETS: dict[str, dict[str, Any]] = {
     "tiny": dict(
         _QWEN25,
         hidden_size=64,
         intermediate_size=128,
         num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        tie_word_embeddings=True,
+    ),
+    # Demo-sized like "tiny", twice as wide and deep: the smallest shape tried whose FrozenLake warm
+    # start leaves the marginal-action plateau (docs/demo.md, "A wider model for FrozenLake").
+    "small": dict(
+        _QWEN25,
+        hidden_size=128,
+        intermediate_size=256,
+        num_hidden_layers=4,
         num_attention_heads=4,
         num_key_value_heads=2,
         tie_word_embeddings=True,
@@ -267,3 +278,5 @@ PRESETS: dict[str, dict[str, Any]] = {
         tie_word_embeddings=False,
     ),
 }
+# Not published models: shapes for tests and the CPU demo (remat off by default, ModelConfig.use_remat).
+DEMO_PRESETS = ("tiny", "small")

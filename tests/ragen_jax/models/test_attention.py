@@ -195,6 +195,7 @@ def test_unavailable_kernels_fail_with_one_sentence():
 
 def test_remat_default_is_on_from_half_a_billion_up():
     assert not ModelConfig(random_init=True, preset="tiny").use_remat
+    assert not ModelConfig(random_init=True, preset="small").use_remat  # the other demo shape
     assert ModelConfig(random_init=True, preset="qwen2.5-0.5b").use_remat
     assert ModelConfig(random_init=True, preset="qwen2.5-3b").use_remat
     assert not ModelConfig(random_init=True, preset="qwen2.5-3b", remat=False).use_remat

@@ -32,12 +32,15 @@ def test_preset_facts():
     assert (t.vocab_size, t.hidden_size, t.num_hidden_layers, t.num_attention_heads, t.num_key_value_heads) == (
         151936, 64, 2, 4, 2)
     assert Qwen2Config.from_preset("tiny", vocab_size=100).vocab_size == 100
+    s = Qwen2Config.from_preset("small")
+    assert (s.hidden_size, s.intermediate_size, s.num_hidden_layers, s.num_attention_heads, s.num_key_value_heads) == (
+        128, 256, 4, 4, 2)
 
 
 def test_unknown_preset_lists_valid_names():
-    with pytest.raises(ValueError, match=r"unknown preset 'foo'; valid: tiny, qwen2.5-0.5b"):
+    with pytest.raises(ValueError, match=r"unknown preset 'foo'; valid: tiny, small, qwen2.5-0.5b"):
         Qwen2Config.from_preset("foo")
-    assert set(PRESETS) == {"tiny", "qwen2.5-0.5b", "qwen2.5-1.5b", "qwen2.5-3b", "qwen2.5-7b"}
+    assert set(PRESETS) == {"tiny", "small", "qwen2.5-0.5b", "qwen2.5-1.5b", "qwen2.5-3b", "qwen2.5-7b"}
 
 
 @pytest.mark.parametrize(
