@@ -7,9 +7,9 @@ Runs only launch/demo.py's second stage (StarPO-S RL from `model.init_from=<sft>
 demo config plus the given overrides) and evaluates the policy on the demo's fixed states (same
 seeds, temperature and sampling key as launch/demo.py's StageEvaluator) before RL and after each
 iteration count in --eval-at, each compared with the warm start pairwise (flips and exact McNemar
-p, ragen_jax/trainer/paired.py). The warm start's evaluation is cached in <out>/../<family>_before.json
-(its outcome depends only on the SFT run and the eval settings), so variants of one warm start
-evaluate it once. Writes <out>/rl (the run), <out>/result.json and prints one line per eval point.
+p, ragen_jax/trainer/paired.py). The warm start's evaluation is cached in
+<out>/../<family>_before.json, keyed by the SFT run and the number of states (its outcome depends
+only on those and the fixed eval settings), so variants of one warm start evaluate it once. Writes <out>/rl (the run), <out>/result.json and prints one line per eval point.
 The SFT run is read, never written. Exists because launch/demo.py reruns (and cannot resume with
 changed algo settings) the SFT stage; the demo itself is what gets published.
 """
@@ -68,14 +68,23 @@ def main(argv=None) -> int:
     setup_s, setup_cpu = time.perf_counter() - t0, time.process_time() - c0
     evaluator = StageEvaluator(rl, (env,), args.eval_states)
 
+    # The warm start's outcome depends on the SFT run and the eval settings only: reused when both
+    # match (a cache written for another warm start is re-evaluated and replaced, never compared).
     cache = os.path.join(os.path.dirname(os.path.abspath(args.out)), f"{args.family}_before.json")
+    policy = os.path.join(os.path.abspath(args.sft), "policy")
+    key = {"sft": os.path.abspath(args.sft), "eval_states": args.eval_states,
+           "policy_mtime": os.path.getmtime(policy) if os.path.exists(policy) else None}
+    before = None
     if os.path.exists(cache):
         with open(cache) as f:
-            before = json.load(f)
-    else:
+            cached = json.load(f)
+        if cached.get("key") == key:
+            before = cached
+    if before is None:
         e0 = time.perf_counter()
         before = evaluator(rl.state.actor)[env]
         before["eval_wall_s"] = time.perf_counter() - e0
+        before["key"] = key
         with open(cache, "w") as f:
             json.dump(before, f)
     print(f"warm start: {env} success {before['success']:.3f} (format {before['format_ok']:.2f})", flush=True)
@@ -106,7 +115,7 @@ def main(argv=None) -> int:
     metrics_f.close()
     with open(os.path.join(args.out, "result.json"), "w") as f:
         json.dump({"family": args.family, "overrides": args.overrides, "sft": os.path.abspath(args.sft),
-                   "before": {k: v for k, v in before.items() if k != "state_success"},
+                   "before": {k: v for k, v in before.items() if k not in ("state_success", "key")},
                    "setup_s": setup_s, "setup_cpu_s": setup_cpu, "points": rows}, f, indent=2)
     return 0
 
