@@ -8,8 +8,10 @@ demo config plus the given overrides) and evaluates the policy on the demo's fix
 seeds, temperature and sampling key as launch/demo.py's StageEvaluator) before RL and after each
 iteration count in --eval-at, each compared with the warm start pairwise (flips and exact McNemar
 p, ragen_jax/trainer/paired.py). The warm start's evaluation is cached in
-<out>/../<family>_before.json, keyed by the SFT run and the number of states (its outcome depends
-only on those and the fixed eval settings), so variants of one warm start evaluate it once. Writes <out>/rl (the run), <out>/result.json and prints one line per eval point.
+<out>/../<family>_before.json, keyed by the SFT run (its path and export time) and the number of
+states, the only things its outcome depends on besides the fixed eval settings, so variants of one
+warm start evaluate it once. Writes <out>/rl (the run), <out>/result.json and prints one line per
+eval point.
 The SFT run is read, never written. Exists because launch/demo.py reruns (and cannot resume with
 changed algo settings) the SFT stage; the demo itself is what gets published.
 """
@@ -68,8 +70,7 @@ def main(argv=None) -> int:
     setup_s, setup_cpu = time.perf_counter() - t0, time.process_time() - c0
     evaluator = StageEvaluator(rl, (env,), args.eval_states)
 
-    # The warm start's outcome depends on the SFT run and the eval settings only: reused when both
-    # match (a cache written for another warm start is re-evaluated and replaced, never compared).
+    # A cache written for another warm start is re-evaluated and replaced, never compared with.
     cache = os.path.join(os.path.dirname(os.path.abspath(args.out)), f"{args.family}_before.json")
     policy = os.path.join(os.path.abspath(args.sft), "policy")
     key = {"sft": os.path.abspath(args.sft), "eval_states": args.eval_states,

@@ -147,8 +147,9 @@ class ModelConfig:
 
     @property
     def use_remat(self) -> bool:
-        """`remat`, with None resolved by model size (off only for the random demo presets, "tiny" and "small"): what runs where
-        the device's memory is unknown; where it is known the RL Trainer may still turn it off (`Trainer.remat`)."""
+        """`remat`, with None resolved by model size (off only for the random demo presets, DEMO_PRESETS): what
+        runs where the device's memory is unknown; where it is known the RL Trainer may still turn it off
+        (`Trainer.remat`)."""
         if self.remat is not None:
             return self.remat
         return self.path is not None or self.preset not in DEMO_PRESETS
