@@ -1,6 +1,9 @@
 """Test session setup. Runs before jax is imported anywhere in the test process."""
 
+import atexit
 import os
+import shutil
+import tempfile
 
 # 8 simulated CPU devices for the sharding tests; must be set before jax is imported.
 _flags = os.environ.get("XLA_FLAGS", "")
@@ -12,9 +15,14 @@ os.environ["HF_HUB_OFFLINE"] = "1"
 os.environ["TRANSFORMERS_OFFLINE"] = "1"
 os.environ["HF_DATASETS_OFFLINE"] = "1"
 # Identical programs compiled by different tests (and by both pytest-xdist workers) are compiled
-# once: jax's persistent compilation cache works on CPU too. Keyed by HLO + jax version, so safe.
-os.environ.setdefault(
-    "JAX_COMPILATION_CACHE_DIR",
-    os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), ".jax-cache"),
-)
+# once: jax's persistent compilation cache works on CPU too. The directory is new for every test
+# session and removed at its end (the xdist workers inherit the controller's): with jax 0.10.2 an
+# 8-device sharded rollout read back from the cache of an EARLIER session deadlocks in XLA:CPU's
+# collectives (half the devices wait at an all-gather, half at a collective-permute;
+# test_rollout.py::test_passes_equal_one_pass_rollouts_of_their_groups hung on every second run),
+# while the same program compiled afresh runs. Set JAX_COMPILATION_CACHE_DIR to choose a directory.
+if "JAX_COMPILATION_CACHE_DIR" not in os.environ:
+    _cache_dir = tempfile.mkdtemp(prefix="ragen-jax-test-cache-")
+    os.environ["JAX_COMPILATION_CACHE_DIR"] = _cache_dir
+    atexit.register(shutil.rmtree, _cache_dir, True)
 os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS", "0.5")
