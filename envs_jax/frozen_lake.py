@@ -32,14 +32,14 @@ _DCOL = (-1, 0, 1, 0)
 # Symbol indices, in the reference's grid_lookup order.
 PLAYER, FROZEN, HOLE, GOAL, PLAYER_IN_HOLE, PLAYER_ON_GOAL = range(6)
 SYMBOLS = ("P", "_", "O", "G", "X", "√")
-GRID_VOCAB = (
-    ("P", "player"),
-    ("_", "empty"),
-    ("O", "hole"),
-    ("G", "goal"),
-    ("X", "player in hole"),
-    ("√", "player on goal"),
-)
+SYMBOL_NAMES = ("player", "empty", "hole", "goal", "player in hole", "player on goal")
+GRID_VOCAB = tuple(zip(SYMBOLS, SYMBOL_NAMES))
+# Not the reference's: one digit per cell (`FrozenLakeParams.symbols="digits"`). Qwen's pre-tokenizer
+# splits every digit off on its own, so each cell is one token and the cell above the player is
+# always the same number of tokens back; the reference's letters merge into row pieces ("___P",
+# "O__G") whose cells a model has to count out (docs/demo.md, "One token per cell").
+DIGIT_SYMBOLS = ("1", "0", "2", "3", "4", "5")
+SYMBOL_SETS = {"standard": SYMBOLS, "digits": DIGIT_SYMBOLS}
 
 # The reference's env_instruction (config/envs.yaml), verbatim, including its typo ("whole"),
 # followed by its symbol legend exactly as its context manager appends it.
@@ -48,7 +48,11 @@ ENV_INSTRUCTION = (
     "the unintended direction due to the slippery ice. Example answer format: <think>To forbid the "
     "hole and go to the target, I should go left then go up.</think><answer>Left || Up</answer>"
 )
-LEGEND = ", ".join(f"{k}: {v}" for k, v in GRID_VOCAB)
+def legend(symbols=SYMBOLS) -> str:
+    return ", ".join(f"{k}: {v}" for k, v in zip(symbols, SYMBOL_NAMES))
+
+
+LEGEND = legend()
 INSTRUCTIONS = ENV_INSTRUCTION + "\nThe meaning of each symbol in the state is:\n" + LEGEND
 # RAGEN-2's config/envs.yaml `env_instruction` of CoordFrozenLake, verbatim (a YAML literal block:
 # line breaks and the final newline included). Its corner "(5, 5)" is the reference's fixed text,
@@ -90,6 +94,9 @@ class FrozenLakeParams:
     observation_format: str = struct.field(pytree_node=False, default="grid")
     # Env instruction text: "standard" (FrozenLake) or "coord" (RAGEN-2's CoordFrozenLake).
     instruction: str = struct.field(pytree_node=False, default="standard")
+    # Grid symbols: "standard" (the reference's P _ O G X √) or "digits" (DIGIT_SYMBOLS: one token
+    # per cell). Static: it changes the text layer's token tables.
+    symbols: str = struct.field(pytree_node=False, default="standard")
 
 
 # ---- pure rule functions ------------------------------------------------------------------------
@@ -259,6 +266,8 @@ class FrozenLake(AgentEnv):
         coords.check_format(params.observation_format)
         if params.instruction not in ENV_INSTRUCTIONS:
             raise ValueError(f"instruction must be one of {', '.join(ENV_INSTRUCTIONS)}, got {params.instruction!r}")
+        if params.symbols not in SYMBOL_SETS:
+            raise ValueError(f"symbols must be one of {', '.join(SYMBOL_SETS)}, got {params.symbols!r}")
 
     def resolve_overrides(self, overrides: dict) -> dict:
         return resolve_overrides(overrides)
@@ -289,7 +298,8 @@ class FrozenLake(AgentEnv):
 
     def instructions(self, params) -> str:
         # RAGEN-2 appends the symbol legend in "grid" format only (CoordFrozenLake's prompt has none).
-        return coords.instruction_for_format(ENV_INSTRUCTIONS[params.instruction], params.observation_format, LEGEND)
+        return coords.instruction_for_format(ENV_INSTRUCTIONS[params.instruction], params.observation_format,
+                                             legend(SYMBOL_SETS[params.symbols]))
 
     def observation_format(self, params) -> str:
         return params.observation_format
@@ -333,7 +343,7 @@ class FrozenLake(AgentEnv):
         return [(label, out.get(label, [])) for label in COORD_LABELS]
 
     def symbols(self, params) -> tuple[str, ...]:
-        return SYMBOLS
+        return SYMBOL_SETS[params.symbols]
 
     def render_grid(self, state, params):
         n = state.hole.shape[-1]

@@ -200,6 +200,29 @@ def test_text_and_names():
     assert ENV.render_text(state.replace(pos=jnp.int32(15)), PARAMS) == "___O\n_O__\n____\nO__√"
 
 
+def test_digit_symbols_one_token_per_cell():
+    """symbols="digits" (not the reference's): the same grids written with digits, the legend to
+    match, and every cell one Qwen token (the hand-made map above, golden strings)."""
+    from ragen_jax.text.tokenizer import load_tokenizer
+
+    params = FrozenLakeParams(symbols="digits")
+    assert ENV.symbols(params) == ("1", "0", "2", "3", "4", "5")
+    assert ENV.instructions(params).endswith(
+        "\nThe meaning of each symbol in the state is:\n"
+        "1: player, 0: empty, 2: hole, 3: goal, 4: player in hole, 5: player on goal"
+    )
+    state = state_from_rows(["SFFH", "FHFF", "FFFF", "HFFG"])
+    assert ENV.render_text(state, params) == "1002\n0200\n0000\n2003"
+    assert ENV.render_text(state.replace(pos=jnp.int32(5)), params) == "0002\n0400\n0000\n2003"
+    assert ENV.render_text(state.replace(pos=jnp.int32(15)), params) == "0002\n0200\n0000\n2005"
+    tok = load_tokenizer()
+    pieces = [tok.decode([i]) for i in tok.encode("State:\n1002\n0200\n0000\n2003\n", add_special_tokens=False)]
+    assert pieces[2:] == ["1", "0", "0", "2", "\n", "0", "2", "0", "0", "\n", "0", "0", "0", "0", "\n",
+                          "2", "0", "0", "3", "\n"]
+    # The reference's letters merge into row pieces instead.
+    assert len(tok.encode("___P\nO__G", add_special_tokens=False)) < 10
+
+
 # ---- (c) map generation ---------------------------------------------------------------------------
 def test_generated_maps_valid_and_deterministic(batch):
     keys, states = batch

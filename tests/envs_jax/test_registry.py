@@ -92,6 +92,7 @@ def test_unknown_override_lists_valid_parameters():
         ("FrozenLake", {"success_rate": 1.0, "slip": 0.0}, "either success_rate or slip"),
         ("FrozenLake", {"observation_format": "image"}, "observation_format must be one of"),
         ("FrozenLake", {"instruction": "fancy"}, "instruction must be one of"),
+        ("FrozenLake", {"symbols": "emoji"}, "symbols must be one of standard, digits"),
         ("Bandit", {"name_pairs": "validation"}, "name_pairs must be one of"),
         ("Bandit", {"name_pairs": [("A", "B", "C")]}, "name_pairs must be a list"),
         ("Bandit", {"name_pairs": 3}, "name_pairs must be a list"),

@@ -244,6 +244,7 @@ COORD_ENVS = {
     "LargerSokoban-grid_coord": ("LargerSokoban", {"observation_format": "grid_coord"}),
     "Sokoban-coord": ("Sokoban", {"observation_format": "coord"}),
     "FrozenLake-coord": ("FrozenLake", {"observation_format": "coord"}),
+    "FrozenLake-digits": ("FrozenLake", {"symbols": "digits"}),
     "BanditPairs": ("BanditPairs", {}),
 }
 
