@@ -6,7 +6,7 @@ the head and what reads its [B, V] logits, not by the two layers. Each row times
 a token embedding back (so no step can be skipped or sliced away), in float32 and with bf16 operands
 (float32 accumulation, as `model.matmul_dtype="bfloat16"`):
 
-  max      the head plus one max over the vocabulary: about the floor of any exact step
+  max      the head plus one max over the vocabulary: the cheapest full read of the logits
   lse      the head plus a logsumexp (what the log-prob of the chosen token needs)
   select   the head plus the sampler's greedy `_select` (chunked max, first argmax, sub-chunk masses)
 
