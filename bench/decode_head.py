@@ -9,6 +9,8 @@ a token embedding back (so no step can be skipped or sliced away), in float32 an
   max      the head plus one max over the vocabulary: the cheapest full read of the logits
   lse      the head plus a logsumexp (what the log-prob of the chosen token needs)
   select   the head plus the sampler's greedy `_select` (chunked max, first argmax, sub-chunk masses)
+  argmax   the head plus greedy `_select(logprob=False)` (chunked max and first argmax, no exp):
+           what `sampler.generate(greedy=True, logprobs=False)` does per step
 
 Rows report the best of --repeats calls (and the median), ms per step, and the head's GFLOP/s at
 that speed. Ratios are within one run on one machine.
@@ -41,6 +43,7 @@ REDUCTIONS = {
     "max": lambda lg: jnp.max(lg, axis=1),
     "lse": lambda lg: jax.nn.logsumexp(lg, axis=1),
     "select": lambda lg: _select(lg, None, 1.0, greedy=True)[1],
+    "argmax": lambda lg: _select(lg, None, 1.0, greedy=True, logprob=False)[0].astype(f32) * 1e-3,
 }
 
 

@@ -9,6 +9,8 @@ call by call (the CPU is shared: only ratios taken in one run mean something):
   torch       transformers' `Qwen2ForCausalLM.generate`, float32, the SAME weights (our
               `hf_state_dict`); its greedy tokens are compared with ours (`greedy_tokens_equal_frac`).
   torch_bf16  the same model cast to bfloat16 (weights and compute).
+  torch_lp, torch_bf16_lp   the same two computing each step's chosen-token log-prob on the fly
+              (a logits processor), as `ours` / `ours_bf16` do; plain `generate` computes none.
   tunix       Tunix's `Sampler` on its own Qwen2 (same shapes, its own random weights, float32),
               when `tunix` is importable (bench/README.md has the recipe; never a project dependency).
   tunix_bf16  the same with Tunix's dtype and param_dtype bfloat16.
@@ -17,6 +19,11 @@ Ours runs twice: `ours` (float32) and `ours_bf16` (the same weights with `matmul
 projections and the head round their operands to bf16 and accumulate in float32, docs/decode.md);
 ratios are given for both (`ratio_ours_over_<peer>`, `ratio_ours_bf16_over_<peer>`), and
 `ours_bf16_greedy_tokens_equal_frac` says how many greedy tokens the rounding changed.
+  ours_nolp, ours_bf16_nolp   the same two with `generate(logprobs=False)`: tokens only, no
+              per-token log-prob (so greedy reads each step's logits for the max and computes no
+              exp over the vocabulary). transformers' greedy `generate` computes no log-probs
+              either: these are the like-for-like sides for the torch columns. The run checks that
+              they give the very same tokens as `ours` / `ours_bf16`.
   ours_scan   (`--before`) our sampler with the pre-issue-14 decode path: the layer loop a scan over
               the stacked weights (`models.qwen2.model.DECODE_UNROLL = False`).
 
@@ -54,8 +61,8 @@ from ragen_jax.rollout import sampler
 
 RESULTS = Path(__file__).resolve().parent / "results" / "sampler.json"
 DEFAULT_ROWS = ("tiny:64", "qwen2.5-0.5b:16,64")
-PEER_NAMES = ("torch", "torch_bf16", "tunix", "tunix_bf16")
-OURS = ("ours", "ours_bf16")
+PEER_NAMES = ("torch", "torch_bf16", "torch_lp", "torch_bf16_lp", "tunix", "tunix_bf16")
+OURS = ("ours", "ours_bf16", "ours_nolp", "ours_bf16_nolp")
 
 
 def targets_for(name: str) -> dict:
@@ -148,18 +155,37 @@ def torch_model(model, dtype: str = "float32"):
     return tm.eval()
 
 
-def torch_generate_fn(tmodel, prompts: np.ndarray, n: int):
+def torch_generate_fn(tmodel, prompts: np.ndarray, n: int, logprobs: bool = False):
+    """transformers' greedy `generate`; with `logprobs`, each step's chosen-token log-prob is also
+    computed on the fly (a logits processor: max - logsumexp of the step's float32 scores), as our
+    sampler does, so `torch*_lp` against `ours*` compares the same work."""
     import torch
+    import transformers
 
     ids = torch.from_numpy(prompts.astype(np.int64))
     mask = torch.ones_like(ids)
 
+    class LogProbOfGreedy(transformers.LogitsProcessor):
+        def __init__(self):
+            self.steps = []
+
+        def __call__(self, input_ids, scores):
+            s = scores.float()
+            self.steps.append(s.max(dim=-1).values - torch.logsumexp(s, dim=-1))
+            return scores
+
     def fn():
+        extra = {}
+        if logprobs:
+            extra["logits_processor"] = transformers.LogitsProcessorList([LogProbOfGreedy()])
         with torch.inference_mode():
-            return tmodel.generate(
+            out = tmodel.generate(
                 input_ids=ids, attention_mask=mask, max_new_tokens=n, min_new_tokens=n, do_sample=False,
-                pad_token_id=0, eos_token_id=None, use_cache=True,
+                pad_token_id=0, eos_token_id=None, use_cache=True, **extra,
             )[:, prompts.shape[1]:].numpy()
+        if logprobs and len(extra["logits_processor"][0].steps) != n:
+            raise RuntimeError("the log-prob processor did not see every step")
+        return out
 
     return fn
 
@@ -213,7 +239,7 @@ def bench_row(name, batch, args, model, peers: dict, before: bool, bw_gbs: float
     n = args.new_tokens
     graphdef, state = nnx.split(model)
 
-    def compiled(unroll: bool, matmul_dtype=None):
+    def compiled(unroll: bool, matmul_dtype=None, logprobs: bool = True):
         """Our generate program, compiled with the decode layer loop unrolled or scanned."""
         old = qwen2_model.DECODE_UNROLL
         qwen2_model.DECODE_UNROLL = unroll
@@ -222,7 +248,7 @@ def bench_row(name, batch, args, model, peers: dict, before: bool, bw_gbs: float
             cfg = model.cfg.replace(matmul_dtype=matmul_dtype)
             gd = nnx.split(nnx.eval_shape(lambda: Qwen2(cfg, nnx.Rngs(0))))[0]
         try:
-            statics = (n, args.prompt_len + n, 0, True, False, (), 151643, None)
+            statics = (n, args.prompt_len + n, 0, True, False, (), 151643, None, logprobs)
             fn = jax.jit(lambda st, tk, vd, key: sampler._generate_impl(
                 st, tk, vd, key, jnp.float32(1.0), jnp.float32(1.0), None, graphdef=gd, statics=statics))
             return fn.lower(state, tokens, valid, jax.random.key(0)).compile()
@@ -252,6 +278,15 @@ def bench_row(name, batch, args, model, peers: dict, before: bool, bw_gbs: float
         fns["ours_bf16"] = ours_fn(compiled(True, "bfloat16"))
         row["ours_bf16_greedy_tokens_equal_frac"] = float(np.mean(fns["ours_bf16"]() == our_tokens))
         row["ours_bf16_first_call_s"] = round(time.perf_counter() - t0, 2)
+    # Without the per-token log-prob (`generate(logprobs=False)`): what transformers' greedy
+    # `generate` computes (tokens only), so these sides are the like-for-like comparison with it.
+    fns["ours_nolp"] = ours_fn(compiled(True, logprobs=False))
+    if not np.array_equal(fns["ours_nolp"](), our_tokens):
+        raise RuntimeError("logprobs=False changed the greedy tokens")
+    if bf16:
+        fns["ours_bf16_nolp"] = ours_fn(compiled(True, "bfloat16", logprobs=False))
+        if not np.array_equal(fns["ours_bf16_nolp"](), fns["ours_bf16"]()):
+            raise RuntimeError("logprobs=False changed the bf16 greedy tokens")
     if before:
         fns["ours_scan"] = ours_fn(compiled(False))
         row["ours_scan_tokens_equal_frac"] = float(np.mean(fns["ours_scan"]() == our_tokens))
@@ -288,19 +323,34 @@ def bench_row(name, batch, args, model, peers: dict, before: bool, bw_gbs: float
         "formula": "decode-only tok/s <= batch * bandwidth / weight_bytes (one step streams every weight)",
     }
     tg = targets_for(name)
+    row["targets"] = {"min_ratio": tg,
+                      "met": _targets_met(row, tg, [o for o in OURS if o in fns], lambda o, p: p),
+                      "met_like_for_like": _targets_met(row, tg, [o for o in OURS if o in fns], same_work_peer)}
+    return row
+
+
+def same_work_peer(ours: str, peer: str):
+    """The side of `peer` that does the work `ours` does: log-probs or tokens only (None: not measured)."""
+    if ours.endswith("_nolp"):
+        return None if peer.endswith("_lp") else peer
+    if peer.endswith("_lp"):
+        return peer
+    return f"{peer}_lp" if f"{peer}_lp" in PEER_NAMES else None
+
+
+def _targets_met(row: dict, tg: dict, ours_sides, peer_of) -> dict:
+    """For each of our sides and each target, whether this run met it (None: the peer was not
+    measured). `peer_of(ours, peer)` names the peer side to compare with; "best_peer" takes the
+    fastest of the measured sides it allows."""
     met = {}
-    for o in (o for o in OURS if o in fns):  # each of our variants against each target peer
+    for o in ours_sides:
         met[o] = {}
         for peer, ratio in tg.items():
-            if peer == "best_peer":
-                best = max((row[f"{p}_tok_s"] for p in PEER_NAMES if f"{p}_tok_s" in row), default=None)
-                met[o]["best_peer"] = None if best is None else bool(row[f"{o}_tok_s"] >= ratio * best)
-            elif f"{peer}_tok_s" in row:
-                met[o][peer] = bool(row[f"{o}_tok_s"] >= ratio * row[f"{peer}_tok_s"])
-            else:
-                met[o][peer] = None  # peer not measured in this run
-    row["targets"] = {"min_ratio": tg, "met": met}
-    return row
+            names = PEER_NAMES if peer == "best_peer" else (peer,)
+            sides = {peer_of(o, p) for p in names} - {None}
+            speeds = [row[f"{p}_tok_s"] for p in sides if f"{p}_tok_s" in row]
+            met[o][peer] = bool(row[f"{o}_tok_s"] >= ratio * max(speeds)) if speeds else None
+    return met
 
 
 def main(argv=None):
@@ -348,10 +398,12 @@ def main(argv=None):
         cfg = Qwen2Config.from_preset(name)
         model = Qwen2(cfg, nnx.Rngs(0))
         peers = {}
-        if have_torch and wanted & {"torch", "torch_bf16"}:
+        if have_torch and wanted & {"torch", "torch_bf16", "torch_lp", "torch_bf16_lp"}:
             tm32, tm16 = torch_model(model), torch_model(model, "bfloat16")
             peers["torch"] = lambda pr, n, m=tm32: torch_generate_fn(m, pr, n)
             peers["torch_bf16"] = lambda pr, n, m=tm16: torch_generate_fn(m, pr, n)
+            peers["torch_lp"] = lambda pr, n, m=tm32: torch_generate_fn(m, pr, n, logprobs=True)
+            peers["torch_bf16_lp"] = lambda pr, n, m=tm16: torch_generate_fn(m, pr, n, logprobs=True)
         if have_tunix and "tunix" in wanted:
             peers["tunix"] = lambda pr, n, c=cfg: tunix_generate_fn(c, pr, n)
         if have_tunix and "tunix_bf16" in wanted:
@@ -363,13 +415,15 @@ def main(argv=None):
             row = bench_row(name, batch, args, model, peers, args.before, bw, bf16=not args.no_bf16)
             result["rows"].append(row)
             line = f"{name:>14} b{batch:<3} ours {row['ours_tok_s']:8.1f} tok/s"
-            if "ours_bf16_tok_s" in row:
-                line += f", ours_bf16 {row['ours_bf16_tok_s']:.1f}"
+            for o in OURS[1:]:
+                if f"{o}_tok_s" in row:
+                    line += f", {o} {row[f'{o}_tok_s']:.1f}"
             for k in ("ours_scan", *PEER_NAMES):
                 if f"{k}_tok_s" in row:
                     line += f" | {k} {row[f'{k}_tok_s']:.1f} ({row[f'ratio_ours_over_{k}']:.2f}x"
-                    if f"ratio_ours_bf16_over_{k}" in row:
-                        line += f" / {row[f'ratio_ours_bf16_over_{k}']:.2f}x"
+                    for o in OURS[1:]:
+                        if f"ratio_{o}_over_{k}" in row:
+                            line += f" / {row[f'ratio_{o}_over_{k}']:.2f}x"
                     line += ")"
             line += f" | decode bound {row['bandwidth_bound']['decode_only_tok_s']:.0f} | targets {row['targets']['met']}"
             print(line, flush=True)

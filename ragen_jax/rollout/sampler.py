@@ -43,7 +43,7 @@ _NO_BYTE = -1  # filler in the rolling byte window; never equals a real byte (0.
 @flax.struct.dataclass
 class SampleOutput:
     tokens: jax.Array  # [B, N] int32; pad_id after a row stopped
-    logprobs: jax.Array  # [B, N] float32; 0 after a row stopped (see module docstring)
+    logprobs: jax.Array | None  # [B, N] float32; 0 after a row stopped; None with logprobs=False
     lengths: jax.Array  # [B] int32, generated tokens including the stop token
     cache: Any  # KVCache holding prompt + all generated tokens of every row
     stopped_by: jax.Array  # [B] int32, one of STOP_*
@@ -139,11 +139,18 @@ def _chunk_sizes(batch: int, vocab: int, c1: int | None, c2: int | None):
     return c1, c2
 
 
-def _select(logits, key, temperature, *, greedy: bool, c1: int | None = None, c2: int | None = None):
-    """Greedy or exact categorical choice from softmax(logits / temperature); (token, logprob)."""
+def _select(logits, key, temperature, *, greedy: bool, logprob: bool = True, c1: int | None = None,
+            c2: int | None = None):
+    """Greedy or exact categorical choice from softmax(logits / temperature); (token, logprob).
+
+    `greedy` without `logprob` returns (token, None) from `_first_argmax`: no exp over the vocabulary,
+    which is most of a small model's decode step (bench/decode_head.py).
+    """
     logits = logits.astype(jnp.float32)
     b, v = logits.shape
     c1, c2 = _chunk_sizes(b, v, c1, c2)
+    if greedy and not logprob:
+        return _first_argmax(logits, c2), None
     n_chunks = -(-v // c1)
     n_sub = v // c2
     neg_inf = jnp.float32(-jnp.inf)
@@ -192,10 +199,33 @@ def _select(logits, key, temperature, *, greedy: bool, c1: int | None = None, c2
     return tok.astype(jnp.int32), logp.astype(jnp.float32)
 
 
-def _sample(logits, key, temperature, top_p, *, greedy: bool, top_k: int, use_top_p: bool):
-    """One token per row from [B,V] logits; returns (token [B] int32, logprob [B] f32)."""
+def _first_argmax(logits, c2: int):
+    """`jnp.argmax(logits, axis=1)` (the first maximum wins) in one pass over [B, V] plus small work.
+
+    The pass is a max per C2-wide sub-chunk (a reduce over the minor axis of a free [B, V/C2, C2]
+    view, which XLA:CPU vectorises); then the first sub-chunk holding the row max, and the first
+    index of the max inside it. jnp.argmax's variadic (value, index) reduce and a max followed by a
+    full first-index pass both cost about four times as much here (bench/decode_head.py `argmax`).
+    """
+    b, v = logits.shape
+    sub = logits.reshape(b, v // c2, c2)
+    sub_max = jnp.max(sub, axis=2)  # [B, V/C2]
+    best = jnp.max(sub_max, axis=1)
+    j = jnp.argmax(sub_max == best[:, None], axis=1)  # first sub-chunk holding the max
+    block = jnp.take_along_axis(sub, j[:, None, None], axis=1)[:, 0]  # [B, C2]
+    k = jnp.argmax(block == best[:, None], axis=1)
+    return (j * c2 + k).astype(jnp.int32)
+
+
+def _sample(logits, key, temperature, top_p, *, greedy: bool, top_k: int, use_top_p: bool, logprob: bool = True):
+    """One token per row from [B,V] logits; returns (token [B] int32, logprob [B] f32 or None).
+
+    The log-prob is None when `logprob` is off: only the greedy path saves work by it, but every
+    path returns None then, so the output does not depend on the sampling mode.
+    """
     if greedy or (top_k == 0 and not use_top_p):
-        return _select(logits, key, temperature, greedy=greedy)
+        tok, logp = _select(logits, key, temperature, greedy=greedy, logprob=logprob)
+        return tok, (logp if logprob else None)
     scaled = logits.astype(jnp.float32) / temperature
     if top_k > 0:
         # lax.top_k is O(V) per row instead of a full-vocabulary sort.
@@ -211,6 +241,8 @@ def _sample(logits, key, temperature, top_p, *, greedy: bool, top_k: int, use_to
         tok = jnp.take_along_axis(order, choice[:, None], axis=-1)[:, 0]
     tok = tok.astype(jnp.int32)
     # log_softmax at one index: x[tok] - logsumexp(x), without materialising [B,V] log-probs.
+    if not logprob:
+        return tok, None
     lse = jax.nn.logsumexp(scaled, axis=-1)
     logp = jnp.take_along_axis(scaled, tok[:, None], axis=-1)[:, 0] - lse
     return tok, logp.astype(jnp.float32)
@@ -278,7 +310,7 @@ class _Carry:
     done: jax.Array  # [B] bool: the row has stopped (or never started)
     lengths: jax.Array  # [B] int32: tokens sampled, the stop token included
     tokens: jax.Array  # [B, N+1] int32: sampled ids, pad_id after the row stopped (one spare column)
-    logprobs: jax.Array  # [B, N+1] f32: their log-probs, 0 after the row stopped
+    logprobs: jax.Array | None  # [B, N+1] f32: their log-probs, 0 after the row stopped; None: not kept
     stopped_by: jax.Array  # [B] int32: STOP_* code
     window: jax.Array  # [B, W] int32: the row's most recent decoded bytes (stop strings)
 
@@ -293,14 +325,15 @@ class _Picker:
     greedy: bool
     top_k: int
     use_top_p: bool
+    logprob: bool  # False: no log-prob per token (None), and greedy skips the exp over the vocabulary
     # A model with its own small vocabulary (models.vocab_map.MappedModel) samples an index into its
     # logits; `output_ids` turns it into the token id that is stored, fed back and stop-checked.
     output_ids: Callable | None
 
     def __call__(self, logits, step):
-        """(token [B] int32, logprob [B] f32) from next-token logits [B, V]."""
+        """(token [B] int32, logprob [B] f32 or None) from next-token logits [B, V]."""
         tok, logp = _sample(logits, jax.random.fold_in(self.key, step), self.temperature, self.top_p,
-                            greedy=self.greedy, top_k=self.top_k, use_top_p=self.use_top_p)
+                            greedy=self.greedy, top_k=self.top_k, use_top_p=self.use_top_p, logprob=self.logprob)
         return (tok if self.output_ids is None else self.output_ids(tok)), logp
 
 
@@ -314,7 +347,7 @@ class _StopRules:
     pad_id: int  # written after a row stopped
 
 
-def _initial_carry(cache, active, budget, n: int, rules: _StopRules) -> _Carry:
+def _initial_carry(cache, active, budget, n: int, rules: _StopRules, logprobs: bool) -> _Carry:
     b = active.shape[0]
     w = rules.table.patterns.shape[1] - 1 if rules.table is not None else 0
     return _Carry(
@@ -326,7 +359,7 @@ def _initial_carry(cache, active, budget, n: int, rules: _StopRules) -> _Carry:
         lengths=jnp.zeros((b,), jnp.int32),
         # One spare column: the last, feed-only iteration records (nothing) at step n.
         tokens=jnp.full((b, n + 1), rules.pad_id, jnp.int32),
-        logprobs=jnp.zeros((b, n + 1), jnp.float32),
+        logprobs=jnp.zeros((b, n + 1), jnp.float32) if logprobs else None,
         stopped_by=jnp.full((b,), STOP_NONE, jnp.int32),
         window=jnp.full((b, w), _NO_BYTE, jnp.int32),
     )
@@ -336,7 +369,9 @@ def _record(c: _Carry, tok, logp, rules: _StopRules) -> _Carry:
     """Store the token each unfinished row sampled at step `c.step`; apply the stop rules."""
     live = ~c.done
     tokens = jax.lax.dynamic_update_slice(c.tokens, jnp.where(live, tok, rules.pad_id)[:, None], (0, c.step))
-    logprobs = jax.lax.dynamic_update_slice(c.logprobs, jnp.where(live, logp, 0.0)[:, None], (0, c.step))
+    logprobs = c.logprobs
+    if logprobs is not None:
+        logprobs = jax.lax.dynamic_update_slice(logprobs, jnp.where(live, logp, 0.0)[:, None], (0, c.step))
     lengths = c.lengths + live.astype(jnp.int32)
     if rules.stop_ids is not None:
         hit_eos = live & jnp.any(tok[:, None] == rules.stop_ids[None, :], axis=1)
@@ -373,7 +408,7 @@ def _feed_and_sample(model, pick: _Picker, rules: _StopRules, head, c: _Carry) -
     # The final iteration only feeds: skip the vocabulary head when no row samples.
     tok, logp = jax.lax.cond(
         jnp.all(c.done),
-        lambda h: (jnp.zeros((b,), jnp.int32), jnp.zeros((b,), jnp.float32)),
+        lambda h: (jnp.zeros((b,), jnp.int32), jnp.zeros((b,), jnp.float32) if pick.logprob else None),
         lambda h: pick((model.logits(h[:, None]) if head is None else model.logits(h[:, None], head))[:, 0], c.step),
         hidden[:, 0],
     )
@@ -397,6 +432,7 @@ def decode(
     stop_ids: tuple[int, ...] = (IM_END, ENDOFTEXT),
     stop_table: StopTable | None = None,
     pad_id: int = ENDOFTEXT,
+    logprobs: bool = True,
 ) -> SampleOutput:
     """Sample up to `max_new_tokens` tokens per row in one `lax.while_loop`, carrying the KV cache.
 
@@ -408,6 +444,8 @@ def decode(
     use_top_p: static switch for nucleus filtering; default `top_p < 1` (needs a concrete top_p).
         When off (and top_k == 0) the vocabulary is never sorted.
     stop_table: from `make_stop_table`; None disables stop strings.
+    logprobs: static; False returns `logprobs=None` (for callers that discard them, e.g. greedy
+        evaluation: greedy decoding then reads each step's logits for the max only, no exp).
     Every sampled token, including the stop token, is written to the cache, so the next segment can be
     appended with `prefill` directly (one model call per generated token, no extra one).
     The loop ends as soon as every row has stopped.
@@ -431,7 +469,7 @@ def decode(
     chex.assert_type(active, bool)
 
     pick = _Picker(key=key, temperature=jnp.asarray(temperature, jnp.float32), top_p=jnp.asarray(top_p, jnp.float32),
-                   greedy=greedy, top_k=int(top_k), use_top_p=bool(use_top_p) and not greedy,
+                   greedy=greedy, top_k=int(top_k), use_top_p=bool(use_top_p) and not greedy, logprob=bool(logprobs),
                    output_ids=getattr(model, "output_ids", None))
     stop_ids = tuple(int(s) for s in stop_ids)
     rules = _StopRules(budget=budget, stop_ids=jnp.asarray(stop_ids, jnp.int32) if stop_ids else None,
@@ -441,11 +479,11 @@ def decode(
     # The token loop carries the cache in the layout its single-token steps read fastest (per-layer
     # buffers where the decode is unrolled, models/qwen2/model.py `decode_layout`); callers get it back
     # stacked.
-    c = _record(_initial_carry(decode_layout(cache), active, budget, n, rules), *pick(first_logits, 0), rules)
+    c = _record(_initial_carry(decode_layout(cache), active, budget, n, rules, pick.logprob), *pick(first_logits, 0), rules)
     # A head cast to the matmul dtype (Qwen2Config.matmul_dtype) is made once, before the loop.
     head = model.head_weight() if getattr(getattr(model, "cfg", None), "matmul_dtype", None) else None
     c = jax.lax.while_loop(lambda c: jnp.any(c.pending), functools.partial(_feed_and_sample, model, pick, rules, head), c)
-    return SampleOutput(tokens=c.tokens[:, :n], logprobs=c.logprobs[:, :n], lengths=c.lengths,
+    return SampleOutput(tokens=c.tokens[:, :n], logprobs=None if c.logprobs is None else c.logprobs[:, :n], lengths=c.lengths,
                         cache=stacked_layout(c.cache), stopped_by=c.stopped_by)
 
 
@@ -464,7 +502,7 @@ def _make_cache(model, batch: int, max_len: int, dtype):
 
 
 def _generate_impl(state, tokens, valid, key, temperature, top_p, stop_table, *, graphdef, statics):
-    (max_new_tokens, cache_len, top_k, greedy, use_top_p, stop_ids, pad_id, cache_dtype) = statics
+    (max_new_tokens, cache_len, top_k, greedy, use_top_p, stop_ids, pad_id, cache_dtype, logprobs) = statics
     model = nnx.merge(graphdef, state)
     cache = _make_cache(model, tokens.shape[0], cache_len, cache_dtype)
     logits, cache = prefill(model, cache, tokens, valid)
@@ -483,6 +521,7 @@ def _generate_impl(state, tokens, valid, key, temperature, top_p, stop_table, *,
         stop_ids=stop_ids,
         stop_table=stop_table,
         pad_id=pad_id,
+        logprobs=logprobs,
     )
 
 
@@ -503,6 +542,7 @@ def generate(
     token_bytes=None,
     pad_id: int = ENDOFTEXT,
     cache_dtype=None,
+    logprobs: bool = True,
 ) -> SampleOutput:
     """Prefill `tokens` [B,T] (where `valid`) into a fresh cache and sample up to `max_new_tokens`.
 
@@ -539,6 +579,7 @@ def generate(
         tuple(int(s) for s in stop_ids),
         int(pad_id),
         None if cache_dtype is None else jnp.dtype(cache_dtype).name,
+        bool(logprobs),
     )
     graphdef, state = nnx.split(model)
     fn_key = (graphdef, statics)

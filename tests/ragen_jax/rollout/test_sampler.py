@@ -127,6 +127,23 @@ def test_greedy_matches_cache_free_reference(model, greedy_ref, left):
     np.testing.assert_array_equal(out.cache.end, [len(p) + N for p in PROMPTS])
 
 
+@pytest.mark.parametrize("kw", [dict(greedy=True), dict(temperature=0.7), dict(temperature=0.7, top_k=5)])
+def test_without_logprobs_same_tokens_and_none(model, greedy_ref, kw):
+    """logprobs=False changes nothing that is sampled (greedy skips the vocabulary masses, sampling
+    still draws from them), and says so with None rather than numbers that look like log-probs."""
+    tokens, valid = pad(PROMPTS, WIDTH, True)
+    full = S.generate(model, tokens, valid, jax.random.key(5), max_new_tokens=N, stop_ids=(67,), **kw)
+    bare = S.generate(model, tokens, valid, jax.random.key(5), max_new_tokens=N, stop_ids=(67,), logprobs=False, **kw)
+    assert bare.logprobs is None and full.logprobs is not None
+    np.testing.assert_array_equal(bare.tokens, full.tokens)
+    np.testing.assert_array_equal(bare.lengths, full.lengths)
+    np.testing.assert_array_equal(bare.stopped_by, full.stopped_by)
+    np.testing.assert_array_equal(bare.cache.end, full.cache.end)
+    if kw.get("greedy"):  # against the cache-free reference, not only against ourselves
+        stop = np.cumsum(greedy_ref[0] == 67, axis=1) - (greedy_ref[0] == 67) == 0
+        np.testing.assert_array_equal(np.where(stop, greedy_ref[0], S.ENDOFTEXT), bare.tokens)
+
+
 def test_sampled_logprobs_match_teacher_forcing(model):
     tokens, valid = pad(PROMPTS, WIDTH, left=True)
     out = S.generate(model, tokens, valid, jax.random.key(3), max_new_tokens=N, temperature=0.7, stop_ids=(67,))
@@ -344,9 +361,9 @@ def test_sampled_frequencies_match_target_distribution(temperature, top_p, top_k
     np.testing.assert_allclose(logp, np.log(p)[tok], atol=1e-5)
 
 
-@functools.partial(jax.jit, static_argnames=("greedy", "c1", "c2"))
-def _select_many(logits, key, temperature, greedy, c1, c2):
-    return S._select(logits, key, temperature, greedy=greedy, c1=c1, c2=c2)
+@functools.partial(jax.jit, static_argnames=("greedy", "c1", "c2", "logprob"))
+def _select_many(logits, key, temperature, greedy, c1, c2, logprob=True):
+    return S._select(logits, key, temperature, greedy=greedy, c1=c1, c2=c2, logprob=logprob)
 
 
 @pytest.mark.parametrize("c1,c2", [(16, 4), (8, 8), (24, 3)])
@@ -365,6 +382,12 @@ def test_chunked_select_is_exact(c1, c2):
     g_tok, g_logp = _select_many(jnp.asarray(logits)[None], jax.random.key(0), jnp.float32(0.8), True, c1, c2)
     assert int(g_tok[0]) == 5
     np.testing.assert_allclose(g_logp[0], np.log(p[5]), atol=1e-5)
+    # Greedy without the log-prob: the same first argmax (numpy's), over rows with ties and -inf.
+    rows = np.random.default_rng(5).integers(-3, 3, (64, v)).astype(np.float32)
+    rows[::7, ::3] = -np.inf
+    b_tok, b_logp = _select_many(jnp.asarray(rows), jax.random.key(0), jnp.float32(0.8), True, c1, c2, logprob=False)
+    assert b_logp is None
+    np.testing.assert_array_equal(b_tok, rows.argmax(axis=1))
 
 
 # ------------------------------------------------------------------ compilation and errors
