@@ -8,8 +8,9 @@ a token embedding back (so no step can be skipped or sliced away), in float32 an
 
   max      the head plus one max over the vocabulary: the cheapest full read of the logits
   lse      the head plus a logsumexp (what the log-prob of the chosen token needs)
-  select   the head plus the sampler's greedy `_select` (chunked max, first argmax, sub-chunk masses)
-  argmax   the head plus greedy `_select(logprob=False)` (chunked max and first argmax, no exp):
+  select   the head plus the sampler's greedy `_select` (first argmax, then one exp pass for the
+           chosen token's log-prob): what `sampler.generate(greedy=True)` does per step
+  argmax   the head plus greedy `_select(logprob=False)` (the first argmax only, no exp):
            what `sampler.generate(greedy=True, logprobs=False)` does per step
 
 Rows report the best of --repeats calls (and the median), ms per step, and the head's GFLOP/s at
@@ -39,11 +40,12 @@ RESULTS = Path(__file__).resolve().parent / "results" / "decode_head.json"
 B, H, V, STEPS = 64, 64, 151_936, 64  # the tiny row of bench/sampler.py
 f32 = jnp.float32
 
+# `t` is the temperature, traced as in the sampler (a Python 1.0 would let XLA fold the division away).
 REDUCTIONS = {
-    "max": lambda lg: jnp.max(lg, axis=1),
-    "lse": lambda lg: jax.nn.logsumexp(lg, axis=1),
-    "select": lambda lg: _select(lg, None, 1.0, greedy=True)[1],
-    "argmax": lambda lg: _select(lg, None, 1.0, greedy=True, logprob=False)[0].astype(f32) * 1e-3,
+    "max": lambda lg, t: jnp.max(lg, axis=1),
+    "lse": lambda lg, t: jax.nn.logsumexp(lg, axis=1),
+    "select": lambda lg, t: _select(lg, None, t, greedy=True)[1],
+    "argmax": lambda lg, t: _select(lg, None, t, greedy=True, logprob=False)[0].astype(f32) * 1e-3,
 }
 
 
@@ -54,21 +56,22 @@ def time_row(dtype, reduction: str, repeats: int) -> dict:
     emb = jax.random.normal(jax.random.PRNGKey(2), (V, H), f32) * 0.02
 
     @jax.jit
-    def loop(w, h0):
+    def loop(w, h0, t):
         def body(i, carry):
             h, acc = carry
             logits = jnp.einsum("bh,vh->bv", h.astype(dtype), w, preferred_element_type=f32)
-            r = reduce(logits)
+            r = reduce(logits, t)
             tok = jnp.abs(r * 1e3).astype(jnp.int32) % V  # depends on every logit
             return h + emb[tok], acc + r
 
         return jax.lax.fori_loop(0, STEPS, body, (h0, jnp.zeros((B,), f32)))
 
-    jax.block_until_ready(loop(w, h0))
+    temp = jnp.float32(1.0)
+    jax.block_until_ready(loop(w, h0, temp))
     times = []
     for _ in range(repeats):
         t = time.perf_counter()
-        jax.block_until_ready(loop(w, h0))
+        jax.block_until_ready(loop(w, h0, temp))
         times.append(time.perf_counter() - t)
     best = min(times)
     return {"dtype": jnp.dtype(dtype).name, "reduction": reduction, "calls_s": [round(x, 4) for x in times],

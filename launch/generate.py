@@ -97,6 +97,7 @@ def run(args) -> str:
         stop_ids=stop_ids,
         stop_strings=tuple(args.stop),
         token_bytes=token_bytes,
+        logprobs=False,  # only the text is printed: greedy then skips the exp over the vocabulary
     )
     n = int(out.lengths[0])
     gen = [int(t) for t in np.asarray(out.tokens[0, :n])]

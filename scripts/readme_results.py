@@ -30,6 +30,8 @@ def _machine(m: dict) -> str:
     load = m.get("load_average_1_5_15min") or m.get("loadavg_start")
     dev = m.get("backend") or m.get("device") or "?"
     s = f"{m.get('cpu_count', '?')}-core {m.get('platform', '?').split('-with')[0]}, jax {m.get('jax', '?')} on {dev}"
+    if m.get("cpu_model"):
+        s = f"{m['cpu_model']}, {s}"
     if load:
         s += f", load average {load[0]:.1f} while measuring (shared machine)"
     return s
@@ -40,37 +42,66 @@ def sampler_section(d) -> list[str]:
         return []
     bw = d.get("settings", {}).get("bandwidth_gbs")
     rows = d["rows"]
-    has_bf16 = any("ours_bf16_tok_s" in r for r in rows)
+
+    def cell(r, k, ours=("ours", "ours_bf16")):
+        v = r.get(f"{k}_tok_s")
+        if v is None:
+            return "-"
+        ratios = [f"{r[f'ratio_{o}_over_{k}']:.2f}x" for o in ours if f"ratio_{o}_over_{k}" in r]
+        return f"{v:,.0f}" + (f" ({' / '.join(ratios)})" if ratios else "")
+
+    def met(r, sides):
+        m = (r.get("targets") or {}).get("met_like_for_like")
+        if not m:
+            return "-"
+        words = []
+        for o, label in sides:
+            v = m.get(o)
+            if v is not None:
+                vals = [x for x in v.values() if x is not None]  # None: no peer side doing this work
+                words.append(f"{label} " + ("n/a" if not vals else "yes" if all(vals) else "no"))
+        return ", ".join(words) or "-"
+
+    def tok(r, k):
+        v = r.get(f"{k}_tok_s")
+        return "-" if v is None else f"{v:,.0f}"
+
+    def targets(r):
+        tg = (r.get("targets") or {}).get("min_ratio", {})
+        return ", ".join(f"{v:g}x {'the fastest peer' if k == 'best_peer' else k}" for k, v in tg.items()) or "-"
+
+    nolp = ("ours_nolp", "ours_bf16_nolp")
     out = ["### Decode speed (`bench/sampler.py`)", "",
            f"Greedy decode, prompt {rows[0].get('prompt_len')} ids, {rows[0].get('new_tokens')} new tokens, "
            f"random weights, tokens/s end to end (prefill included); {_machine(d.get('machine', {}))}. "
            "Every peer runs in the same run, interleaved call by call with ours. "
            "PyTorch = transformers `generate` on the same weights (f32 and a bf16 cast); Tunix = its `Sampler` on a "
-           "Qwen2 of the same shapes (f32, and bf16 weights and compute); ours (scan) = the decode path before "
-           "docs/decode.md; ours bf16-matmul = the same weights with `matmul_dtype=\"bfloat16\"` (bf16 operands, "
-           "f32 accumulation). "
-           + ("Peer cells: tok/s (ours f32 / peer, ours bf16-matmul / peer). " if has_bf16 else
-              "Peer cells: tok/s (ours / peer). ")
-           + "Bound = decode-only memory-bandwidth bound, batch x bandwidth / f32 weight bytes"
-           + (f" ({bw:.0f} GB/s measured)" if bw else "") + ".", "",
-           "| shape | batch | ours f32 tok/s | ours bf16-matmul | ours (scan) | PyTorch f32 | PyTorch bf16 | Tunix f32 "
-           "| Tunix bf16 | bound (decode only) | same greedy tokens as PyTorch f32 |",
+           "Qwen2 of the same shapes (f32, and bf16 weights and compute); ours bf16-matmul = the same weights with "
+           "`matmul_dtype=\"bfloat16\"` (bf16 operands, f32 accumulation); ours (scan) = the decode path before "
+           "docs/decode.md. Peer cells: tok/s (ours f32 / peer, ours bf16-matmul / peer). Bound = decode-only "
+           "memory-bandwidth bound, batch x bandwidth / f32 weight bytes"
+           + (f" ({bw:.0f} GB/s measured)" if bw else "") + ". Target met = issue 14's ratios in this run, each "
+           "side against the peers doing the same work.", "",
+           "Tokens only (ours: `generate(logprobs=False)`; transformers' `generate` and Tunix's sampler compute no "
+           "log-probs either):", "",
+           "| shape | batch | ours f32 tok/s | ours bf16-matmul | PyTorch f32 | PyTorch bf16 | Tunix f32 | Tunix bf16 "
+           "| bound (decode only) | target | target met |",
            "|---|---|---|---|---|---|---|---|---|---|---|"]
-
-    def peer(r, k):
-        v = r.get(f"{k}_tok_s")
-        if v is None:
-            return "-"
-        ratios = [f"{r[f'ratio_{o}_over_{k}']:.2f}x" for o in ("ours", "ours_bf16") if f"ratio_{o}_over_{k}" in r]
-        return f"{v:,.0f} ({' / '.join(ratios)})"
-
     for r in rows:
         bound = (r.get("bandwidth_bound") or {}).get("decode_only_tok_s")
-        bf = r.get("ours_bf16_tok_s")
-        out.append(f"| {r['shape']} | {r['batch']} | {r['ours_tok_s']:,.0f} | {'-' if bf is None else f'{bf:,.0f}'} "
-                   f"| {peer(r, 'ours_scan')} | {peer(r, 'torch')} | {peer(r, 'torch_bf16')} | {peer(r, 'tunix')} "
-                   f"| {peer(r, 'tunix_bf16')} | {'-' if bound is None else f'{bound:,.0f}'} "
-                   f"| {r.get('greedy_tokens_equal_frac', '-')} |")
+        out.append(f"| {r['shape']} | {r['batch']} | {tok(r, 'ours_nolp')} | {tok(r, 'ours_bf16_nolp')} "
+                   f"| {cell(r, 'torch', nolp)} | {cell(r, 'torch_bf16', nolp)} | {cell(r, 'tunix', nolp)} "
+                   f"| {cell(r, 'tunix_bf16', nolp)} | {'-' if bound is None else f'{bound:,.0f}'} | {targets(r)} "
+                   f"| {met(r, [('ours_nolp', 'f32'), ('ours_bf16_nolp', 'bf16')])} |")
+    out += ["", "With each token's log-prob (the default, what an RL rollout keeps; the PyTorch sides compute it on "
+            "the fly with a logits processor; Tunix has no such side, so its target is judged in the table above):", "",
+            "| shape | batch | ours f32 tok/s | ours bf16-matmul | ours (scan) | PyTorch f32 | PyTorch bf16 "
+            "| target met | same greedy tokens as PyTorch f32 |",
+            "|---|---|---|---|---|---|---|---|---|"]
+    for r in rows:
+        out.append(f"| {r['shape']} | {r['batch']} | {tok(r, 'ours')} | {tok(r, 'ours_bf16')} | {cell(r, 'ours_scan')} "
+                   f"| {cell(r, 'torch_lp')} | {cell(r, 'torch_bf16_lp')} "
+                   f"| {met(r, [('ours', 'f32'), ('ours_bf16', 'bf16')])} | {r.get('greedy_tokens_equal_frac', '-')} |")
     return out + [""]
 
 

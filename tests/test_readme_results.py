@@ -190,3 +190,28 @@ def test_publish_flag_parsing(tmp_path):
     assert demo.parse_args(["--workdir", "w"])[0].publish is None
     with pytest.raises(SystemExit):
         demo.parse_args(["--workdir", str(tmp_path), "--publish", str(tmp_path)])
+
+
+def test_sampler_tables_split_by_work_and_judge_like_for_like():
+    """The decode tables put tokens-only sides next to tokens-only peers and log-prob sides next to
+    log-prob peers; 'target met' comes from bench/sampler.py's like-for-like verdicts (hand-made here)."""
+    row = {"shape": "tiny", "batch": 64, "prompt_len": 128, "new_tokens": 64,
+           "ours_tok_s": 2000.0, "ours_bf16_tok_s": 3000.0, "ours_nolp_tok_s": 4000.0, "ours_bf16_nolp_tok_s": 7000.0,
+           "torch_bf16_tok_s": 2000.0, "torch_bf16_lp_tok_s": 1500.0,
+           "ratio_ours_nolp_over_torch_bf16": 2.0, "ratio_ours_bf16_nolp_over_torch_bf16": 3.5,
+           "ratio_ours_over_torch_bf16_lp": 1.33, "ratio_ours_bf16_over_torch_bf16_lp": 2.0,
+           "greedy_tokens_equal_frac": 1.0, "bandwidth_bound": {"decode_only_tok_s": 48000.0},
+           "targets": {"min_ratio": {"best_peer": 3.0},
+                       "met_like_for_like": {"ours": {"best_peer": False}, "ours_bf16": {"best_peer": False},
+                                             "ours_nolp": {"best_peer": False}, "ours_bf16_nolp": {"best_peer": True}}}}
+    half = {**row, "shape": "qwen2.5-0.5b", "batch": 16,
+            "targets": {"min_ratio": {"tunix": 1.5, "torch_bf16": 1.0},
+                        "met_like_for_like": {"ours": {"tunix": None, "torch_bf16": False},
+                                              "ours_bf16": {"tunix": None, "torch_bf16": True}}}}
+    lines = readme_results.sampler_section({"settings": {"bandwidth_gbs": 46.0}, "machine": {}, "rows": [row, half]})
+    assert ("| tiny | 64 | 4,000 | 7,000 | - | 2,000 (2.00x / 3.50x) | - | - | 48,000 | 3x the fastest peer "
+            "| f32 no, bf16 yes |") in lines
+    assert "| tiny | 64 | 2,000 | 3,000 | - | - | 1,500 (1.33x / 2.00x) | f32 no, bf16 no | 1.0 |" in lines
+    # Tunix has no log-prob side: its target is left out of the log-prob verdict, not counted as met.
+    assert "| qwen2.5-0.5b | 16 | 2,000 | 3,000 | - | - | 1,500 (1.33x / 2.00x) | f32 no, bf16 yes | 1.0 |" in lines
+    assert any(ln.startswith("| qwen2.5-0.5b | 16 | 4,000 | 7,000 |") and ln.endswith("| - |") for ln in lines)

@@ -111,16 +111,16 @@ def prefill(model, cache, tokens: jax.Array, valid: jax.Array):
 # --------------------------------------------------------------------------------------------------
 # sampling
 #
-# Greedy and plain temperature sampling read the [B, V] logits chunk by chunk (a [B, C1] block stays
-# in cache) and reduce them on the fly to a running max / first argmax and to the log-mass of every
-# C2-wide sub-chunk. A sample is then drawn exactly by inverse CDF in two levels: a sub-chunk from
-# the sub-chunk masses, then a token inside it. This costs one uniform per level per row instead of
-# V Gumbel draws (threefry noise for 64 x 151,936 logits costs more than the whole model step on a
-# CPU), and no `jnp.argmax` (XLA:CPU's variadic (value, index) reduce is several times slower than
-# max + first-index-of-max). Measured per decode step, batch 64, tiny shape: categorical + argmax
-# ~8x the cost of the head matmul; this path ~2x. Fusing the head matmul into the chunk loop was
-# tried: no gain for hidden 64, 2x slower for hidden 896 (XLA copies each slice of the head matrix).
-# top-k / top-p need sorted values and use `lax.top_k` / a sort.
+# Plain temperature sampling reads the [B, V] logits chunk by chunk (a [B, C1] block stays in cache)
+# and reduces them on the fly to the log-mass of every C2-wide sub-chunk. A sample is then drawn
+# exactly by inverse CDF in two levels: a sub-chunk from the sub-chunk masses, then a token inside
+# it. This costs one uniform per level per row instead of V Gumbel draws (threefry noise for
+# 64 x 151,936 logits costs more than the whole model step on a CPU). Measured per decode step,
+# batch 64, tiny shape: categorical + argmax ~8x the cost of the head matmul; this path ~2x. Fusing
+# the head matmul into the chunk loop was tried: no gain for hidden 64, 2x slower for hidden 896
+# (XLA copies each slice of the head matrix). Greedy needs no masses: `_first_argmax` (one pass,
+# no `jnp.argmax`, whose variadic (value, index) reduce is several times slower on XLA:CPU) and, for
+# the log-prob, one exp pass. top-k / top-p need sorted values and use `lax.top_k` / a sort.
 
 _C2 = 128  # sub-chunk width (divides 151,936 and 152,064)
 _CHUNK_BYTES = 1 << 20  # target size of one f32 [B, C1] logits block
@@ -143,20 +143,27 @@ def _select(logits, key, temperature, *, greedy: bool, logprob: bool = True, c1:
             c2: int | None = None):
     """Greedy or exact categorical choice from softmax(logits / temperature); (token, logprob).
 
-    `greedy` without `logprob` returns (token, None) from `_first_argmax`: no exp over the vocabulary,
-    which is most of a small model's decode step (bench/decode_head.py).
+    Greedy: `_first_argmax`, then (with `logprob`) one exp pass for the log-sum-exp shifted by the
+    chosen logit; without `logprob` (token, None) and no exp over the vocabulary, which is most of a
+    small model's decode step (bench/decode_head.py). Sampling: the chunked loop below.
     """
     logits = logits.astype(jnp.float32)
     b, v = logits.shape
     c1, c2 = _chunk_sizes(b, v, c1, c2)
-    if greedy and not logprob:
-        return _first_argmax(logits, c2), None
+    if greedy:
+        x = logits / temperature
+        tok = _first_argmax(x, c2)
+        if not logprob:
+            return tok, None
+        best = jnp.take_along_axis(x, tok[:, None], axis=1)[:, 0]
+        safe = jnp.where(jnp.isfinite(best), best, 0.0)  # a row of -inf logits: no NaN from -inf - -inf
+        total = safe + jnp.log(jnp.sum(jnp.exp(x - safe[:, None]), axis=1))
+        return tok, (best - total).astype(jnp.float32)
     n_chunks = -(-v // c1)
     n_sub = v // c2
     neg_inf = jnp.float32(-jnp.inf)
 
-    def body(i, carry):
-        best, best_idx, sub_lse = carry
+    def body(i, sub_lse):
         # The last chunk is shifted left to stay in bounds (so V need not be a multiple of C1);
         # its part that an earlier chunk already covered is masked out.
         start = jnp.minimum(i * c1, v - c1)
@@ -164,10 +171,6 @@ def _select(logits, key, temperature, *, greedy: bool, logprob: bool = True, c1:
         x = jax.lax.dynamic_slice_in_dim(logits, start, c1, axis=1) / temperature
         x = jnp.where(pos[None, :] >= i * c1, x, neg_inf)
         cmax = jnp.max(x, axis=1)
-        cidx = jnp.min(jnp.where(x == cmax[:, None], pos[None, :], v), axis=1)
-        better = cmax > best  # strict: the earliest maximum wins, like jnp.argmax
-        best_idx = jnp.where(better, cidx, best_idx)
-        best = jnp.maximum(best, cmax)
         # Sub-chunk log-masses shifted by the chunk max (not each sub-chunk's own max: one reduction
         # less). A sub-chunk more than ~87 nats below the chunk max underflows to -inf: its
         # probability is below float32 resolution of the chunk's mass anyway.
@@ -176,13 +179,10 @@ def _select(logits, key, temperature, *, greedy: bool, logprob: bool = True, c1:
         lse = safe[:, None] + jnp.log(jnp.sum(e, axis=2))
         old = jax.lax.dynamic_slice_in_dim(sub_lse, start // c2, c1 // c2, axis=1)
         sub_lse = jax.lax.dynamic_update_slice_in_dim(sub_lse, jnp.logaddexp(old, lse), start // c2, axis=1)
-        return best, best_idx, sub_lse
+        return sub_lse
 
-    init = (jnp.full((b,), neg_inf), jnp.zeros((b,), jnp.int32), jnp.full((b, n_sub), neg_inf))
-    best, best_idx, sub_lse = jax.lax.fori_loop(0, n_chunks, body, init)
+    sub_lse = jax.lax.fori_loop(0, n_chunks, body, jnp.full((b, n_sub), neg_inf))
     total = jax.nn.logsumexp(sub_lse, axis=1)
-    if greedy:
-        return best_idx, (best - total).astype(jnp.float32)
     k1, k2 = jax.random.split(key)
     tiny = jnp.finfo(jnp.float32).tiny
     u1 = jax.random.uniform(k1, (b, 1), minval=tiny)
