@@ -240,9 +240,9 @@ def _sample(logits, key, temperature, top_p, *, greedy: bool, top_k: int, use_to
         choice = jax.random.categorical(key, vals, axis=-1)
         tok = jnp.take_along_axis(order, choice[:, None], axis=-1)[:, 0]
     tok = tok.astype(jnp.int32)
-    # log_softmax at one index: x[tok] - logsumexp(x), without materialising [B,V] log-probs.
     if not logprob:
         return tok, None
+    # log_softmax at one index: x[tok] - logsumexp(x), without materialising [B,V] log-probs.
     lse = jax.nn.logsumexp(scaled, axis=-1)
     logp = jnp.take_along_axis(scaled, tok[:, None], axis=-1)[:, 0] - lse
     return tok, logp.astype(jnp.float32)
