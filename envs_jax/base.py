@@ -70,6 +70,20 @@ class AgentEnv(environment.Environment):
         """Host side: (label, cells in row-major order) per line, computed as the reference does."""
         raise NotImplementedError
 
+    # ---- extra state lines (optional, not the reference's) -----------------------------------------
+    def extra_lines(self, params: Any) -> tuple[tuple[str, ...], ...]:
+        """Lines shown after the state, each one text out of a fixed tuple of alternatives (no
+        newline): the text layer tokenizes every alternative once. Empty (the default): none."""
+        return ()
+
+    def extra_line_index(self, state: Any, params: Any) -> jax.Array:
+        """int32[len(extra_lines)]: which alternative each line shows (jittable)."""
+        raise NotImplementedError
+
+    def extra_line_texts(self, state: Any, params: Any) -> list[str]:
+        """Host side: the texts of the extra lines, written directly (the reference for the index)."""
+        raise NotImplementedError
+
     # ---- shared ----------------------------------------------------------------------------------
     def grid_text(self, state: Any, params: Any) -> str:
         """The symbol grid as text: rows joined by newlines (host side)."""
@@ -78,13 +92,16 @@ class AgentEnv(environment.Environment):
         return "\n".join("".join(syms[int(c)] for c in row) for row in grid)
 
     def render_text(self, state: Any, params: Any) -> str:
-        """The reference's text of the state in the env's observation format (host side)."""
+        """The reference's text of the state in the env's observation format (host side), then the
+        env's extra lines, if any."""
         fmt = self.observation_format(params)
-        grid = self.grid_text(state, params)
-        if fmt == "grid":
-            return grid
-        h, w = np.asarray(jax.device_get(self.render_grid(state, params))).shape
-        return coords.observation_text(fmt, self.coordinate_entities(state, params), h, w, grid)
+        text = self.grid_text(state, params)
+        if fmt != "grid":
+            h, w = np.asarray(jax.device_get(self.render_grid(state, params))).shape
+            text = coords.observation_text(fmt, self.coordinate_entities(state, params), h, w, text)
+        if self.extra_lines(params):
+            text = "\n".join([text, *self.extra_line_texts(state, params)])
+        return text
 
     def step_env(self, key, state, action, params):
         new_state, reward, terminated, info = self.transition(key, state, action, params)

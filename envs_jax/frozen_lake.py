@@ -14,6 +14,8 @@ Cells are addressed by a flat index `row * size + col` everywhere.
 
 from __future__ import annotations
 
+import itertools
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -65,6 +67,13 @@ COORD_ENV_INSTRUCTION = (
     "Respond with a sequence of actions such as <answer>Left || Up || Up</answer>.\n"
 )
 ENV_INSTRUCTIONS = {"standard": ENV_INSTRUCTION, "coord": COORD_ENV_INSTRUCTION}
+# Not the reference's: two lines after the state (`FrozenLakeParams.surroundings=True`) that spell out
+# what the value-iteration teacher's action depends on most, the cells one step away in each
+# direction and the goal's offset (docs/demo.md, "Surroundings lines"). A random-init model does not
+# learn to find the cells next to the player in the grid's tokens within the CPU demo's budget.
+SURROUNDING_KINDS = ("ice", "hole", "goal", "edge")
+ICE, NEAR_HOLE, NEAR_GOAL, EDGE = range(4)
+SURROUNDINGS_NOTE = "\nBelow the state: the cell one step in each direction, and how far away the goal is."
 # The reference's coordinate lines (frozen_lake/utils.py format_coordinate_render), in its order.
 COORD_LABELS = ("Start", "Goal", "Player", "Player on goal", "Player in hole", "Holes")
 
@@ -97,6 +106,9 @@ class FrozenLakeParams:
     # Grid symbols: "standard" (the reference's P _ O G X √) or "digits" (DIGIT_SYMBOLS: one token
     # per cell). Static: it changes the text layer's token tables.
     symbols: str = struct.field(pytree_node=False, default="standard")
+    # Not the reference's: show SURROUNDING_KINDS of the four neighbouring cells and the goal's
+    # offset in two lines after the state. Static: it changes the text layer's token tables.
+    surroundings: bool = struct.field(pytree_node=False, default=False)
 
 
 # ---- pure rule functions ------------------------------------------------------------------------
@@ -214,6 +226,33 @@ def rows_from_state(state: FrozenLakeState) -> list[str]:
     return ["".join(cells[r * n : (r + 1) * n]) for r in range(n)]
 
 
+def neighbours_text(kinds) -> str:
+    """The first surroundings line: one of SURROUNDING_KINDS per direction, in action order."""
+    return "Next to you: " + ", ".join(f"{a} {SURROUNDING_KINDS[k]}" for a, k in zip(ACTION_NAMES, kinds)) + "."
+
+
+def goal_offset_text(rows: int, cols: int) -> str:
+    """The second surroundings line: the goal's row and column offset from the player, in moves."""
+    parts = ([f"{abs(rows)} {'Down' if rows > 0 else 'Up'}"] if rows else []) + \
+        ([f"{abs(cols)} {'Right' if cols > 0 else 'Left'}"] if cols else [])
+    return "Goal: " + (", ".join(parts) if parts else "here") + "."
+
+
+def surroundings_texts(state: FrozenLakeState) -> list[str]:
+    """Host reference of the two surroundings lines, read off the reference-style rows."""
+    rows = rows_from_state(state)
+    n = len(rows)
+    r, c = divmod(int(state.pos), n)
+    kinds = []
+    for dr, dc in zip(_DROW, _DCOL):
+        rr, cc = r + dr, c + dc
+        inside = 0 <= rr < n and 0 <= cc < n
+        tile = rows[rr][cc] if inside else None
+        kinds.append(EDGE if not inside else NEAR_HOLE if tile == "H" else NEAR_GOAL if tile == "G" else ICE)
+    gr, gc = divmod(int(state.goal), n)
+    return [neighbours_text(kinds), goal_offset_text(gr - r, gc - c)]
+
+
 def resolve_overrides(overrides: dict) -> dict:
     """`make` overrides with RAGEN-2's `success_rate` (probability of the intended move) turned
     into `slip` = 1 - success_rate. Naming both is an error."""
@@ -268,6 +307,8 @@ class FrozenLake(AgentEnv):
             raise ValueError(f"instruction must be one of {', '.join(ENV_INSTRUCTIONS)}, got {params.instruction!r}")
         if params.symbols not in SYMBOL_SETS:
             raise ValueError(f"symbols must be one of {', '.join(SYMBOL_SETS)}, got {params.symbols!r}")
+        if not isinstance(params.surroundings, bool):
+            raise ValueError(f"surroundings must be True or False, got {params.surroundings!r}")
 
     def resolve_overrides(self, overrides: dict) -> dict:
         return resolve_overrides(overrides)
@@ -298,8 +339,33 @@ class FrozenLake(AgentEnv):
 
     def instructions(self, params) -> str:
         # RAGEN-2 appends the symbol legend in "grid" format only (CoordFrozenLake's prompt has none).
-        return coords.instruction_for_format(ENV_INSTRUCTIONS[params.instruction], params.observation_format,
+        text = coords.instruction_for_format(ENV_INSTRUCTIONS[params.instruction], params.observation_format,
                                              legend(SYMBOL_SETS[params.symbols]))
+        return text + (SURROUNDINGS_NOTE if params.surroundings else "")
+
+    def extra_lines(self, params) -> tuple[tuple[str, ...], ...]:
+        if not params.surroundings:
+            return ()
+        # Index orders as in extra_line_index: the first direction is the most significant digit
+        # (itertools.product's order), offsets row-major from (-(n-1), -(n-1)).
+        span = range(-(params.size - 1), params.size)
+        return (tuple(neighbours_text(k) for k in itertools.product(range(len(SURROUNDING_KINDS)), repeat=4)),
+                tuple(goal_offset_text(dr, dc) for dr in span for dc in span))
+
+    def extra_line_index(self, state, params):
+        n = params.size
+        row, col = state.pos // n, state.pos % n
+        nr, nc = row + jnp.asarray(_DROW), col + jnp.asarray(_DCOL)
+        inside = (nr >= 0) & (nr < n) & (nc >= 0) & (nc < n)
+        cell = jnp.clip(nr, 0, n - 1) * n + jnp.clip(nc, 0, n - 1)
+        kind = jnp.where(~inside, EDGE, jnp.where(cell == state.goal, NEAR_GOAL,
+                                                  jnp.where(state.hole.reshape(-1)[cell], NEAR_HOLE, ICE)))
+        near = jnp.sum(kind * len(SURROUNDING_KINDS) ** jnp.arange(3, -1, -1))
+        goal = (state.goal // n - row + n - 1) * (2 * n - 1) + (state.goal % n - col + n - 1)
+        return jnp.stack([near, goal]).astype(jnp.int32)
+
+    def extra_line_texts(self, state, params) -> list[str]:
+        return surroundings_texts(state)
 
     def observation_format(self, params) -> str:
         return params.observation_format

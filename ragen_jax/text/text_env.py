@@ -17,7 +17,8 @@ Token stream of one episode (the contract with the compiled rollout)::
     turn 1: `Turn 1:\\nState:\\n{grid}\\nYou have {k} actions left. Always output: ... (tokens).\\n
             <|im_end|>\\n<|im_start|>assistant\\n<think>`
     The state text is the grid, or with RAGEN-2's coordinate observations (`env.observation_format`
-    "grid_coord" / "coord") a coordinate block before / instead of it (render.CoordTable).
+    "grid_coord" / "coord") a coordinate block before / instead of it (render.CoordTable), then
+    the env's extra lines if it has any (`env.extra_lines`, e.g. FrozenLake's surroundings).
     turn>1: `<|im_end|>` (only when prev_closed is False, i.e. the model did not sample it itself)
             `\\n<|im_start|>user\\nReward:\\n{prev_reward}\\n\\n` + the turn-1 form with "Turn {turn}"
   In no-think mode the segment ends in `<answer>` instead of `<think>`. prev_reward is the summed
@@ -152,6 +153,10 @@ class TextEnv:
             self._coords = _cached(tok, ("coords", self.observation_format, labels, h, w, budget),
                                    lambda: render.build_coord_table(tok, self.observation_format, labels, h, w,
                                                                     *budget, PAD_ID))
+        # Lines an env may show after the state (not the reference's; envs_jax/base.py extra_lines):
+        # every alternative is a whole newline-terminated line, looked up like a grid row.
+        self._extra = [_cached(tok, ("extra", alts), lambda alts=alts: render.PieceTable(
+            *render.encode_rows(tok, [a + "\n" for a in alts], PAD_ID))) for alts in env.extra_lines(env_params)]
         self.single_turn = config.single_turn
         self._turns = render.PieceTable.build(
             tok, [conv.turn_piece_text(t, self.single_turn) for t in range(1, config.max_turns + 1)], PAD_ID)
@@ -162,7 +167,8 @@ class TextEnv:
         self._rewards = _cached(tok, ("reward", self._cents_lo, self._cents_hi), lambda: render.PieceTable(
             *render.encode_rows(tok, [conv.reward_entry_text(conv.format_cents(c))
                                       for c in range(self._cents_lo, self._cents_hi + 1)], PAD_ID)))
-        state_len = (self._grid.max_len if self._grid else 0) + (self._coords.max_len if self._coords else 0)
+        state_len = ((self._grid.max_len if self._grid else 0) + (self._coords.max_len if self._coords else 0)
+                     + sum(int(t.lengths.max()) for t in self._extra))
         self.max_segment_len = (1 + len(self._user_open_ids) + self._rewards.width + self._turns.width
                                 + state_len + self._tails.width)
         self._parser = None
@@ -185,10 +191,12 @@ class TextEnv:
         """Every host-built id table a segment is assembled from (e.g. for a task vocabulary)."""
         tables = (self._turns.ids, self._tails.ids, self._rewards.ids, self._user_open_ids)
         tables += (self._grid.ids,) if self._grid is not None else ()
+        tables += tuple(t.ids for t in self._extra)
         return tables + (self._coords.tables if self._coords is not None else ())
 
     def _state_pieces(self, state):
-        """(pieces of the state text incl. its final newline, ok): coordinate block and/or grid rows."""
+        """(pieces of the state text incl. its final newline, ok): coordinate block and/or grid rows,
+        then the extra lines."""
         pieces, ok = [], jnp.bool_(True)
         if self._coords is not None:
             coord_pieces, coord_ok = self._coords.pieces(self.env.coordinate_masks(state, self.env_params))
@@ -198,6 +206,9 @@ class TextEnv:
             row_ids, row_len, grid_ok = self._grid.rows(self.env.render_grid(state, self.env_params))
             pieces.append((row_ids, row_len))
             ok = ok & grid_ok
+        if self._extra:
+            index = self.env.extra_line_index(state, self.env_params)
+            pieces += [table.lookup(index[i]) for i, table in enumerate(self._extra)]
         return pieces, ok
 
     def render_ok(self, state, prev_reward) -> jax.Array:

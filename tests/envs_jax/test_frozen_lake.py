@@ -223,6 +223,33 @@ def test_digit_symbols_one_token_per_cell():
     assert len(tok.encode("___P\nO__G", add_special_tokens=False)) < 10
 
 
+def test_surroundings_lines_golden():
+    """surroundings=True (not the reference's): two lines after the grid, hand-written for the
+    hand-made map; the in-graph index picks the same alternatives (extra_line_index)."""
+    params = FrozenLakeParams(surroundings=True)
+    state = state_from_rows(["SFFH", "FHFF", "FFFF", "HFFG"])
+    want = {
+        0: ["Next to you: Left edge, Down ice, Right ice, Up edge.", "Goal: 3 Down, 3 Right."],
+        2: ["Next to you: Left ice, Down ice, Right hole, Up edge.", "Goal: 3 Down, 1 Right."],
+        5: ["Next to you: Left ice, Down ice, Right ice, Up ice.", "Goal: 2 Down, 2 Right."],
+        11: ["Next to you: Left ice, Down goal, Right edge, Up ice.", "Goal: 1 Down."],
+        13: ["Next to you: Left hole, Down edge, Right ice, Up ice.", "Goal: 2 Right."],
+        15: ["Next to you: Left ice, Down edge, Right edge, Up ice.", "Goal: here."],
+    }
+    lines = ENV.extra_lines(params)
+    assert [len(alts) for alts in lines] == [4 ** 4, 7 * 7] and ENV.extra_lines(PARAMS) == ()
+    for pos, texts in want.items():
+        s = state.replace(pos=jnp.int32(pos))
+        assert ENV.render_text(s, params).split("\n")[4:] == texts
+        index = jax.jit(ENV.extra_line_index, static_argnums=1)(s, params)
+        assert [lines[i][int(k)] for i, k in enumerate(index)] == texts
+    assert ENV.render_text(state, params).startswith(ENV.render_text(state, PARAMS) + "\nNext to you: ")
+    assert ENV.instructions(params) == ENV.instructions(PARAMS) + (
+        "\nBelow the state: the cell one step in each direction, and how far away the goal is.")
+    with pytest.raises(ValueError, match="surroundings must be True or False"):
+        ENV.validate_params(FrozenLakeParams(surroundings="yes"))
+
+
 # ---- (c) map generation ---------------------------------------------------------------------------
 def test_generated_maps_valid_and_deterministic(batch):
     keys, states = batch

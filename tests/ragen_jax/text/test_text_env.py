@@ -245,6 +245,8 @@ COORD_ENVS = {
     "Sokoban-coord": ("Sokoban", {"observation_format": "coord"}),
     "FrozenLake-coord": ("FrozenLake", {"observation_format": "coord"}),
     "FrozenLake-digits": ("FrozenLake", {"symbols": "digits"}),
+    "FrozenLake-surroundings": ("FrozenLake", {"surroundings": True}),
+    "FrozenLake-coord-surroundings": ("FrozenLake", {"observation_format": "coord", "surroundings": True}),
     "BanditPairs": ("BanditPairs", {}),
 }
 
@@ -276,6 +278,8 @@ def test_played_states_render_exactly(tok, case):
         assert not bad, f"{len(bad)} of {n} differ, first: {texts[bad[0]]!r}"
         if te.observation_format != "grid":
             assert all(("Board size: " in t) for t in texts)
+        if overrides.get("surroundings"):
+            assert all(("\nNext to you: " in t and "\nGoal: " in t) for t in texts)
 
     check()
 
