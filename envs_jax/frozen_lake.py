@@ -68,11 +68,15 @@ COORD_ENV_INSTRUCTION = (
 )
 ENV_INSTRUCTIONS = {"standard": ENV_INSTRUCTION, "coord": COORD_ENV_INSTRUCTION}
 # Not the reference's: two lines after the state (`FrozenLakeParams.surroundings=True`) that spell out
-# what the value-iteration teacher's action depends on most, the cells one step away in each
-# direction and the goal's offset (docs/demo.md, "Surroundings lines"). A random-init model does not
-# learn to find the cells next to the player in the grid's tokens within the CPU demo's budget.
-SURROUNDING_KINDS = ("ice", "hole", "goal", "edge")
-ICE, NEAR_HOLE, NEAR_GOAL, EDGE = range(4)
+# what the value-iteration teacher's action depends on most: which neighbouring cells are holes or
+# off the map, and the goal's offset (docs/demo.md, "Surroundings lines"). Holes and walls (the map
+# edge, where a move leaves the player in place) name their directions with different words, so
+# every (kind, direction) pair is its own token: a model reads it from the token's presence alone,
+# without binding a kind to the direction next to it, which a random-init tiny model learned far
+# more slowly (measured in docs/demo.md).
+HOLE_WORDS = ("west", "south", "east", "north")  # in action order: Left, Down, Right, Up
+WALL_WORDS = ("left", "down", "right", "up")
+OPEN, NEAR_HOLE, WALL = range(3)  # a neighbouring cell: ice or goal, a hole, off the map
 SURROUNDINGS_NOTE = "\nBelow the state: the cell one step in each direction, and how far away the goal is."
 # The reference's coordinate lines (frozen_lake/utils.py format_coordinate_render), in its order.
 COORD_LABELS = ("Start", "Goal", "Player", "Player on goal", "Player in hole", "Holes")
@@ -106,8 +110,9 @@ class FrozenLakeParams:
     # Grid symbols: "standard" (the reference's P _ O G X √) or "digits" (DIGIT_SYMBOLS: one token
     # per cell). Static: it changes the text layer's token tables.
     symbols: str = struct.field(pytree_node=False, default="standard")
-    # Not the reference's: show SURROUNDING_KINDS of the four neighbouring cells and the goal's
-    # offset in two lines after the state. Static: it changes the text layer's token tables.
+    # Not the reference's: name the holes and walls next to the player and the goal's offset in two
+    # lines after the state (neighbours_text, goal_offset_text). Static: it changes the text
+    # layer's token tables.
     surroundings: bool = struct.field(pytree_node=False, default=False)
 
 
@@ -227,8 +232,10 @@ def rows_from_state(state: FrozenLakeState) -> list[str]:
 
 
 def neighbours_text(kinds) -> str:
-    """The first surroundings line: one of SURROUNDING_KINDS per direction, in action order."""
-    return "Next to you: " + ", ".join(f"{a} {SURROUNDING_KINDS[k]}" for a, k in zip(ACTION_NAMES, kinds)) + "."
+    """The first surroundings line from one OPEN / NEAR_HOLE / WALL per direction, in action order."""
+    holes = [w for w, k in zip(HOLE_WORDS, kinds) if k == NEAR_HOLE]
+    walls = [w for w, k in zip(WALL_WORDS, kinds) if k == WALL]
+    return f"Holes: {', '.join(holes) or 'none'}. Walls: {', '.join(walls) or 'none'}."
 
 
 def goal_offset_text(rows: int, cols: int) -> str:
@@ -248,7 +255,7 @@ def surroundings_texts(state: FrozenLakeState) -> list[str]:
         rr, cc = r + dr, c + dc
         inside = 0 <= rr < n and 0 <= cc < n
         tile = rows[rr][cc] if inside else None
-        kinds.append(EDGE if not inside else NEAR_HOLE if tile == "H" else NEAR_GOAL if tile == "G" else ICE)
+        kinds.append(WALL if not inside else NEAR_HOLE if tile == "H" else OPEN)
     gr, gc = divmod(int(state.goal), n)
     return [neighbours_text(kinds), goal_offset_text(gr - r, gc - c)]
 
@@ -349,7 +356,7 @@ class FrozenLake(AgentEnv):
         # Index orders as in extra_line_index: the first direction is the most significant digit
         # (itertools.product's order), offsets row-major from (-(n-1), -(n-1)).
         span = range(-(params.size - 1), params.size)
-        return (tuple(neighbours_text(k) for k in itertools.product(range(len(SURROUNDING_KINDS)), repeat=4)),
+        return (tuple(neighbours_text(k) for k in itertools.product(range(3), repeat=4)),
                 tuple(goal_offset_text(dr, dc) for dr in span for dc in span))
 
     def extra_line_index(self, state, params):
@@ -358,9 +365,8 @@ class FrozenLake(AgentEnv):
         nr, nc = row + jnp.asarray(_DROW), col + jnp.asarray(_DCOL)
         inside = (nr >= 0) & (nr < n) & (nc >= 0) & (nc < n)
         cell = jnp.clip(nr, 0, n - 1) * n + jnp.clip(nc, 0, n - 1)
-        kind = jnp.where(~inside, EDGE, jnp.where(cell == state.goal, NEAR_GOAL,
-                                                  jnp.where(state.hole.reshape(-1)[cell], NEAR_HOLE, ICE)))
-        near = jnp.sum(kind * len(SURROUNDING_KINDS) ** jnp.arange(3, -1, -1))
+        kind = jnp.where(~inside, WALL, jnp.where(state.hole.reshape(-1)[cell], NEAR_HOLE, OPEN))
+        near = jnp.sum(kind * 3 ** jnp.arange(3, -1, -1))
         goal = (state.goal // n - row + n - 1) * (2 * n - 1) + (state.goal % n - col + n - 1)
         return jnp.stack([near, goal]).astype(jnp.int32)
 

@@ -225,27 +225,36 @@ def test_digit_symbols_one_token_per_cell():
 
 def test_surroundings_lines_golden():
     """surroundings=True (not the reference's): two lines after the grid, hand-written for the
-    hand-made map; the in-graph index picks the same alternatives (extra_line_index)."""
+    hand-made map; the in-graph index picks the same alternatives (extra_line_index); each (kind,
+    direction) pair is a token of its own."""
     params = FrozenLakeParams(surroundings=True)
     state = state_from_rows(["SFFH", "FHFF", "FFFF", "HFFG"])
     want = {
-        0: ["Next to you: Left edge, Down ice, Right ice, Up edge.", "Goal: 3 Down, 3 Right."],
-        2: ["Next to you: Left ice, Down ice, Right hole, Up edge.", "Goal: 3 Down, 1 Right."],
-        5: ["Next to you: Left ice, Down ice, Right ice, Up ice.", "Goal: 2 Down, 2 Right."],
-        11: ["Next to you: Left ice, Down goal, Right edge, Up ice.", "Goal: 1 Down."],
-        13: ["Next to you: Left hole, Down edge, Right ice, Up ice.", "Goal: 2 Right."],
-        15: ["Next to you: Left ice, Down edge, Right edge, Up ice.", "Goal: here."],
+        0: ["Holes: none. Walls: left, up.", "Goal: 3 Down, 3 Right."],
+        2: ["Holes: east. Walls: up.", "Goal: 3 Down, 1 Right."],
+        5: ["Holes: none. Walls: none.", "Goal: 2 Down, 2 Right."],
+        11: ["Holes: none. Walls: right.", "Goal: 1 Down."],
+        13: ["Holes: west. Walls: down.", "Goal: 2 Right."],
+        15: ["Holes: none. Walls: down, right.", "Goal: here."],
     }
     lines = ENV.extra_lines(params)
-    assert [len(alts) for alts in lines] == [4 ** 4, 7 * 7] and ENV.extra_lines(PARAMS) == ()
+    assert [len(alts) for alts in lines] == [3 ** 4, 7 * 7] and ENV.extra_lines(PARAMS) == ()
     for pos, texts in want.items():
         s = state.replace(pos=jnp.int32(pos))
         assert ENV.render_text(s, params).split("\n")[4:] == texts
         index = jax.jit(ENV.extra_line_index, static_argnums=1)(s, params)
         assert [lines[i][int(k)] for i, k in enumerate(index)] == texts
-    assert ENV.render_text(state, params).startswith(ENV.render_text(state, PARAMS) + "\nNext to you: ")
+    assert ENV.render_text(state, params).startswith(ENV.render_text(state, PARAMS) + "\nHoles: ")
     assert ENV.instructions(params) == ENV.instructions(PARAMS) + (
         "\nBelow the state: the cell one step in each direction, and how far away the goal is.")
+    from ragen_jax.text.tokenizer import load_tokenizer
+
+    tok = load_tokenizer()
+    words = [tuple(tok.encode(f" {w}", add_special_tokens=False)) for w in ("west", "south", "east", "north",
+                                                                           "left", "down", "right", "up")]
+    assert all(len(w) == 1 for w in words) and len(set(words)) == 8
+    assert tok.encode("Holes: west, north. Walls: down.", add_special_tokens=False)[3:6] == [
+        words[0][0], tok.encode(",", add_special_tokens=False)[0], words[3][0]]
     with pytest.raises(ValueError, match="surroundings must be True or False"):
         ENV.validate_params(FrozenLakeParams(surroundings="yes"))
 

@@ -279,7 +279,7 @@ def test_played_states_render_exactly(tok, case):
         if te.observation_format != "grid":
             assert all(("Board size: " in t) for t in texts)
         if overrides.get("surroundings"):
-            assert all(("\nNext to you: " in t and "\nGoal: " in t) for t in texts)
+            assert all(("\nHoles: " in t and "\nGoal: " in t) for t in texts)
 
     check()
 
