@@ -156,7 +156,8 @@ class TextEnv:
         # Lines an env may show after the state (not the reference's; envs_jax/base.py extra_lines):
         # every alternative is a whole newline-terminated line, looked up like a grid row.
         self._extra = [_cached(tok, ("extra", alts), lambda alts=alts: render.PieceTable(
-            *render.encode_rows(tok, [a + "\n" for a in alts], PAD_ID))) for alts in env.extra_lines(env_params)]
+            *render.encode_rows(tok, [a + "\n" for a in alts], PAD_ID)))
+            for alts in (env.extra_lines(env_params) if hasattr(env, "extra_lines") else ())]
         self.single_turn = config.single_turn
         self._turns = render.PieceTable.build(
             tok, [conv.turn_piece_text(t, self.single_turn) for t in range(1, config.max_turns + 1)], PAD_ID)
