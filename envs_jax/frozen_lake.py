@@ -361,12 +361,11 @@ class FrozenLake(AgentEnv):
 
     def extra_line_index(self, state, params):
         n = params.size
-        row, col = state.pos // n, state.pos % n
-        nr, nc = row + jnp.asarray(_DROW), col + jnp.asarray(_DCOL)
-        inside = (nr >= 0) & (nr < n) & (nc >= 0) & (nc < n)
-        cell = jnp.clip(nr, 0, n - 1) * n + jnp.clip(nc, 0, n - 1)
-        kind = jnp.where(~inside, WALL, jnp.where(state.hole.reshape(-1)[cell], NEAR_HOLE, OPEN))
+        # `move` keeps the player in place at the map edge: that is what a wall is.
+        cell = move(state.pos, jnp.arange(4), n)
+        kind = jnp.where(cell == state.pos, WALL, jnp.where(state.hole.reshape(-1)[cell], NEAR_HOLE, OPEN))
         near = jnp.sum(kind * 3 ** jnp.arange(3, -1, -1))
+        row, col = state.pos // n, state.pos % n
         goal = (state.goal // n - row + n - 1) * (2 * n - 1) + (state.goal % n - col + n - 1)
         return jnp.stack([near, goal]).astype(jnp.int32)
 
