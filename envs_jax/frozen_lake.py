@@ -7,6 +7,10 @@ Rules (gymnasium FrozenLake-v1 as RAGEN uses it, with RAGEN's random start and g
 - Slippery moves: the intended direction with probability 1 - slip, each perpendicular direction
   with slip / 2. A move off the grid leaves the player in place. RAGEN-2 (gymnasium >= 1.0) calls
   1 - slip `success_rate`; `envs_jax.make` accepts that name too (`resolve_overrides`).
+- Where the slips come from (`FrozenLakeParams.seeded_slips`): by default, as in the reference, from
+  a stream seeded at reset (gymnasium's `reset(seed=...)` seeds the `np_random` that `step` draws
+  from, one draw per move), so the k-th move of every episode reset from one seed, e.g. the N
+  rollouts of a group, slips the same way; otherwise from the key `step_env` is given.
 - Reward 1 on reaching the goal, else 0. Falling into a hole or reaching the goal terminates.
 - `action_is_effective` = the player's cell changed (as in the reference).
 Cells are addressed by a flat index `row * size + col` everywhere.
@@ -30,6 +34,7 @@ LEFT, DOWN, RIGHT, UP = 0, 1, 2, 3
 # Row/column offsets in action-index order (gymnasium's LEFT=0, DOWN=1, RIGHT=2, UP=3).
 _DROW = (0, 1, 0, -1)
 _DCOL = (-1, 0, 1, 0)
+_SLIP_STREAM = 0x511D  # fold_in tag that separates the slip stream from the map's draws
 
 # Symbol indices, in the reference's grid_lookup order.
 PLAYER, FROZEN, HOLE, GOAL, PLAYER_IN_HOLE, PLAYER_ON_GOAL = range(6)
@@ -90,6 +95,8 @@ class FrozenLakeState:
     pos: jax.Array  # int32 flat cell of the player
     time: jax.Array  # int32
     done: jax.Array  # bool
+    # uint32 key data: the reset key's slip stream; move k draws from fold_in(slip_key, k) (seeded_slips).
+    slip_key: jax.Array
 
 
 @struct.dataclass
@@ -102,6 +109,11 @@ class FrozenLakeParams:
     # Total slip probability: 2/3 is gymnasium's is_slippery (1/3 intended, 1/3 each side).
     # RAGEN-2's `success_rate` is 1 - slip (make(..., success_rate=x) sets slip = 1 - x).
     slip: float = 2.0 / 3.0
+    # True (the reference): the slips come from a stream seeded by the reset key, so episodes reset
+    # from one seed share their slip on every k-th move. The N rollouts of a group then differ in
+    # reward only through their actions (common random numbers), which is what the group-normalised
+    # advantage compares. False: from the key step_env is given (independent per rollout row).
+    seeded_slips: bool = struct.field(pytree_node=False, default=True)
     # RAGEN-2's observation_format: "grid", "grid_coord" or "coord" (envs_jax/coords.py). Static:
     # it changes the text layer's token budget.
     observation_format: str = struct.field(pytree_node=False, default="grid")
@@ -133,6 +145,16 @@ def slip_direction(key: jax.Array, action: jax.Array, slip: jax.Array) -> jax.Ar
     u = jax.random.uniform(key)
     offset = jnp.where(u < 1.0 - slip, 0, jnp.where(u < 1.0 - slip / 2.0, -1, 1))
     return ((jnp.asarray(action, jnp.int32) + offset) % 4).astype(jnp.int32)
+
+
+def slip_stream(reset_key: jax.Array) -> jax.Array:
+    """The slip stream of an episode reset with `reset_key`, independent of the map's draws.
+
+    Raw key data (uint32), whether `reset_key` is a typed or a raw key, so states compare, stack
+    and `jnp.where` like every other field.
+    """
+    stream = jax.random.fold_in(reset_key, _SLIP_STREAM)
+    return jax.random.key_data(stream) if jax.dtypes.issubdtype(stream.dtype, jax.dtypes.prng_key) else stream
 
 
 def direction_probs(slip: jax.Array) -> jax.Array:
@@ -218,6 +240,7 @@ def state_from_rows(rows) -> FrozenLakeState:
         pos=jnp.int32(start),
         time=jnp.int32(0),
         done=jnp.bool_(False),
+        slip_key=slip_stream(jax.random.PRNGKey(0)),
     )
 
 
@@ -316,15 +339,16 @@ class FrozenLake(AgentEnv):
             raise ValueError(f"symbols must be one of {', '.join(SYMBOL_SETS)}, got {params.symbols!r}")
         if not isinstance(params.surroundings, bool):
             raise ValueError(f"surroundings must be True or False, got {params.surroundings!r}")
+        if not isinstance(params.seeded_slips, bool):
+            raise ValueError(f"seeded_slips must be True or False, got {params.seeded_slips!r}")
 
     def resolve_overrides(self, overrides: dict) -> dict:
         return resolve_overrides(overrides)
 
     def reset_env(self, key, params):
         hole, start, goal = generate_map(key, params)
-        state = FrozenLakeState(
-            hole=hole, start=start, goal=goal, pos=start, time=jnp.int32(0), done=jnp.bool_(False)
-        )
+        state = FrozenLakeState(hole=hole, start=start, goal=goal, pos=start, time=jnp.int32(0),
+                                done=jnp.bool_(False), slip_key=slip_stream(key))
         return self.get_obs(state, params), state
 
     def apply_direction(self, state, direction, params):
@@ -335,8 +359,13 @@ class FrozenLake(AgentEnv):
         info = {"action_is_effective": pos != state.pos}
         return state.replace(pos=pos), on_goal.astype(jnp.float32), on_goal | in_hole, info
 
+    def move_key(self, key, state, params):
+        """The key of this move's slip: from the episode's seeded stream, or the step's own key."""
+        return jax.random.fold_in(state.slip_key, state.time) if params.seeded_slips else key
+
     def transition(self, key, state, action, params):
-        return self.apply_direction(state, slip_direction(key, action, params.slip), params)
+        direction = slip_direction(self.move_key(key, state, params), action, params.slip)
+        return self.apply_direction(state, direction, params)
 
     def is_success(self, state, params):
         return state.pos == state.goal

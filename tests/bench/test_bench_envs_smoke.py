@@ -83,7 +83,7 @@ def test_sokoban_numpy_matches_jax():
 
 
 def test_frozen_lake_numpy_matches_jax():
-    env, params = envs_jax.make("FrozenLake")
+    env, params = envs_jax.make("FrozenLake", seeded_slips=False)  # slips from the step keys below
     rs = np.random.default_rng(1)
     n, b = 4, 16
     holes = rs.random((b, n, n)) < 0.3
@@ -93,7 +93,8 @@ def test_frozen_lake_numpy_matches_jax():
         holes[i].reshape(-1)[[start[i], goal[i]]] = False
     jax_states = FrozenLakeState(hole=jnp.asarray(holes), start=jnp.asarray(start, jnp.int32),
                                  goal=jnp.asarray(goal, jnp.int32), pos=jnp.asarray(start, jnp.int32),
-                                 time=jnp.zeros(b, jnp.int32), done=jnp.zeros(b, bool))
+                                 time=jnp.zeros(b, jnp.int32), done=jnp.zeros(b, bool),
+                                 slip_key=jax.random.split(jax.random.PRNGKey(0), b))
     np_states = [npe.FrozenLakeState(holes[i], divmod(int(start[i]), n), divmod(int(goal[i]), n)) for i in range(b)]
     np_env = npe.NpFrozenLake(slip=float(params.slip), max_steps=10)
     actions = rs.integers(0, 4, (STEPS, b)).astype(np.int32)

@@ -39,7 +39,7 @@ def _rollout(state, actions, keys, params):
     def step(s, ak):
         a, k = ak
         _, s2, r, term, info = ENV.step_env(k, s, a, params)
-        d = slip_direction(k, a, params.slip)
+        d = slip_direction(ENV.move_key(k, s, params), a, params.slip)
         return s2, (s2, r, term, info["success"], info["action_is_effective"], d, ENV.render_grid(s2, params))
 
     return jax.lax.scan(step, state, (actions, keys))[1]
@@ -115,11 +115,12 @@ def _maps(draw):
     actions=st.lists(st.integers(0, 3), min_size=T, max_size=T),
     slip=st.sampled_from([2.0 / 3.0, 0.2, 0.0, 1.0]),
     success_rate=st.sampled_from([None, None, 1.0, 0.8]),
+    seeded=st.booleans(),
 )
-def test_rules_match_reference(rows, generated, seed, actions, slip, success_rate):
-    params = PARAMS.replace(slip=slip)
+def test_rules_match_reference(rows, generated, seed, actions, slip, success_rate, seeded):
+    params = PARAMS.replace(slip=slip, seeded_slips=seeded)
     if success_rate is not None:  # RAGEN-2's parameter, as envs_jax.make / configs pass it
-        params = PARAMS.replace(**resolve_overrides({"success_rate": success_rate}))
+        params = params.replace(**resolve_overrides({"success_rate": success_rate}))
     key_map, key_steps = jax.random.split(jax.random.key(seed))
     if generated:  # a map from our generator, exported to the reference's letters
         _, state = _reset_one(key_map, params)
@@ -393,3 +394,62 @@ def test_other_sizes():
     assert policy.shape == (4, 13, 25)
     for i in range(4):
         assert abs(float(value[i]) - ref.expectimax(rows[i], 12)) < 1e-6
+
+
+# ---- where the slips come from (seeded_slips) ----------------------------------------------------
+def _offsets(params, slip_keys, actions, step_keys):
+    """(realised - intended) direction of each move, read off the player's displacement on an open
+    9x9 map from its centre: 4 moves never reach the edge, so every move shows its direction."""
+    open_map = state_from_rows(["FFFFFFFFF"] * 4 + ["FFFFSFFFF"] + ["FFFFFFFFF"] * 3 + ["FFFFFFFFG"])
+    params = params.replace(size=9)
+
+    def episode(slip_key, acts, keys):
+        def step(s, ak):
+            a, k = ak
+            _, s2, _, _, _ = ENV.step_env(k, s, a, params)
+            dr, dc = s2.pos // 9 - s.pos // 9, s2.pos % 9 - s.pos % 9
+            d = jnp.select([dc == -1, dr == 1, dc == 1, dr == -1], [0, 1, 2, 3], -1)
+            return s2, (d - a) % 4
+        return jax.lax.scan(step, open_map.replace(slip_key=slip_key), (acts, keys))[1]
+
+    return np.asarray(jax.jit(jax.vmap(episode))(slip_keys, actions, step_keys))
+
+
+@pytest.mark.parametrize("seeded", [True, False])
+def test_seeded_slips_are_common_to_episodes_reset_from_one_key(seeded):
+    """As gymnasium's np_random seeded at reset: with seeded_slips the k-th move of every episode
+    reset from one key slips the same way (different actions, different step keys), and episodes
+    from different keys slip independently with the slip's probabilities. Without it the step keys
+    decide."""
+    params = PARAMS.replace(seeded_slips=seeded)
+    b, t = 2000, 4
+    rs = np.random.default_rng(5)
+    actions = jnp.asarray(rs.integers(0, 4, (b, t)), jnp.int32)
+    step_keys = jax.random.split(jax.random.PRNGKey(6), b * t).reshape(b, t, -1)
+    # Every episode from one reset key (a group's rows all reset from the group's seed) ...
+    one = jnp.stack([ENV.reset_env(jax.random.PRNGKey(11), params)[1].slip_key] * b)
+    same = _offsets(params, one, actions, step_keys)
+    assert (same >= 0).all()
+    if seeded:
+        assert (same == same[0]).all()
+    else:
+        assert len({tuple(r) for r in same.tolist()}) > 50
+    # ... and from b different reset keys: offset 0 (intended) with 1 - slip, +-1 with slip / 2 each.
+    many = jax.vmap(lambda k: ENV.reset_env(k, params)[1].slip_key)(jax.random.split(jax.random.PRNGKey(12), b))
+    diff = _offsets(params, many, actions, step_keys)
+    freq = np.bincount(diff.reshape(-1), minlength=4) / diff.size
+    np.testing.assert_allclose(freq, [1 / 3, 1 / 3, 0.0, 1 / 3], atol=0.02)
+    # Moves of one episode are independent draws, not one draw repeated.
+    assert 0.1 < np.mean(diff[:, 0] == diff[:, 1]) < 0.5
+
+
+def test_seeded_slip_stream_is_a_function_of_the_reset_key():
+    k = jax.random.PRNGKey(3)
+    a, b = ENV.reset_env(k, PARAMS)[1], ENV.reset_env(k, PARAMS)[1]
+    typed = ENV.reset_env(jax.random.wrap_key_data(k), PARAMS)[1]  # typed keys give the same raw stream
+    assert np.array_equal(a.slip_key, b.slip_key) and np.array_equal(a.slip_key, typed.slip_key)
+    assert a.slip_key.dtype == jnp.uint32
+    other = ENV.reset_env(jax.random.PRNGKey(4), PARAMS)[1]
+    assert not np.array_equal(a.slip_key, other.slip_key)
+    with pytest.raises(ValueError, match="seeded_slips must be True or False"):
+        ENV.validate_params(PARAMS.replace(seeded_slips=1))

@@ -151,6 +151,27 @@ def test_frozen_lake_teacher_takes_an_optimal_action_for_the_actions_it_can_stil
         assert q[int(p.actions[0])] >= q.max() - 1e-6, (rows, int(st.pos), horizon, q, int(p.actions[0]))
 
 
+
+@pytest.mark.parametrize("seeded", [True, False])
+def test_frozen_lake_group_rows_share_their_slips_through_the_rollout(tok, seeded):
+    """The N rows of a group reset from one seed; with seeded slips (the reference: one np_random per
+    seed) the deterministic teacher's rows of a group play the same episode move for move, while
+    groups differ; with slips from the rollout's per-row keys they do not."""
+    env, params = envs_jax.make("FrozenLake", seeded_slips=seeded)
+    te = TextEnv(env, params, tok, PromptConfig(max_turns=10, max_actions_per_turn=1, think=False,
+                                                max_response_tokens=8))
+    teacher = get_teacher("FrozenLake", te)
+    mesh = make_mesh(data=1, devices=jax.devices()[:1])
+    cfg = RolloutConfig(num_groups=6, group_size=4, max_context=1024)
+    traj = jax.device_get(Rollout(None, te, cfg, mesh=mesh, teacher=teacher)(
+        None, jax.random.PRNGKey(0), np.arange(700, 706)))
+    rows = [(traj.tokens[r, :traj.length[r]].tolist(), float(traj.reward[r])) for r in range(24)]
+    groups = [rows[g * 4:(g + 1) * 4] for g in range(6)]
+    same = [all(r == grp[0] for r in grp) for grp in groups]
+    assert all(same) if seeded else not all(same)
+    assert len({tuple(grp[0][0]) for grp in groups}) == 6
+
+
 # ------------------------------------------------------------------------------------ Bandit
 def test_bandit_teacher_picks_the_high_arm_with_the_given_probability(tok):
     te = _te(tok, "Bandit", max_turns=1, max_actions_per_turn=1, max_response_tokens=32)
