@@ -169,13 +169,14 @@ class StageEvaluator:
     initial states.
     """
 
-    def __init__(self, trainer, envs, num_states: int, seed: int = 0):
+    def __init__(self, trainer, envs, num_states: int, seed: int = 0, temperature: float = EVAL_TEMPERATURE):
         self.trainer, self.envs, self.num_states, self.seed = trainer, tuple(envs), num_states, seed
+        self.temperature = temperature
 
     def __call__(self, params) -> dict:
         t, cfg = self.trainer, self.trainer.cfg
         return evaluate(t.policy, params, t.tokenizer, self.envs, num_states=self.num_states,
-                        seed_start=EVAL_SEED_START, temperature=EVAL_TEMPERATURE, prompt=cfg.prompt,
+                        seed_start=EVAL_SEED_START, temperature=self.temperature, prompt=cfg.prompt,
                         max_context=cfg.rollout.max_context, mesh=t.mesh, key=jax.random.PRNGKey(self.seed),
                         env_overrides={cfg.env.name: cfg.env.overrides}, cache_dtype=cfg.rollout.cache_dtype,
                         vocab=t.vocab)

@@ -5,13 +5,14 @@
 
 Runs only launch/demo.py's second stage (StarPO-S RL from `model.init_from=<sft>`, the family's
 demo config plus the given overrides) and evaluates the policy on the demo's fixed states (same
-seeds, temperature and sampling key as launch/demo.py's StageEvaluator) before RL and after each
+seeds, temperature and sampling key as launch/demo.py's StageEvaluator; `--temperatures` adds
+evaluations at other sampling temperatures, e.g. the training rollouts' 1.0) before RL and after each
 iteration count in --eval-at, each compared with the warm start pairwise (flips and exact McNemar
 p, ragen_jax/trainer/paired.py). The warm start's evaluation is cached in
-<out>/../<family>_before.json, keyed by the SFT run (its path and export time) and the number of
-states, the only things its outcome depends on besides the fixed eval settings, so variants of one
-warm start evaluate it once. Writes <out>/rl (the run), <out>/result.json and prints one line per
-eval point.
+<out>/../<family>_before.json (<family>_before_T<t>.json at other temperatures), keyed by the SFT
+run (its path and export time), the number of states and the temperature, the only things its
+outcome depends on besides the fixed eval settings, so variants of one warm start evaluate it once.
+Writes <out>/rl (the run), <out>/result.json and prints one line per eval point and temperature.
 The SFT run is read, never written. Exists because launch/demo.py reruns (and cannot resume with
 changed algo settings) the SFT stage; the demo itself is what gets published.
 """
@@ -32,7 +33,7 @@ if __name__ == "__main__":
 
 from absl import logging as absl_logging  # noqa: E402
 
-from launch.demo import (EVAL_STATES, FROZEN_LAKE_CONFIG, FROZEN_LAKE_EVAL_ENVS, SOKOBAN_CONFIG,  # noqa: E402
+from launch.demo import (EVAL_STATES, EVAL_TEMPERATURE, FROZEN_LAKE_CONFIG, FROZEN_LAKE_EVAL_ENVS, SOKOBAN_CONFIG,  # noqa: E402
                          SOKOBAN_EVAL_ENVS, StageEvaluator)
 from ragen_jax.trainer.config import load_config  # noqa: E402
 from ragen_jax.trainer.paired import paired_change  # noqa: E402
@@ -50,6 +51,9 @@ def main(argv=None) -> int:
     p.add_argument("--eval-at", default="", help="comma-separated iteration counts to evaluate at "
                                                  "(default: train.iterations only)")
     p.add_argument("--eval-states", type=int, default=EVAL_STATES)
+    p.add_argument("--temperatures", default=str(EVAL_TEMPERATURE),
+                   help=f"comma-separated evaluation temperatures (default {EVAL_TEMPERATURE}, the demo's); the "
+                        "first is the one result.json's points report, every one is printed and kept")
     p.add_argument("overrides", nargs="*", help="config overrides section.key=value")
     args = p.parse_args(argv)
     absl_logging.set_verbosity(absl_logging.ERROR)
@@ -68,27 +72,38 @@ def main(argv=None) -> int:
     if rl.iteration:
         p.error(f"{args.out}/rl already holds a run at iteration {rl.iteration}; use a fresh --out")
     setup_s, setup_cpu = time.perf_counter() - t0, time.process_time() - c0
-    evaluator = StageEvaluator(rl, (env,), args.eval_states)
+    try:
+        temps = [float(x) for x in args.temperatures.split(",") if x]
+    except ValueError:
+        p.error(f"--temperatures must be comma-separated numbers, got {args.temperatures!r}")
+    if not temps or min(temps) <= 0:
+        p.error(f"--temperatures must name at least one temperature > 0, got {args.temperatures!r}")
+    evaluators = {t: StageEvaluator(rl, (env,), args.eval_states, temperature=t) for t in temps}
 
     # A cache written for another warm start is re-evaluated and replaced, never compared with.
-    cache = os.path.join(os.path.dirname(os.path.abspath(args.out)), f"{args.family}_before.json")
     policy = os.path.join(os.path.abspath(args.sft), "policy")
-    key = {"sft": os.path.abspath(args.sft), "eval_states": args.eval_states,
-           "policy_mtime": os.path.getmtime(policy) if os.path.exists(policy) else None}
-    before = None
-    if os.path.exists(cache):
-        with open(cache) as f:
-            cached = json.load(f)
-        if cached.get("key") == key:
-            before = cached
-    if before is None:
-        e0 = time.perf_counter()
-        before = evaluator(rl.state.actor)[env]
-        before["eval_wall_s"] = time.perf_counter() - e0
-        before["key"] = key
-        with open(cache, "w") as f:
-            json.dump(before, f)
-    print(f"warm start: {env} success {before['success']:.3f} (format {before['format_ok']:.2f})", flush=True)
+    befores = {}
+    for t in temps:
+        tag = "" if t == EVAL_TEMPERATURE else f"_T{t:g}"
+        cache = os.path.join(os.path.dirname(os.path.abspath(args.out)), f"{args.family}_before{tag}.json")
+        key = {"sft": os.path.abspath(args.sft), "eval_states": args.eval_states, "temperature": t,
+               "policy_mtime": os.path.getmtime(policy) if os.path.exists(policy) else None}
+        before = None
+        if os.path.exists(cache):
+            with open(cache) as f:
+                cached = json.load(f)
+            if cached.get("key") == key:
+                before = cached
+        if before is None:
+            e0 = time.perf_counter()
+            before = evaluators[t](rl.state.actor)[env]
+            before["eval_wall_s"] = time.perf_counter() - e0
+            before["key"] = key
+            with open(cache, "w") as f:
+                json.dump(before, f)
+        befores[t] = before
+        print(f"warm start (T={t:g}): {env} success {before['success']:.3f} (format {before['format_ok']:.2f})",
+              flush=True)
 
     rows, train_s, train_cpu = [], 0.0, 0.0
     metrics_f = open(os.path.join(args.out, "metrics.jsonl"), "w")
@@ -100,24 +115,32 @@ def main(argv=None) -> int:
         metrics_f.write(json.dumps({"iteration": it, **{k: float(v) for k, v in m.items()
                                                          if isinstance(v, (int, float))}}) + "\n")
         metrics_f.flush()
-        if it in points:
+        if it not in points:
+            continue
+        for t in temps:
             e1 = time.perf_counter()
-            after = evaluator(rl.state.actor)[env]
+            after = evaluators[t](rl.state.actor)[env]
+            before = befores[t]
             pc = paired_change(before["state_success"], after["state_success"])
-            row = {"iteration": it, "success": after["success"], "format_ok": after["format_ok"],
+            row = {"iteration": it, "temperature": t, "success": after["success"], "format_ok": after["format_ok"],
                    "gained": pc["gained"], "lost": pc["lost"], "p_value": pc["p_value"], "change": pc["change"],
                    "rl_train_s": train_s, "rl_train_cpu_s": train_cpu, "eval_s": time.perf_counter() - e1,
                    "loadavg": os.getloadavg()[0]}
             rows.append(row)
-            print(f"it {it:3d}: success {before['success']:.3f} -> {after['success']:.3f} ({pc['change']:+.3f}; "
-                  f"{pc['gained']} gained / {pc['lost']} lost, p = {pc['p_value']:.2g}), format "
+            print(f"it {it:3d} (T={t:g}): success {before['success']:.3f} -> {after['success']:.3f} "
+                  f"({pc['change']:+.3f}; {pc['gained']} gained / {pc['lost']} lost, p = {pc['p_value']:.2g}), format "
                   f"{after['format_ok']:.2f}; RL {train_s:.0f} s ({train_cpu:.0f} CPU s), load {row['loadavg']:.1f}",
                   flush=True)
     metrics_f.close()
+    strip = ("state_success", "key")
     with open(os.path.join(args.out, "result.json"), "w") as f:
         json.dump({"family": args.family, "overrides": args.overrides, "sft": os.path.abspath(args.sft),
-                   "before": {k: v for k, v in before.items() if k not in ("state_success", "key")},
-                   "setup_s": setup_s, "setup_cpu_s": setup_cpu, "points": rows}, f, indent=2)
+                   "before": {k: v for k, v in befores[temps[0]].items() if k not in strip},
+                   "before_by_temperature": {f"{t:g}": {k: v for k, v in b.items() if k not in strip}
+                                             for t, b in befores.items()},
+                   "setup_s": setup_s, "setup_cpu_s": setup_cpu,
+                   "points": [r for r in rows if r["temperature"] == temps[0]],
+                   "points_by_temperature": rows}, f, indent=2)
     return 0
 
 
