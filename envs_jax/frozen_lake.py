@@ -226,7 +226,8 @@ def generate_map(key: jax.Array, params: FrozenLakeParams):
 
 # ---- host helpers (tests, fixed maps) -----------------------------------------------------------
 def state_from_rows(rows) -> FrozenLakeState:
-    """A fresh state from reference-style rows of 'S', 'F', 'H', 'G' (player on 'S')."""
+    """A fresh state from reference-style rows of 'S', 'F', 'H', 'G' (player on 'S'), with the slip
+    stream of PRNGKey(0) (`.replace(slip_key=slip_stream(key))` for another)."""
     grid = np.array([list(r) for r in rows])
     n = grid.shape[0]
     if grid.shape != (n, n) or (grid == "S").sum() != 1 or (grid == "G").sum() != 1:
