@@ -65,6 +65,12 @@ def main(argv=None) -> int:
     points = sorted({int(x) for x in args.eval_at.split(",") if x} | {n_it})
     if points[0] < 1 or points[-1] > n_it:
         p.error(f"--eval-at points must lie in 1..train.iterations={n_it}, got {args.eval_at!r}")
+    try:
+        temps = [float(x) for x in args.temperatures.split(",") if x]
+    except ValueError:
+        p.error(f"--temperatures must be comma-separated numbers, got {args.temperatures!r}")
+    if not temps or min(temps) <= 0:
+        p.error(f"--temperatures must name at least one temperature > 0, got {args.temperatures!r}")
     os.makedirs(args.out, exist_ok=True)
 
     t0, c0 = time.perf_counter(), time.process_time()
@@ -72,12 +78,6 @@ def main(argv=None) -> int:
     if rl.iteration:
         p.error(f"{args.out}/rl already holds a run at iteration {rl.iteration}; use a fresh --out")
     setup_s, setup_cpu = time.perf_counter() - t0, time.process_time() - c0
-    try:
-        temps = [float(x) for x in args.temperatures.split(",") if x]
-    except ValueError:
-        p.error(f"--temperatures must be comma-separated numbers, got {args.temperatures!r}")
-    if not temps or min(temps) <= 0:
-        p.error(f"--temperatures must name at least one temperature > 0, got {args.temperatures!r}")
     evaluators = {t: StageEvaluator(rl, (env,), args.eval_states, temperature=t) for t in temps}
 
     # A cache written for another warm start is re-evaluated and replaced, never compared with.

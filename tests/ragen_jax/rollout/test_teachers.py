@@ -151,7 +151,6 @@ def test_frozen_lake_teacher_takes_an_optimal_action_for_the_actions_it_can_stil
         assert q[int(p.actions[0])] >= q.max() - 1e-6, (rows, int(st.pos), horizon, q, int(p.actions[0]))
 
 
-
 @pytest.mark.parametrize("seeded", [True, False])
 def test_frozen_lake_group_rows_share_their_slips_through_the_rollout(tok, seeded):
     """The N rows of a group reset from one seed; with seeded slips (the reference: one np_random per
