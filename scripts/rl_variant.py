@@ -43,7 +43,9 @@ FAMILIES = {"sokoban": (SOKOBAN_CONFIG, SOKOBAN_EVAL_ENVS[0]),
             "frozen_lake": (FROZEN_LAKE_CONFIG, FROZEN_LAKE_EVAL_ENVS[0])}
 
 
-def main(argv=None) -> int:
+def parse(argv=None):
+    """The command line -> (args, experiment config, eval points, temperatures); every check that needs no
+    model is made here, before anything is compiled or written (`SystemExit` with one sentence)."""
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--family", required=True, choices=sorted(FAMILIES))
     p.add_argument("--sft", required=True, help="the finished SFT run directory (read only)")
@@ -55,14 +57,19 @@ def main(argv=None) -> int:
                    help=f"comma-separated evaluation temperatures (default {EVAL_TEMPERATURE}, the demo's); the "
                         "first is the one result.json's points report, every one is printed and kept")
     p.add_argument("overrides", nargs="*", help="config overrides section.key=value")
-    args = p.parse_args(argv)
-    absl_logging.set_verbosity(absl_logging.ERROR)
-
-    config_name, env = FAMILIES[args.family]
+    # Intermixed: overrides may come before and after the options (plain parse_args rejects
+    # `a=1 --out X b=2`).
+    args = p.parse_intermixed_args(argv)
+    if not os.path.isdir(os.path.join(args.sft, "policy")):
+        p.error(f"--sft {args.sft!r} holds no exported policy (<sft>/policy); give a finished SFT run directory")
+    config_name, _ = FAMILIES[args.family]
     cfg = load_config(config_name, list(args.overrides) + [f"model.init_from={os.path.abspath(args.sft)}",
                                                            "train.val_every=0"])
     n_it = cfg.train.iterations
-    points = sorted({int(x) for x in args.eval_at.split(",") if x} | {n_it})
+    try:
+        points = sorted({int(x) for x in args.eval_at.split(",") if x} | {n_it})
+    except ValueError:
+        p.error(f"--eval-at must be comma-separated iteration counts, got {args.eval_at!r}")
     if points[0] < 1 or points[-1] > n_it:
         p.error(f"--eval-at points must lie in 1..train.iterations={n_it}, got {args.eval_at!r}")
     try:
@@ -71,12 +78,20 @@ def main(argv=None) -> int:
         p.error(f"--temperatures must be comma-separated numbers, got {args.temperatures!r}")
     if not temps or min(temps) <= 0:
         p.error(f"--temperatures must name at least one temperature > 0, got {args.temperatures!r}")
+    return args, cfg, points, temps
+
+
+def main(argv=None) -> int:
+    args, cfg, points, temps = parse(argv)
+    absl_logging.set_verbosity(absl_logging.ERROR)
+    env = FAMILIES[args.family][1]
+    n_it = cfg.train.iterations
     os.makedirs(args.out, exist_ok=True)
 
     t0, c0 = time.perf_counter(), time.process_time()
     rl = Trainer(cfg, os.path.join(args.out, "rl"), quiet=True)
     if rl.iteration:
-        p.error(f"{args.out}/rl already holds a run at iteration {rl.iteration}; use a fresh --out")
+        raise SystemExit(f"{args.out}/rl already holds a run at iteration {rl.iteration}; use a fresh --out")
     setup_s, setup_cpu = time.perf_counter() - t0, time.process_time() - c0
     evaluators = {t: StageEvaluator(rl, (env,), args.eval_states, temperature=t) for t in temps}
 
