@@ -12,7 +12,9 @@ p, ragen_jax/trainer/paired.py). The warm start's evaluation is cached in
 <out>/../<family>_before.json (<family>_before_T<t>.json at other temperatures), keyed by the SFT
 run (its path and export time), the number of states and the temperature, the only things its
 outcome depends on besides the fixed eval settings, so variants of one warm start evaluate it once.
-Writes <out>/rl (the run), <out>/result.json and prints one line per eval point and temperature.
+Writes <out>/rl (the run), <out>/it<N> per eval point (the policy in a finished run's layout: evaluate it
+with launch/eval.py or continue from it with --sft <out>/it<N>), <out>/result.json, and prints one
+line per eval point and temperature.
 The SFT run is read, never written. Exists because launch/demo.py reruns (and cannot resume with
 changed algo settings) the SFT stage; the demo itself is what gets published.
 """
@@ -35,6 +37,7 @@ from absl import logging as absl_logging  # noqa: E402
 
 from launch.demo import (EVAL_STATES, EVAL_TEMPERATURE, FROZEN_LAKE_CONFIG, FROZEN_LAKE_EVAL_ENVS, SOKOBAN_CONFIG,  # noqa: E402
                          SOKOBAN_EVAL_ENVS, StageEvaluator)
+from ragen_jax.trainer.checkpoint import save_run_files  # noqa: E402
 from ragen_jax.trainer.config import load_config  # noqa: E402
 from ragen_jax.trainer.paired import paired_change  # noqa: E402
 from ragen_jax.trainer.rl import Trainer  # noqa: E402
@@ -132,6 +135,11 @@ def main(argv=None) -> int:
         metrics_f.flush()
         if it not in points:
             continue
+        # A finished-run layout (config, task vocabulary, policy export) per point, so a point can be
+        # evaluated again (launch/eval.py) or continued (`--sft <out>/it<N>`, model.init_from).
+        point_dir = os.path.join(args.out, f"it{it}")
+        save_run_files(point_dir, json.loads(json.dumps(cfg.to_dict(), default=str)), rl.vocab)
+        rl.export(point_dir)
         for t in temps:
             e1 = time.perf_counter()
             after = evaluators[t](rl.state.actor)[env]

@@ -314,12 +314,14 @@ class Trainer:
     def _log_validation(self, step):
         return log_validation(self, step)
 
-    def export(self):
-        """`<run>/policy` (merged with LoRA) and, with LoRA, `<run>/adapter` (PEFT layout)."""
+    def export(self, workdir=None):
+        """`<run>/policy` (merged with LoRA) and, with LoRA, `<run>/adapter` (PEFT layout); `workdir`
+        exports the current policy elsewhere instead (e.g. one per evaluation point)."""
+        workdir = self.workdir if workdir is None else workdir
         if self.lora:
-            save_lora_exports(self.workdir, self.policy_graph, self.state.actor, self.frozen, self.cfg.model.path)
+            save_lora_exports(workdir, self.policy_graph, self.state.actor, self.frozen, self.cfg.model.path)
         else:
-            save_policy(self.workdir, self.state.actor)
+            save_policy(workdir, self.state.actor)
 
     def save(self):
         self.ckpt.save(self.iteration, self.state, extra={"iteration": self.iteration})
