@@ -478,3 +478,25 @@ class FrozenLake(AgentEnv):
         value, policy = jax.lax.scan(backup, at_goal, None, length=params.max_steps_in_episode)
         policy = jnp.concatenate([jnp.zeros((1, n2), jnp.int32), policy], axis=0)
         return policy, value[state.start]
+
+    def policy_success(self, state, action_probs, params):
+        """Exact probability that a given policy reaches the goal from the start (jittable): policy
+        evaluation over (cell, actions left), the same model `solve` maximises over.
+
+        `action_probs` float[max_steps + 1, size * size, 4]: row k is the action distribution with k
+        actions left (row 0 unused), e.g. `jax.nn.one_hot(policy, 4)` for `solve`'s table, or a
+        table read off what a policy can see (scripts/frozen_lake_ceilings.py).
+        """
+        n2 = params.size * params.size
+        cells = jnp.arange(n2)
+        nxt = move(cells[:, None], jnp.arange(4)[None, :], params.size)  # [cell, direction]
+        probs = direction_probs(params.slip)  # [action, direction]
+        at_goal = (cells == state.goal).astype(jnp.float32)
+        terminal = state.hole.reshape(-1) | (cells == state.goal)
+
+        def backup(value, pi):  # pi [cell, action]: the policy with one more action left
+            q = jnp.einsum("ad,cd->ca", probs, value[nxt])
+            return jnp.where(terminal, at_goal, jnp.sum(pi * q, axis=1)), None
+
+        value, _ = jax.lax.scan(backup, at_goal, action_probs[1:])
+        return value[state.start]

@@ -356,6 +356,30 @@ def test_solver_matches_expectimax_with_success_rate(batch, rate):
         assert all(float(value[i]) == 1.0 for i in range(len(HAND_MAPS)))
 
 
+_policy_success_batch = jax.jit(jax.vmap(ENV.policy_success, in_axes=(0, 0, None)))
+
+
+@pytest.mark.parametrize("slip", [2.0 / 3.0, 0.2])
+def test_policy_success_matches_reference_policy_values(batch, slip):
+    """Exact policy evaluation against the plain-Python reference: arbitrary action tables, the
+    uniform policy, and solve's own table (whose value solve returns)."""
+    _, states = batch
+    maps = HAND_MAPS + _rows_batch(_index(states, slice(0, 9)))
+    stacked = jax.tree.map(lambda *x: jnp.stack(x), *[state_from_rows(r) for r in maps])
+    params = PARAMS.replace(slip=slip)
+    steps = params.max_steps_in_episode
+    tables = np.random.default_rng(5).integers(0, 4, (len(maps), steps + 1, 16))
+    got = jax.device_get(_policy_success_batch(stacked, jax.nn.one_hot(tables, 4), params))
+    uniform = jax.device_get(_policy_success_batch(stacked, jnp.full((len(maps), steps + 1, 16, 4), 0.25), params))
+    policy, value = _solve_batch(stacked, params)
+    optimal = jax.device_get(_policy_success_batch(stacked, jax.nn.one_hot(policy, 4), params))
+    for i, rows in enumerate(maps):
+        want = ref.policy_value(rows, lambda cell, k: int(tables[i, k, cell]), steps, slip)
+        assert abs(float(got[i]) - want) < 1e-6, (rows, float(got[i]), want)
+        assert abs(float(uniform[i]) - ref.policy_value(rows, None, steps, slip)) < 1e-6
+    np.testing.assert_allclose(optimal, jax.device_get(value), atol=1e-6)
+
+
 def test_monte_carlo_success_of_optimal_and_random_policies(record_property):
     """Optimal and random play over 4,096 random maps, slip 2/3, 10 actions (jit + vmap of
     reset, solve and step over 4,096 envs). Reference figures: optimal about 49%, random 23.6%."""
