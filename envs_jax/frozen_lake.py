@@ -224,6 +224,18 @@ def generate_map(key: jax.Array, params: FrozenLakeParams):
     return jnp.where(ok, hole, f_hole), jnp.where(ok, start, f_start), jnp.where(ok, goal, f_goal)
 
 
+def _planning_model(state: FrozenLakeState, params: FrozenLakeParams):
+    """The map as a finite-horizon MDP over cells, shared by `solve` and `policy_success`:
+    (q_of(value [cell]) -> [cell, action] expected next value under the slips, goal indicator
+    [cell] f32, terminal [cell] bool)."""
+    cells = jnp.arange(params.size * params.size)
+    nxt = move(cells[:, None], jnp.arange(4)[None, :], params.size)  # [cell, direction]
+    probs = direction_probs(params.slip)  # [action, direction]
+    at_goal = (cells == state.goal).astype(jnp.float32)
+    terminal = state.hole.reshape(-1) | (cells == state.goal)
+    return (lambda value: jnp.einsum("ad,cd->ca", probs, value[nxt])), at_goal, terminal
+
+
 # ---- host helpers (tests, fixed maps) -----------------------------------------------------------
 def state_from_rows(rows) -> FrozenLakeState:
     """A fresh state from reference-style rows of 'S', 'F', 'H', 'G' (player on 'S'), with the slip
@@ -464,14 +476,10 @@ class FrozenLake(AgentEnv):
         probability (float32) of reaching the goal from the start with the full budget.
         """
         n2 = params.size * params.size
-        cells = jnp.arange(n2)
-        nxt = move(cells[:, None], jnp.arange(4)[None, :], params.size)  # [cell, direction]
-        probs = direction_probs(params.slip)  # [action, direction]
-        at_goal = (cells == state.goal).astype(jnp.float32)
-        terminal = state.hole.reshape(-1) | (cells == state.goal)
+        q_of, at_goal, terminal = _planning_model(state, params)
 
         def backup(value, _):
-            q = jnp.einsum("ad,cd->ca", probs, value[nxt])
+            q = q_of(value)
             value = jnp.where(terminal, at_goal, jnp.max(q, axis=1))
             return value, jnp.argmax(q, axis=1).astype(jnp.int32)
 
@@ -487,16 +495,10 @@ class FrozenLake(AgentEnv):
         actions left (row 0 unused), e.g. `jax.nn.one_hot(policy, 4)` for `solve`'s table, or a
         table read off what a policy can see (scripts/frozen_lake_ceilings.py).
         """
-        n2 = params.size * params.size
-        cells = jnp.arange(n2)
-        nxt = move(cells[:, None], jnp.arange(4)[None, :], params.size)  # [cell, direction]
-        probs = direction_probs(params.slip)  # [action, direction]
-        at_goal = (cells == state.goal).astype(jnp.float32)
-        terminal = state.hole.reshape(-1) | (cells == state.goal)
+        q_of, at_goal, terminal = _planning_model(state, params)
 
         def backup(value, pi):  # pi [cell, action]: the policy with one more action left
-            q = jnp.einsum("ad,cd->ca", probs, value[nxt])
-            return jnp.where(terminal, at_goal, jnp.sum(pi * q, axis=1)), None
+            return jnp.where(terminal, at_goal, jnp.sum(pi * q_of(value), axis=1)), None
 
         value, _ = jax.lax.scan(backup, at_goal, action_probs[1:])
         return value[state.start]

@@ -38,8 +38,10 @@ K = PARAMS.max_steps_in_episode
 SPAN = 2 * N - 1  # goal offsets per axis, -(N-1) .. N-1
 
 
-def _split(goal):
-    return goal // SPAN - (N - 1), goal % SPAN - (N - 1)  # (rows, cols) from the player to the goal
+def _direction(goal):
+    """Goal offset index -> the signs of its (rows, cols) from the player, as one index in [0, 9)."""
+    rows, cols = goal // SPAN - (N - 1), goal % SPAN - (N - 1)
+    return (np.sign(rows) + 1) * 3 + np.sign(cols) + 1
 
 
 # View name -> key of (neighbour code [0, 81), goal offset index [0, SPAN^2), actions left [1, K]);
@@ -48,8 +50,7 @@ VIEWS = {
     "nothing": lambda near, goal, k: np.zeros_like(near),
     "neighbours": lambda near, goal, k: near,
     "goal offset": lambda near, goal, k: goal,
-    "neighbours + goal direction": lambda near, goal, k: near * 9 + (np.sign(_split(goal)[0]) + 1) * 3
-    + np.sign(_split(goal)[1]) + 1,
+    "neighbours + goal direction": lambda near, goal, k: near * 9 + _direction(goal),
     "neighbours + goal offset": lambda near, goal, k: near * SPAN**2 + goal,
     "neighbours + goal offset + actions left": lambda near, goal, k: (near * SPAN**2 + goal) * (K + 1) + k,
 }
@@ -89,12 +90,14 @@ def ceilings(train_maps: int = 6000, test_maps: int = 4000, seed: int = 0) -> di
     train, test = maps(seed, train_maps), maps(seed + 1, test_maps)
     t_table, t_near, t_goal, ks, t_live = _grids(train)
     e_table, e_near, e_goal, _, e_live = _grids(test)
-    rows = t_live & (ks >= 1)  # [M, K+1, N2]: every non-terminal (map, cell, actions left) counted
-    fallback = int(np.bincount(t_table[np.broadcast_to(rows, t_table.shape)], minlength=4).argmax())
+    # Every non-terminal (map, cell, actions left) of the training maps is counted.
+    rows = np.broadcast_to(t_live & (ks >= 1), t_table.shape)
+    acts = t_table[rows]
+    fallback = int(np.bincount(acts, minlength=4).argmax())
+    e_rows = np.broadcast_to(e_live & (ks >= 1), e_table.shape)
     out = {"train_maps": train_maps, "test_maps": test_maps, "slip": float(PARAMS.slip), "max_steps": K, "views": {}}
     for name, key_fn in VIEWS.items():
-        keys = np.broadcast_to(key_fn(t_near, t_goal, ks), t_table.shape)[np.broadcast_to(rows, t_table.shape)]
-        acts = t_table[np.broadcast_to(rows, t_table.shape)]
+        keys = np.broadcast_to(key_fn(t_near, t_goal, ks), t_table.shape)[rows]
         uniq, inv = np.unique(keys, return_inverse=True)
         counts = np.zeros((len(uniq), 4), np.int64)
         np.add.at(counts, (inv, acts), 1)
@@ -105,7 +108,7 @@ def ceilings(train_maps: int = 6000, test_maps: int = 4000, seed: int = 0) -> di
         table = np.where(seen, best[pos], fallback)
         success = np.asarray(_success(test, jax.nn.one_hot(table, 4), PARAMS))
         out["views"][name] = {"success": float(success.mean()), "keys": int(len(uniq)),
-                              "unseen_fraction": float(1.0 - seen[:, 1:][np.broadcast_to(e_live, seen[:, 1:].shape)].mean())}
+                              "unseen_fraction": float(1.0 - seen[e_rows].mean())}
     out["teacher"] = float(np.asarray(_success(test, jax.nn.one_hot(e_table, 4), PARAMS)).mean())
     out["uniform"] = float(np.asarray(_success(test, jnp.full(e_table.shape + (4,), 0.25), PARAMS)).mean())
     return out

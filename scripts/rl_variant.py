@@ -37,7 +37,6 @@ from absl import logging as absl_logging  # noqa: E402
 
 from launch.demo import (EVAL_STATES, EVAL_TEMPERATURE, FROZEN_LAKE_CONFIG, FROZEN_LAKE_EVAL_ENVS, SOKOBAN_CONFIG,  # noqa: E402
                          SOKOBAN_EVAL_ENVS, StageEvaluator)
-from ragen_jax.trainer.checkpoint import save_run_files  # noqa: E402
 from ragen_jax.trainer.config import load_config  # noqa: E402
 from ragen_jax.trainer.paired import paired_change  # noqa: E402
 from ragen_jax.trainer.rl import Trainer  # noqa: E402
@@ -63,6 +62,8 @@ def parse(argv=None):
     # Intermixed: overrides may come before and after the options (plain parse_args rejects
     # `a=1 --out X b=2`).
     args = p.parse_intermixed_args(argv)
+    if os.path.exists(os.path.join(args.out, "metrics.jsonl")):
+        p.error(f"--out {args.out!r} already holds a variant (metrics.jsonl); use a fresh directory")
     if not os.path.isdir(os.path.join(args.sft, "policy")):
         p.error(f"--sft {args.sft!r} holds no exported policy (<sft>/policy); give a finished SFT run directory")
     config_name, _ = FAMILIES[args.family]
@@ -135,11 +136,9 @@ def main(argv=None) -> int:
         metrics_f.flush()
         if it not in points:
             continue
-        # A finished-run layout (config, task vocabulary, policy export) per point, so a point can be
-        # evaluated again (launch/eval.py) or continued (`--sft <out>/it<N>`, model.init_from).
-        point_dir = os.path.join(args.out, f"it{it}")
-        save_run_files(point_dir, json.loads(json.dumps(cfg.to_dict(), default=str)), rl.vocab)
-        rl.export(point_dir)
+        # A finished run's layout per point: evaluated again with launch/eval.py, or continued
+        # with `--sft <out>/it<N>`.
+        rl.export(os.path.join(args.out, f"it{it}"))
         for t in temps:
             e1 = time.perf_counter()
             after = evaluators[t](rl.state.actor)[env]

@@ -54,3 +54,13 @@ def test_an_sft_directory_without_an_export_is_refused(tmp_path, capsys):
     with pytest.raises(SystemExit):
         rl_variant.parse(["--family", "sokoban", "--sft", str(tmp_path), "--out", str(tmp_path / "v")])
     assert "holds no exported policy" in capsys.readouterr().err
+
+
+def test_an_out_directory_holding_a_variant_is_refused(sft, tmp_path, capsys):
+    out = tmp_path / "v"
+    out.mkdir()
+    (out / "metrics.jsonl").write_text("{}\n")
+    with pytest.raises(SystemExit):
+        rl_variant.parse(["--family", "frozen_lake", "--sft", sft, "--out", str(out)])
+    assert "already holds a variant" in capsys.readouterr().err
+    assert (out / "metrics.jsonl").read_text() == "{}\n"

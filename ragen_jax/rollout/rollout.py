@@ -145,9 +145,9 @@ class Rollout:
         traj = rollout(params, key, group_seeds)      # params = nnx.state(model) (or nnx.split(model)[1])
 
     `group_seeds` [P] int32: group g's initial state is `env.reset_env(PRNGKey(seed_g))` for all N of
-    its rollouts. `key` drives sampling and the randomness of envs that draw it from the step's key (e.g.
-Bandit's jackpot), differently per row; an env that seeds its randomness at reset (FrozenLake's
-`seeded_slips`, as the reference) gives the rows of a group the same draws.
+    its rollouts. `key` drives sampling and the randomness of envs that draw it from the step's key
+    (e.g. Bandit's jackpot), differently per row; an env that seeds its randomness at reset
+    (FrozenLake's `seeded_slips`, as the reference) gives the rows of a group the same draws.
     `params` must have the shapes and dtypes of `nnx.state(model)` (checked when the program is traced).
     `mesh`: optional; the batch axis is sharded over `batch_axes` of the mesh (params keep the
     shardings they arrive with), giving the same numbers as one device.

@@ -266,7 +266,7 @@ class Trainer:
 
     def train(self) -> list[dict]:
         cfg = self.cfg
-        save_run_files(self.workdir, json.loads(json.dumps(cfg.to_dict(), default=str)), self.vocab)  # process 0
+        self._save_run_files(self.workdir)  # process 0
         self.logger = Logger(self.workdir)
         history = []
         start = self.iteration
@@ -314,10 +314,17 @@ class Trainer:
     def _log_validation(self, step):
         return log_validation(self, step)
 
+    def _save_run_files(self, workdir):
+        save_run_files(workdir, json.loads(json.dumps(self.cfg.to_dict(), default=str)), self.vocab)
+
     def export(self, workdir=None):
-        """`<run>/policy` (merged with LoRA) and, with LoRA, `<run>/adapter` (PEFT layout); `workdir`
-        exports the current policy elsewhere instead (e.g. one per evaluation point)."""
-        workdir = self.workdir if workdir is None else workdir
+        """`<run>/policy` (merged with LoRA) and, with LoRA, `<run>/adapter` (PEFT layout). `workdir`:
+        the current policy exported elsewhere instead, with the run files (config, task vocabulary)
+        beside it, so it loads as a finished run does (launch/eval.py, `model.init_from`)."""
+        if workdir is None:
+            workdir = self.workdir
+        else:
+            self._save_run_files(workdir)
         if self.lora:
             save_lora_exports(workdir, self.policy_graph, self.state.actor, self.frozen, self.cfg.model.path)
         else:
