@@ -143,7 +143,7 @@ class Trainer:
     def _build_programs(self, state: TrainState, policy_graph, critic_graph) -> None:
         blocks = turn_blocks(self.text_env) if self.cfg.prompt.single_turn else None
         self.programs = StepPrograms(self.cfg, policy_graph, critic_graph, *self._opts, vocab=self.vocab,
-                                     turn_blocks=blocks)
+                                     turn_blocks=blocks, batch_shards=self.mesh.shape["data"] * self.mesh.shape["fsdp"])
         state_shardings = jax.tree.map(lambda x: x.sharding, state)
         self._prepare = jax.jit(self.programs.prepare)
         # The update donates the train state: parameters and optimizer state exist once, updated in place.

@@ -90,6 +90,17 @@ class TurnBlocks:
     start: jax.Array
     prefix: int = struct.field(pytree_node=False)
     width: int = struct.field(pytree_node=False)
+    # Skip the block rows of turns never taken (`over_taken_blocks`). Episodes end early (at the
+    # goal, a hole, a solved room), so a large share of the K x M blocks is padding; off only to
+    # compare against the plain pass over every block.
+    skip_untaken: bool = struct.field(pytree_node=False, default=True)
+    shards: int = struct.field(pytree_node=False, default=1)  # the rows' data-parallel shards
+
+    @property
+    def num_chunks(self) -> int:
+        """Chunks `over_taken_blocks` cuts the K x M block rows into: one per turn slot (K rows
+        each, the plain pass's batch when M = 1); 1 (no skipping) when `skip_untaken` is off."""
+        return self.start.shape[1] if self.skip_untaken else 1
 
     def unfold(self, tokens, valid):
         """[K, T] records -> (block ids [K*M, W], block valid [K*M, W], absolute position of every
@@ -107,6 +118,52 @@ class TurnBlocks:
         ids = tokens[jnp.arange(k)[:, None, None], jnp.minimum(pos, t - 1)]
         m = start.shape[1]
         return ids.reshape(k * m, self.width), ok.reshape(k * m, self.width), pos
+
+
+def over_taken_blocks(fn, ids, ok, n_chunks: int, shards: int = 1):
+    """`fn(ids [c, W], ok [c, W]) -> tree of [c, ...]` over all block rows [B, W], computing only the
+    chunks that hold a taken block (one with a valid slot). The rows are cut into `shards` contiguous
+    parts (the batch's data-parallel shards: each device keeps its own rows, so the chunks stay
+    partitioned as the plain pass is); within each part the taken rows move to the front (stable),
+    and the parts are cut into `n_chunks` chunks; a `lax.scan` walks the chunks with a `lax.cond` that
+    skips a chunk past every part's last taken row (zeros out; XLA runs only the branch taken, also in
+    the backward pass). Outputs come back in the original row order. Exact: a row is computed as in
+    the plain pass (rows do not interact) and a skipped row's outputs are never read (`_fold_columns`
+    drops every slot of an untaken block)."""
+    b = ids.shape[0]
+    if n_chunks <= 1 or b % (n_chunks * shards):
+        return fn(ids, ok)
+    per = b // shards
+    c = per // n_chunks  # rows of one chunk in each part
+    taken = jnp.any(ok, axis=1).reshape(shards, per)
+    order = jnp.argsort(~taken, axis=1, stable=True)  # [shards, per], indices within the part
+    n_taken = jnp.max(jnp.sum(taken, axis=1, dtype=jnp.int32))
+
+    def chunked(a):  # [B, ...] -> [n_chunks, shards * c, ...] in the taken-first order of each part
+        a = jnp.take_along_axis(a.reshape((shards, per) + a.shape[1:]),
+                                order.reshape((shards, per) + (1,) * (a.ndim - 1)), axis=1)
+        a = a.reshape((shards, n_chunks, c) + a.shape[2:]).swapaxes(0, 1)
+        return a.reshape((n_chunks, shards * c) + a.shape[3:])
+
+    xs = (chunked(ids), chunked(ok))
+    shapes = jax.eval_shape(fn, xs[0][0], xs[1][0])
+
+    def skip(i, o):
+        return jax.tree.map(lambda s: jnp.zeros(s.shape, s.dtype), shapes)
+
+    def body(_, x):
+        i, ids_c, ok_c = x
+        return None, jax.lax.cond(i * c < n_taken, fn, skip, ids_c, ok_c)
+
+    _, out = jax.lax.scan(body, None, (jnp.arange(n_chunks, dtype=jnp.int32),) + xs)
+    inverse = jnp.argsort(order, axis=1)
+
+    def unchunked(a):  # inverse of `chunked`
+        a = a.reshape((n_chunks, shards, c) + a.shape[2:]).swapaxes(0, 1).reshape((shards, per) + a.shape[2:])
+        a = jnp.take_along_axis(a, inverse.reshape((shards, per) + (1,) * (a.ndim - 2)), axis=1)
+        return a.reshape((b,) + a.shape[2:])
+
+    return jax.tree.map(unchunked, out)
 
 
 def _fold_columns(per_block, pos, shift: int, width: int):
@@ -143,8 +200,12 @@ def sequence_logprobs(graphdef, params, tokens, valid, chunk: int = 128, vocab=N
         return loss_lib.token_logprobs_and_entropy(hidden[:, :-1], ids[:, 1:], logits_fn, chunk=chunk)
     ids, ok, pos = blocks.unfold(to_model(tokens), valid)
     shared = model.prefix_kv(to_model(tokens[0, :blocks.prefix]))
-    hidden, _ = model(ids, ok, None, prefix=shared, inference=inference)
-    logp, ent = loss_lib.token_logprobs_and_entropy(hidden[:, :-1], ids[:, 1:], logits_fn, chunk=chunk)
+
+    def score(ids, ok):
+        hidden, _ = model(ids, ok, None, prefix=shared, inference=inference)
+        return loss_lib.token_logprobs_and_entropy(hidden[:, :-1], ids[:, 1:], logits_fn, chunk=chunk)
+
+    logp, ent = over_taken_blocks(score, ids, ok, blocks.num_chunks, blocks.shards)
     width = tokens.shape[1] - 1
     return _fold_columns(logp, pos, 1, width), _fold_columns(ent, pos, 1, width)
 
@@ -158,7 +219,8 @@ def sequence_values(graphdef, params, tokens, valid, vocab=None, inference: bool
         return critic(to_model(tokens), valid, inference=inference)[:, :-1].astype(jnp.float32)
     ids, ok, pos = blocks.unfold(to_model(tokens), valid)
     shared = critic.prefix_kv(to_model(tokens[0, :blocks.prefix]))
-    v = critic(ids, ok, inference=inference, prefix=shared).astype(jnp.float32)
+    v = over_taken_blocks(lambda i, o: critic(i, o, inference=inference, prefix=shared).astype(jnp.float32),
+                          ids, ok, blocks.num_chunks, blocks.shards)
     return _fold_columns(v, pos, 0, tokens.shape[1] - 1)
 
 
@@ -228,16 +290,19 @@ class StepPrograms:
     """The compiled `prepare` and `update` programs of one config (built once per run)."""
 
     def __init__(self, cfg: Config, actor_graph, critic_graph, actor_opt, critic_opt, vocab=None,
-                 turn_blocks: tuple[int, int] | None = None):
+                 turn_blocks: tuple[int, int] | None = None, batch_shards: int = 1):
         """`turn_blocks`: (prefix length, block width) of single-turn records (`TurnBlocks`;
         `ragen_jax.rollout.rollout.turn_blocks(text_env)`), required when
-        `prompt.context_window_mode="single_turn"`."""
+        `prompt.context_window_mode="single_turn"`. `batch_shards`: the data-parallel devices the
+        rows are sharded over (`over_taken_blocks` compacts turn blocks within each one)."""
         self.cfg = cfg
         self.vocab = vocab
         if cfg.prompt.single_turn and turn_blocks is None:
             raise ConfigError("prompt.context_window_mode='single_turn' needs StepPrograms(turn_blocks=(prefix "
                               "length, block width)), from ragen_jax.rollout.rollout.turn_blocks(text_env)")
         self.turn_blocks = turn_blocks if cfg.prompt.single_turn else None
+        self.skip_untaken = True  # `TurnBlocks.skip_untaken`; False only to measure the plain pass against it
+        self.batch_shards = batch_shards
         self.actor_graph, self.critic_graph = actor_graph, critic_graph
         self.actor_opt, self.critic_opt = actor_opt, critic_opt
         self.has_critic = critic_graph is not None
@@ -253,7 +318,8 @@ class StepPrograms:
     def _blocks(self, turn_start) -> TurnBlocks | None:
         if self.turn_blocks is None:
             return None
-        return TurnBlocks(start=turn_start, prefix=self.turn_blocks[0], width=self.turn_blocks[1])
+        return TurnBlocks(start=turn_start, prefix=self.turn_blocks[0], width=self.turn_blocks[1],
+                          skip_untaken=self.skip_untaken, shards=self.batch_shards)
 
     def _per_rows(self, fn):
         """`fn(tokens, valid, blocks=...)` as a function of row arrays (tokens, valid, turn_start), the

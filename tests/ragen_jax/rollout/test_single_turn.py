@@ -15,6 +15,8 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 from flax import nnx
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 import envs_jax
 from ragen_jax.models import Qwen2, Qwen2Config, critic_from_policy
@@ -159,3 +161,111 @@ def test_single_turn_demonstrations_become_one_row_per_turn():
     np.testing.assert_array_equal(rows, [[1, 2, 3, 10, 11, 12], [1, 2, 3, 20, 21, p], [1, 2, 3, 30, 31, 32]])
     np.testing.assert_array_equal(n, [6, 5, 6])
     np.testing.assert_array_equal(rmask, [[0, 0, 0, 0, 0, 1], [0, 0, 0, 0, 1, 0], [0, 0, 0, 0, 0, 1]])
+
+
+def test_untaken_turn_blocks_are_skipped_exactly(setup):
+    """`TurnBlocks.skip_untaken` (the default) skips the chunks of block rows past the last taken turn.
+    Truth: the plain pass over every block, log-probs, entropies, values and the gradient of a
+    masked loss through them; and the fixture leaves at least one whole chunk untaken."""
+    text_env, model, graphdef, params, ro, traj = setup
+    p_len, width = turn_blocks(text_env)
+    t = jnp.asarray(traj.tokens)
+    # Record b keeps its first 1 + b % m turns (as if its episode had ended there): 20 of 32 blocks.
+    start = np.asarray(traj.turn_start).copy()
+    k, m = start.shape
+    length = np.asarray(traj.length).copy()
+    for b in range(k):
+        n = 1 + b % m
+        if n < m:
+            length[b] = start[b, n]
+            start[b, n:] = -1
+    assert (start >= 0).sum() <= (m - 1) * k  # at least one chunk of k blocks is skipped
+    valid = jnp.arange(t.shape[1])[None, :] < jnp.asarray(length)[:, None]
+    start = jnp.asarray(start)
+    mask = jnp.asarray(traj.loss_mask)[:, 1:] & valid[:, 1:]
+    temp = ro.config.temperature
+    critic = critic_from_policy(model, nnx.Rngs(4))
+    cgraph, cparams = nnx.split(critic)
+
+    def run(skip):
+        blocks = TurnBlocks(start=start, prefix=p_len, width=width, skip_untaken=skip)
+
+        def loss(p):
+            lp, en = sequence_logprobs(graphdef, p, t, valid, temperature=temp, blocks=blocks)
+            return jnp.sum(jnp.where(mask, lp + 0.1 * en, 0.0)), (lp, en)
+
+        (_, (lp, en)), g = jax.jit(jax.value_and_grad(loss, has_aux=True))(params)
+        v = jax.jit(lambda c: sequence_values(cgraph, c, t, valid, blocks=blocks))(cparams)
+        return jax.device_get((lp, en, v, g))
+
+    lp, en, v, g = run(True)
+    lp0, en0, v0, g0 = run(False)
+    np.testing.assert_allclose(lp, lp0, atol=1e-5)
+    np.testing.assert_allclose(en, en0, atol=1e-5)
+    np.testing.assert_allclose(v, v0, atol=1e-5)
+    for a, b in zip(jax.tree.leaves(g), jax.tree.leaves(g0)):
+        np.testing.assert_allclose(a, b, atol=1e-4, rtol=1e-4)
+    assert max(float(np.abs(a).max()) for a in jax.tree.leaves(g)) > 1e-3  # the gradient is not trivially 0
+
+
+@settings(max_examples=40, deadline=None)
+@given(st.lists(st.integers(0, 4), min_size=6, max_size=6), st.sampled_from([1, 2, 3, 4, 6]), st.sampled_from([1, 2, 3]))
+def test_over_taken_blocks_computes_every_taken_row_and_skips_whole_untaken_chunks(turns, n_chunks, shards):
+    """Rows of 6 records x 4 turn slots (record r took `turns[r]` turns), in `shards` data-parallel
+    parts. Truth: `fn` on every row for taken rows; a skipped row reads 0 (fn returns 1 + its id, never
+    0), and exactly the chunks past the last taken row of the fullest part are skipped."""
+    from ragen_jax.trainer.step import over_taken_blocks
+
+    taken = np.array([[j < n for j in range(4)] for n in turns]).reshape(-1)
+    ok = jnp.asarray(np.repeat(taken[:, None], 3, axis=1))
+    ids = jnp.arange(24 * 3, dtype=jnp.int32).reshape(24, 3)
+    out = np.asarray(over_taken_blocks(lambda i, o: 1.0 + i[:, 0].astype(jnp.float32), ids, ok, n_chunks, shards))
+    plain = 1.0 + np.arange(24) * 3
+    np.testing.assert_array_equal(out[taken], plain[taken])
+    if n_chunks == 1 or 24 % (n_chunks * shards):
+        computed = 24  # the plain pass
+    else:
+        c = 24 // shards // n_chunks
+        fullest = taken.reshape(shards, -1).sum(axis=1).max()
+        computed = -(-int(fullest) // c) * c * shards  # whole chunks up to the fullest part's last taken row
+    assert int((out != 0).sum()) == computed
+    assert set(np.flatnonzero(out == 0)) <= set(np.flatnonzero(~taken))
+
+
+def test_skipping_keeps_the_rows_partitioned_over_data_parallel_devices(setup):
+    """Rows sharded over the 8 simulated devices (`shards=8`: each device compacts its own rows).
+    Truths: the plain pass's numbers, and its per-device work: XLA's cost analysis counts a loop body
+    once, so one chunk's per-device FLOPs times the chunks must equal the plain pass's per-device
+    FLOPs; a compaction across devices (`shards=1`) would run every chunk whole on every device."""
+    from jax.sharding import Mesh, NamedSharding, PartitionSpec
+
+    text_env, model, graphdef, params, ro, traj = setup
+    p_len, width = turn_blocks(text_env)
+    k, m = traj.turn_start.shape
+    assert jax.device_count() == 8 == k
+    start = np.asarray(traj.turn_start).copy()
+    length = np.asarray(traj.length).copy()
+    for b in range(k):
+        n = 1 + b % m
+        if n < m:
+            length[b], start[b, n:] = start[b, n], -1
+    rows = NamedSharding(Mesh(np.array(jax.devices()), ("data",)), PartitionSpec("data"))
+    t = jax.device_put(jnp.asarray(traj.tokens), rows)
+    valid = jax.device_put(jnp.arange(t.shape[1])[None, :] < jnp.asarray(length)[:, None], rows)
+    start = jax.device_put(jnp.asarray(start), rows)
+
+    def compiled(skip, shards):
+        def f(p, t, valid, start):
+            blocks = TurnBlocks(start=start, prefix=p_len, width=width, skip_untaken=skip, shards=shards)
+            return sequence_logprobs(graphdef, p, t, valid, blocks=blocks)[0]
+        return jax.jit(f).lower(params, t, valid, start).compile()
+
+    def flops(c):
+        cost = c.cost_analysis()
+        return (cost[0] if isinstance(cost, list) else cost)["flops"]
+
+    plain, local, across = compiled(False, 1), compiled(True, 8), compiled(True, 1)
+    np.testing.assert_allclose(np.asarray(local(params, t, valid, start)), np.asarray(plain(params, t, valid, start)),
+                               atol=1e-5)
+    assert flops(local) * m == pytest.approx(flops(plain), rel=0.1)
+    assert flops(across) * m > 4 * flops(plain)
