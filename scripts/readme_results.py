@@ -252,6 +252,24 @@ def sokoban_section(d) -> list[str]:
     return out + [""]
 
 
+def turn_blocks_section(d) -> list[str]:
+    rows = (d or {}).get("rows") or []
+    if not rows:
+        return []
+    m = d.get("machine") or {}
+    out = ["### Single-turn RL step: skipping untaken turn blocks (`bench/turn_blocks.py`)", "",
+           f"`prepare` + `update` of the demo's RL configs on one real rollout batch from the policy shown, "
+           f"the plain pass over every turn block vs skipping the blocks of turns never taken (same numbers), "
+           f"alternated, median of {(d.get('settings') or {}).get('repeats', '-')}; "
+           f"{m.get('cpu_count', '-')}-core {m.get('cpu_model') or m.get('processor', '')}.", "",
+           "| env | policy | turns taken / slots | plain (s) | skipping (s) | speed-up |", "|---|---|---|---|---|---|"]
+    for r in rows:
+        policy = "demo warm start" if r.get("init_from") else "random init"
+        out.append(f"| {r['family']} | {policy} | {r['mean_turns']:.2f} / {r['turn_slots']} | {r['step_s_plain']:.2f} | "
+                   f"{r['step_s_skip']:.2f} | {r['speedup']:.2f}x |")
+    return out + [""]
+
+
 DEMO_DIR = Path("docs") / "demo_results"  # committed copies of the demo's outputs (launch/demo.py --publish)
 PUBLISH_CMD = "python launch/demo.py --workdir runs/demo --publish docs/demo_results && python scripts/readme_results.py"
 # Columns of the demo's results table, in order; only those some env reports are shown (high_arm_rate: Bandit).
@@ -353,6 +371,7 @@ def render(root: Path = ROOT) -> str:
     lines += memory_section(_load(res / "memory.json"))
     lines += train_step_section(_load(res / "train_step.json"))
     lines += sft_step_section(_load(res / "sft_step.json"))
+    lines += turn_blocks_section(_load(res / "turn_blocks.json"))
     lines += envs_section(_load(res / "envs.json"))
     lines += sokoban_section(_load(res / "sokoban_difficulty.json"))
     lines += demo_section(root)

@@ -215,3 +215,18 @@ def test_sampler_tables_split_by_work_and_judge_like_for_like():
     # Tunix has no log-prob side: its target is left out of the log-prob verdict, not counted as met.
     assert "| qwen2.5-0.5b | 16 | 2,000 | 3,000 | - | - | 1,500 (1.33x / 2.00x) | f32 no, bf16 yes | 1.0 |" in lines
     assert any(ln.startswith("| qwen2.5-0.5b | 16 | 4,000 | 7,000 |") and ln.endswith("| - |") for ln in lines)
+
+
+def test_turn_blocks_table(tmp_path):
+    res = tmp_path / "bench" / "results"
+    res.mkdir(parents=True)
+    (res / "turn_blocks.json").write_text(json.dumps({
+        "machine": {"cpu_count": 2, "cpu_model": "Some CPU"}, "settings": {"repeats": 5},
+        "rows": [{"family": "sokoban", "init_from": "runs/demo/sokoban/sft", "turn_slots": 5, "mean_turns": 1.834,
+                  "step_s_plain": 5.006, "step_s_skip": 2.694, "speedup": 1.858},
+                 {"family": "frozen_lake", "init_from": None, "turn_slots": 10, "mean_turns": 9.5,
+                  "step_s_plain": 4.0, "step_s_skip": 3.9, "speedup": 1.026}]}))
+    lines = _lines(readme_results.render(tmp_path))
+    assert "| sokoban | demo warm start | 1.83 / 5 | 5.01 | 2.69 | 1.86x |" in lines
+    assert "| frozen_lake | random init | 9.50 / 10 | 4.00 | 3.90 | 1.03x |" in lines
+    assert any("median of 5; 2-core Some CPU" in ln for ln in lines)
