@@ -7,7 +7,8 @@ For each family: the demo's RL config (launch/demo.py), the policy of `--init-fr
 family (e.g. the demo's warm start `runs/demo/<family>/sft`; the randomly initialised tiny model
 when absent, whose episodes rarely end early), ONE real rollout batch, then `prepare` + `update`
 on that same batch with skipping on and off, alternated (ABAB...) `--repeats` times after one
-warm-up call each; the medians, their ratio, and the share of block rows that were taken. Both
+warm-up call each; the medians, their ratio, the share of block rows that were taken, and each
+compiled program's temporaries (XLA's memory analysis). Both
 programs compute the same numbers (tests/ragen_jax/rollout/test_single_turn.py), so the ratio is
 the time the padding cost.
 
@@ -62,7 +63,7 @@ def measure(family: str, init_from: str | None, repeats: int, overrides: list[st
         traj = jax.block_until_ready(t.rollout(t.actor_params, jax.random.fold_in(t.state.key, 1), seeds))
         start = np.asarray(traj.turn_start)
         frozen = t._frozen_args
-        steps = {}
+        steps, mem = {}, {}
         for skip in (True, False):
             programs = copy.copy(t.programs)
             programs.skip_untaken = skip
@@ -73,6 +74,12 @@ def measure(family: str, init_from: str | None, repeats: int, overrides: list[st
                 return upd(t.state, batch, *frozen)
 
             steps[skip] = step
+            # Peak temporaries of the compiled programs: the skipping scan must not hold more than the
+            # plain pass (each chunk's residuals replace the plain pass's, and the cond adds none).
+            batch_shape = jax.eval_shape(prep, t.state.actor, t.state.critic, t.ref, traj, *frozen)[0]
+            mem[skip] = {"prepare": prep.lower(t.state.actor, t.state.critic, t.ref, traj, *frozen).compile()
+                         .memory_analysis().temp_size_in_bytes,
+                         "update": upd.lower(t.state, batch_shape, *frozen).compile().memory_analysis().temp_size_in_bytes}
         warm = {skip: _timed(steps[skip]) for skip in (True, False)}
         times = {True: [], False: []}
         for _ in range(repeats):
@@ -90,6 +97,8 @@ def measure(family: str, init_from: str | None, repeats: int, overrides: list[st
         "step_s_skip": on,
         "step_s_plain": off,
         "speedup": off / on,
+        "temp_mib_skip": {k: v / 2**20 for k, v in mem[True].items()},
+        "temp_mib_plain": {k: v / 2**20 for k, v in mem[False].items()},
         "first_call_s_skip": warm[True],
         "first_call_s_plain": warm[False],
         "times_skip": times[True],
@@ -110,7 +119,8 @@ def main(argv=None) -> None:
         row = measure(family, args.init_from, args.repeats, args.overrides)
         result["rows"].append(row)
         print(f"{family}: {row['mean_turns']:.2f} of {row['turn_slots']} turns taken; prepare+update "
-              f"{row['step_s_plain']:.2f} s -> {row['step_s_skip']:.2f} s ({row['speedup']:.2f}x)", flush=True)
+              f"{row['step_s_plain']:.2f} s -> {row['step_s_skip']:.2f} s ({row['speedup']:.2f}x); update temporaries "
+              f"{row['temp_mib_plain']['update']:.0f} -> {row['temp_mib_skip']['update']:.0f} MiB", flush=True)
         write_result(result, args.out)
 
 
