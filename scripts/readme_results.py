@@ -252,6 +252,11 @@ def sokoban_section(d) -> list[str]:
     return out + [""]
 
 
+def _mib(row, side: str) -> str:
+    v = (row.get(f"temp_mib_{side}") or {}).get("update")
+    return "-" if v is None else f"{v:,.0f} MiB"
+
+
 def turn_blocks_section(d) -> list[str]:
     rows = (d or {}).get("rows") or []
     if not rows:
@@ -262,11 +267,12 @@ def turn_blocks_section(d) -> list[str]:
            f"the plain pass over every turn block vs skipping the blocks of turns never taken (same numbers), "
            f"alternated, median of {(d.get('settings') or {}).get('repeats', '-')}; "
            f"{m.get('cpu_count', '-')}-core {m.get('cpu_model') or m.get('processor', '')}.", "",
-           "| env | policy | turns taken / slots | plain (s) | skipping (s) | speed-up |", "|---|---|---|---|---|---|"]
+           "| env | policy | turns taken / slots | plain (s) | skipping (s) | speed-up | update temporaries, plain -> skipping |",
+           "|---|---|---|---|---|---|---|"]
     for r in rows:
         policy = "demo warm start" if r.get("init_from") else "random init"
         out.append(f"| {r['family']} | {policy} | {r['mean_turns']:.2f} / {r['turn_slots']} | {r['step_s_plain']:.2f} | "
-                   f"{r['step_s_skip']:.2f} | {r['speedup']:.2f}x |")
+                   f"{r['step_s_skip']:.2f} | {r['speedup']:.2f}x | {_mib(r, 'plain')} -> {_mib(r, 'skip')} |")
     return out + [""]
 
 

@@ -223,10 +223,11 @@ def test_turn_blocks_table(tmp_path):
     (res / "turn_blocks.json").write_text(json.dumps({
         "machine": {"cpu_count": 2, "cpu_model": "Some CPU"}, "settings": {"repeats": 5},
         "rows": [{"family": "sokoban", "init_from": "runs/demo/sokoban/sft", "turn_slots": 5, "mean_turns": 1.834,
-                  "step_s_plain": 5.006, "step_s_skip": 2.694, "speedup": 1.858},
+                  "step_s_plain": 5.006, "step_s_skip": 2.694, "speedup": 1.858,
+                  "temp_mib_plain": {"update": 1365.2}, "temp_mib_skip": {"update": 1073.4}},
                  {"family": "frozen_lake", "init_from": None, "turn_slots": 10, "mean_turns": 9.5,
                   "step_s_plain": 4.0, "step_s_skip": 3.9, "speedup": 1.026}]}))
     lines = _lines(readme_results.render(tmp_path))
-    assert "| sokoban | demo warm start | 1.83 / 5 | 5.01 | 2.69 | 1.86x |" in lines
-    assert "| frozen_lake | random init | 9.50 / 10 | 4.00 | 3.90 | 1.03x |" in lines
+    assert "| sokoban | demo warm start | 1.83 / 5 | 5.01 | 2.69 | 1.86x | 1,365 MiB -> 1,073 MiB |" in lines
+    assert "| frozen_lake | random init | 9.50 / 10 | 4.00 | 3.90 | 1.03x | - -> - |" in lines
     assert any("median of 5; 2-core Some CPU" in ln for ln in lines)
