@@ -8,7 +8,7 @@ family (e.g. the demo's warm start `runs/demo/<family>/sft`; the randomly initia
 when absent, whose episodes rarely end early), ONE real rollout batch, then `prepare` + `update`
 on that same batch with skipping on and off, alternated (ABAB...) `--repeats` times after one
 warm-up call each; the medians, their ratio, the share of block rows that were taken, and each
-compiled program's temporaries (XLA's memory analysis). Both
+program's compile time and temporaries (XLA's memory analysis). Both
 programs compute the same numbers (tests/ragen_jax/rollout/test_single_turn.py), so the ratio is
 the time the padding cost.
 
@@ -63,23 +63,25 @@ def measure(family: str, init_from: str | None, repeats: int, overrides: list[st
         traj = jax.block_until_ready(t.rollout(t.actor_params, jax.random.fold_in(t.state.key, 1), seeds))
         start = np.asarray(traj.turn_start)
         frozen = t._frozen_args
-        steps, mem = {}, {}
+        steps, mem, compile_s = {}, {}, {}
         for skip in (True, False):
             programs = copy.copy(t.programs)
             programs.skip_untaken = skip
-            prep, upd = jax.jit(programs.prepare), jax.jit(programs.update)
+            # Compiled once here: the compile time and the temporaries (XLA's memory analysis) are
+            # read off the same executables that are timed.
+            t0 = time.perf_counter()
+            lowered = jax.jit(programs.prepare).lower(t.state.actor, t.state.critic, t.ref, traj, *frozen)
+            prep = lowered.compile()
+            upd = jax.jit(programs.update).lower(t.state, lowered.out_info[0], *frozen).compile()
+            compile_s[skip] = time.perf_counter() - t0
+            mem[skip] = {"prepare": prep.memory_analysis().temp_size_in_bytes,
+                         "update": upd.memory_analysis().temp_size_in_bytes}
 
             def step(prep=prep, upd=upd):
                 batch, _ = prep(t.state.actor, t.state.critic, t.ref, traj, *frozen)
                 return upd(t.state, batch, *frozen)
 
             steps[skip] = step
-            # Peak temporaries of the compiled programs: the skipping scan must not hold more than the
-            # plain pass (each chunk's residuals replace the plain pass's, and the cond adds none).
-            batch_shape = jax.eval_shape(prep, t.state.actor, t.state.critic, t.ref, traj, *frozen)[0]
-            mem[skip] = {"prepare": prep.lower(t.state.actor, t.state.critic, t.ref, traj, *frozen).compile()
-                         .memory_analysis().temp_size_in_bytes,
-                         "update": upd.lower(t.state, batch_shape, *frozen).compile().memory_analysis().temp_size_in_bytes}
         warm = {skip: _timed(steps[skip]) for skip in (True, False)}
         times = {True: [], False: []}
         for _ in range(repeats):
@@ -99,6 +101,8 @@ def measure(family: str, init_from: str | None, repeats: int, overrides: list[st
         "speedup": off / on,
         "temp_mib_skip": {k: v / 2**20 for k, v in mem[True].items()},
         "temp_mib_plain": {k: v / 2**20 for k, v in mem[False].items()},
+        "compile_s_skip": compile_s[True],
+        "compile_s_plain": compile_s[False],
         "first_call_s_skip": warm[True],
         "first_call_s_plain": warm[False],
         "times_skip": times[True],

@@ -57,8 +57,8 @@ class Trainer:
         self._check_workdir()
 
         self.mesh = build_mesh(cfg, devices)
-        n_batch_shards = self.mesh.shape["data"] * self.mesh.shape["fsdp"]
-        check_batch_fits_mesh(cfg, n_batch_shards)
+        self.n_batch_shards = self.mesh.shape["data"] * self.mesh.shape["fsdp"]
+        check_batch_fits_mesh(cfg, self.n_batch_shards)
 
         self.tokenizer = load_task_tokenizer(cfg)
         self.text_envs = build_text_envs(cfg, self.tokenizer)
@@ -117,9 +117,9 @@ class Trainer:
         # Rollouts: training (P x N) and validation (val_size states x 1, lower temperature).
         self.rollout = Rollout(policy, self.text_env, cfg.rollout, mesh=self.mesh, vocab=self.vocab)
         for name, size in cfg.env.validation_set(cfg.train.val_size) if cfg.train.val_every > 0 else ():
-            if size % n_batch_shards:
+            if size % self.n_batch_shards:
                 raise ConfigError(f"the validation size {size} of {name} (train.val_size or env.val_set) is not "
-                                  f"divisible by the {n_batch_shards} data-parallel devices of the mesh")
+                                  f"divisible by the {self.n_batch_shards} data-parallel devices of the mesh")
 
         # Fail before the first iteration (and before anything is written) when the compiled programs
         # do not fit the device.
@@ -143,7 +143,7 @@ class Trainer:
     def _build_programs(self, state: TrainState, policy_graph, critic_graph) -> None:
         blocks = turn_blocks(self.text_env) if self.cfg.prompt.single_turn else None
         self.programs = StepPrograms(self.cfg, policy_graph, critic_graph, *self._opts, vocab=self.vocab,
-                                     turn_blocks=blocks, batch_shards=self.mesh.shape["data"] * self.mesh.shape["fsdp"])
+                                     turn_blocks=blocks, batch_shards=self.n_batch_shards)
         state_shardings = jax.tree.map(lambda x: x.sharding, state)
         self._prepare = jax.jit(self.programs.prepare)
         # The update donates the train state: parameters and optimizer state exist once, updated in place.
