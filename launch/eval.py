@@ -33,8 +33,8 @@ def parse_args(argv=None):
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--model", required=True, help="run directory, Hugging Face model directory, or preset:NAME")
     p.add_argument("--envs", default=None,
-                   help="comma-separated env names (default: Sokoban,NewSymbolsSokoban,LargerSokoban,FrozenLake,"
-                        "Bandit,BanditTest)")
+                   help="comma-separated env names (default: the registered envs whose envs_jax record has "
+                        "default_eval: Sokoban, its variants, FrozenLake, Bandit, BanditTest)")
     p.add_argument("--num-states", type=int, default=256, help="initial states per env (seeds seed-start..)")
     p.add_argument("--seed-start", type=int, default=123)
     p.add_argument("--rollouts-per-state", type=int, default=1, help="k of pass@k")

@@ -18,16 +18,17 @@ whole answer because Qwen's pre-tokenizer always splits at these joints (a lette
 following space or `<`); the table checks that on every joint type when it is built, so a
 tokenizer for which it does not hold fails loudly instead of producing drifting ids.
 
-Teachers per environment:
-- Sokoban (all variants): BFS from the CURRENT state every turn (re-solving is simpler and robust
+Teachers per kind (an environment's record, `envs_jax.get_spec(name).teacher`, names its kind, and
+`teacher_thought` its thought):
+- bfs (Sokoban, all variants): BFS from the CURRENT state every turn (re-solving is simpler and robust
   to anything that happened in between); the turn names the next min(actions per turn, solution
   length, actions left) moves.
-- FrozenLake: the finite-horizon value-iteration policy. That policy is optimal only with feedback
+- value_iteration (FrozenLake): the finite-horizon value-iteration policy. That policy is optimal only with feedback
   after every action (slips make the next cell random), but a turn's actions run without feedback
   in between, so a teacher naming several actions would act blindly after the first slip. It
   therefore names ONE action per turn: the optimal action for the current cell, planned with the
   actions it can really still take, min(actions left, turns left) (one per turn).
-- Bandit: the high-risk arm with probability `high_prob`, else the low-risk arm, drawn from the
+- bandit_arm (Bandit): the high-risk arm with probability `high_prob`, else the low-risk arm, drawn from the
   turn's key (a Bandit episode is one turn, so this is one draw per episode).
 """
 
@@ -39,27 +40,21 @@ import numpy as np
 
 from ragen_jax.text import render
 from ragen_jax.text.tokenizer import ENDOFTEXT, IM_END
+import envs_jax
 from envs_jax.bandit import HIGH, LOW
-from envs_jax.sokoban.env import SokobanEnv
-from envs_jax.bandit import Bandit
-from envs_jax.frozen_lake import FrozenLake
 
 ANSWER_SEP = " || "
 THINK_CLOSE = "</think>"
 ANSWER_OPEN, ANSWER_CLOSE = "<answer>", "</answer>"
 IM_END_TEXT = "<|im_end|>"
 
-THOUGHTS = {
-    "sokoban": " I push the box toward the target.",
-    "frozenlake": " I avoid the holes and head for the goal.",
-    "bandit": " I choose an arm by what its name suggests.",
-}
-
-
 def teacher_texts() -> tuple[str, ...]:
     """The fixed texts every teacher answer is made of (besides action names), so that a small task
-    vocabulary (`model.vocab='task'`, ragen_jax.trainer.rl.build_vocab) covers the demonstrations."""
-    heads = [f"{t}{THINK_CLOSE}{ANSWER_OPEN}" for t in THOUGHTS.values()]
+    vocabulary (`model.vocab='task'`, ragen_jax.trainer.rl.build_vocab) covers the demonstrations:
+    the thoughts of every registered environment's record."""
+    specs = [envs_jax.get_spec(n) for n in envs_jax.registered_envs()]
+    thoughts = dict.fromkeys(s.teacher_thought for s in specs if s.teacher)
+    heads = [f"{t}{THINK_CLOSE}{ANSWER_OPEN}" for t in thoughts]
     return (*heads, THINK_CLOSE + ANSWER_OPEN, ANSWER_CLOSE, ANSWER_SEP)
 
 
@@ -159,17 +154,17 @@ class AnswerTable:
 
 # ---------------------------------------------------------------------------------- teachers
 class _Teacher:
-    family = ""
+    kind = ""  # its envs_jax.TEACHER_KINDS key
     # Which demonstrations make the SFT data by default (see SFTTrainer): the reference's warm
     # start used solver trajectories, i.e. solutions.
     keep_only_successful = False
 
-    def __init__(self, text_env, *, thought: str | None = None, max_actions: int | None = None):
+    def __init__(self, text_env, *, thought: str = "", max_actions: int | None = None):
         pc = text_env.config
         self.text_env, self.env, self.env_params = text_env, text_env.env, text_env.env_params
         want = text_env.max_actions_per_turn if max_actions is None else int(max_actions)
         self.table = AnswerTable(text_env.tokenizer, text_env.action_names, think=pc.think,
-                                 thought=THOUGHTS[self.family] if thought is None else thought,
+                                 thought=thought,
                                  max_tokens=pc.max_response_tokens, max_actions=min(want, text_env.max_actions_per_turn))
         self.actions_per_turn = self.table.max_actions
         self.max_turns = int(text_env.max_turns)
@@ -183,7 +178,7 @@ class _Teacher:
 class SokobanTeacher(_Teacher):
     """BFS solution from the current state; the next min(actions per turn, left) moves each turn."""
 
-    family = "sokoban"
+    kind = "bfs"
     keep_only_successful = True
 
     def __call__(self, state, turn, key):
@@ -202,7 +197,7 @@ class SokobanTeacher(_Teacher):
 class FrozenLakeTeacher(_Teacher):
     """One value-iteration-optimal action per turn (see the module docstring for why one)."""
 
-    family = "frozenlake"
+    kind = "value_iteration"
 
     def horizon(self, state, turn):
         """Actions the agent can still take: one per remaining turn, at most the actions left."""
@@ -221,7 +216,7 @@ class FrozenLakeTeacher(_Teacher):
 class BanditTeacher(_Teacher):
     """The high-risk arm with probability `high_prob`, else the low-risk one."""
 
-    family = "bandit"
+    kind = "bandit_arm"
 
     def __init__(self, text_env, *, high_prob: float = 0.5, **kw):
         super().__init__(text_env, **kw)
@@ -235,40 +230,28 @@ class BanditTeacher(_Teacher):
         return self.table.ids(jnp.full((self.actions_per_turn,), action), 1)
 
 
-_REGISTRY = {
-    "Sokoban": SokobanTeacher,
-    "LargerSokoban": SokobanTeacher,
-    "NewSymbolsSokoban": SokobanTeacher,
-    "CoordSokoban": SokobanTeacher,
-    "FrozenLake": FrozenLakeTeacher,
-    "CoordFrozenLake": FrozenLakeTeacher,
-    "Bandit": BanditTeacher,
-    "BanditTest": BanditTeacher,
-    "BanditPairs": BanditTeacher,
-    "BanditPairsTest": BanditTeacher,
-}
-
-
-def _env_class(cls):
-    if cls is SokobanTeacher:
-        return SokobanEnv
-
-    return FrozenLake if cls is FrozenLakeTeacher else Bandit
+TEACHERS = {cls.kind: cls for cls in (SokobanTeacher, FrozenLakeTeacher, BanditTeacher)}  # by teacher kind
 
 
 def get_teacher(env_name: str, text_env, **kw):
-    """The teacher for a registered environment name. kw: `thought`, `max_actions`, and for the
-    Bandit `high_prob` (ignored by the others)."""
-    if env_name not in _REGISTRY:
-        raise ValueError(f"no solver teacher for environment {env_name!r}; valid: {', '.join(_REGISTRY)}")
-    cls = _REGISTRY[env_name]
-    want_env = _env_class(cls)
-    if not isinstance(text_env.env, want_env):
-        raise ValueError(f"the {env_name} teacher needs a {want_env.__name__} TextEnv, got {type(text_env.env).__name__}")
+    """The teacher of a registered environment (its record's `teacher` kind and `teacher_thought`).
+    kw: `thought` (replaces the record's), `max_actions`, and `high_prob` for a bandit_arm teacher
+    (ignored by the others)."""
+    spec = envs_jax.get_spec(env_name) if env_name in envs_jax.registered_envs() else None
+    if spec is None or spec.teacher not in TEACHERS:
+        with_teacher = [n for n in envs_jax.registered_envs() if envs_jax.get_spec(n).teacher in TEACHERS]
+        raise ValueError(f"no solver teacher for environment {env_name!r}; environments with one: "
+                         f"{', '.join(with_teacher)}")
+    if not isinstance(text_env.env, spec.env_class):
+        raise ValueError(f"the {env_name} teacher needs a {spec.env_class.__name__} TextEnv, "
+                         f"got {type(text_env.env).__name__}")
+    cls = TEACHERS[spec.teacher]
     if cls is not BanditTeacher:
         kw.pop("high_prob", None)
+    if kw.get("thought") is None:
+        kw["thought"] = spec.teacher_thought
     return cls(text_env, **kw)
 
 
-__all__ = ["AnswerTable", "BanditTeacher", "FrozenLakeTeacher", "SokobanTeacher", "THOUGHTS", "get_teacher",
+__all__ = ["AnswerTable", "BanditTeacher", "FrozenLakeTeacher", "SokobanTeacher", "TEACHERS", "get_teacher",
            "teacher_texts"]

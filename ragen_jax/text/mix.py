@@ -116,13 +116,14 @@ class MixedEnv:
         raise NotImplementedError("a mixed batch is reset row by row with MixedTextEnv.reset_rows(seeds): the "
                                   "member of a row depends on its position in the batch")
 
-    def _map_action(self, e: int, action):
+    def map_action(self, e: int, action):
+        """Mix action indices -> member `e`'s own action indices (negative: no action, kept)."""
         action = jnp.asarray(action, jnp.int32)
         table = jnp.asarray(self.action_maps[e])
         return jnp.where(action < 0, action, table[jnp.clip(action, 0, table.shape[0] - 1)])
 
     def step_env(self, key, state: MixedState, action, params):
-        outs = [env.step_env(key, st, self._map_action(e, action), p)
+        outs = [env.step_env(key, st, self.map_action(e, action), p)
                 for e, (env, st, p) in enumerate(zip(self.members, state.members, params))]
         own = [state.env == e for e in range(len(self.members))]
         members = tuple(jax.tree.map(lambda new, old, m=m: jnp.where(m, new, old), out[1], st)
@@ -276,7 +277,7 @@ class MixedTextEnv:
             if not hasattr(te.env, "valid_actions"):
                 outs.append(parsed)
                 continue
-            own = parsed.replace(actions=self.env._map_action(e, parsed.actions))
+            own = parsed.replace(actions=self.env.map_action(e, parsed.actions))
             r = te.restrict_to_state(own, st)
             back = jnp.asarray(np.argsort(self.env.action_maps[e]).astype(np.int32))  # member -> mix
             acts = jnp.asarray(r.actions, jnp.int32)

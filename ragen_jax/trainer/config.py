@@ -211,9 +211,10 @@ class EnvConfig:
                 env, params = envs_jax.make(name, **sub)
             except ValueError as e:
                 raise ConfigError(f"env.overrides[{name!r}]: {e}") from None
-            if isinstance(env, envs_jax.Bandit):
-                raise ConfigError(f"env.mix cannot hold {name}: Bandit envs run a one-turn, one-action conversation "
-                                  "of their own; mix multi-turn environments (Sokoban, FrozenLake and their variants)")
+            if not envs_jax.get_spec(name).mixable:
+                mixable = [n for n in envs_jax.registered_envs() if envs_jax.get_spec(n).mixable]
+                raise ConfigError(f"env.mix cannot hold {name}: it runs a conversation of its own (its envs_jax record "
+                                  f"is not mixable); mix environments such as {', '.join(mixable)}")
             actions[name] = tuple(env.action_names(params))
         first = names[0]
         for name in names[1:]:

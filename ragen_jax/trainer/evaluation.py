@@ -38,11 +38,10 @@ from ragen_jax.text import PromptConfig, TextEnv
 from ragen_jax.text.tokenizer import load_tokenizer
 from ragen_jax.trainer.checkpoint import POLICY_DIR, CheckpointError, load_policy_params
 from ragen_jax.trainer.config import Config, ConfigError, config_from_dict
-from ragen_jax.trainer.setup import (SINGLE_ACTION_ENVS, build_policy, build_text_envs, build_vocab,
+from ragen_jax.trainer.setup import (build_policy, build_text_envs, build_vocab,
                                      init_policy_params, load_task_tokenizer, prompt_for_env)
 
-DEFAULT_SUITE = ("Sokoban", "NewSymbolsSokoban", "LargerSokoban", "FrozenLake", "Bandit", "BanditTest")
-BANDIT_ENVS = SINGLE_ACTION_ENVS  # their success is "chose the high-risk arm" (reported as high_arm_rate)
+DEFAULT_SUITE = envs_jax.default_eval_suite()
 # The per-env numbers of the table, in column order (pass@k is inserted after format_ok).
 TABLE_METRICS = ("success", "reward_mean", "action_is_valid", "action_is_effective", "num_actions",
                  "response_length", "format_ok")
@@ -319,8 +318,9 @@ def episode_metrics(traj, rollouts_per_state: int, env_name: str = "") -> dict:
     out["num_states"] = int(success.size // rollouts_per_state)
     # Per initial state (seed order), so two evaluations on the same states can be compared pairwise.
     out["state_success"] = success.reshape(-1, rollouts_per_state).mean(axis=1).tolist()
-    if env_name in BANDIT_ENVS:
-        out["high_arm_rate"] = out["success"]  # Bandit's success is "chose the high-risk arm"
+    alias = envs_jax.get_spec(env_name).success_alias if env_name in envs_jax.registered_envs() else ""
+    if alias:  # e.g. Bandit's success is "chose the high-risk arm": high_arm_rate
+        out[alias] = out["success"]
     return out
 
 
@@ -334,7 +334,7 @@ def evaluate(policy, params, tokenizer, envs: Sequence[str] = DEFAULT_SUITE, *, 
     Initial states are the fixed seeds seed_start .. seed_start + num_states - 1 (the reference's
     validation set: 256 states from 123, one rollout each, temperature 0.5). `key` (default
     PRNGKey(0)) drives sampling and env randomness, the same for every env. `prompt`: PromptConfig;
-    Bandit envs always get one turn with one action (`prompt_for_env`). `env_overrides`:
+    Single-action envs (Bandit) always get one turn with one action (`prompt_for_env`). `env_overrides`:
     {env name: parameter overrides for envs_jax.make}. `vocab`: the VocabMap of a small-vocabulary
     model (`LoadedPolicy.vocab`). `transcripts`: that many sample conversations
     per env (format_trajectory) under "transcripts". `progress(env, "start"|"done", metrics)` is
@@ -342,7 +342,8 @@ def evaluate(policy, params, tokenizer, envs: Sequence[str] = DEFAULT_SUITE, *, 
     action_is_effective, num_actions, response_length, format_ok, pass@k (k = rollouts_per_state:
     the fraction of states with at least one success), num_turns, truncated, reward_std,
     num_episodes, num_states, seconds, state_success (per state in seed order: the fraction of its
-    rollouts that succeeded; a list, left out of flat_metrics); Bandit envs also high_arm_rate.
+    rollouts that succeeded; a list, left out of flat_metrics); an env record's success_alias repeats
+    success under that name (Bandit: high_arm_rate).
     """
     names = check_env_names(envs)
     for what, v in (("num_states", num_states), ("rollouts_per_state", rollouts_per_state),
@@ -471,5 +472,5 @@ def format_table(results: dict) -> str:
     return "\n".join(lines)
 
 
-__all__ = ["validate_run", "log_validation", "BANDIT_ENVS", "DEFAULT_SUITE", "EvalError", "LoadedPolicy", "check_env_names", "episode_metrics",
+__all__ = ["validate_run", "log_validation", "DEFAULT_SUITE", "EvalError", "LoadedPolicy", "check_env_names", "episode_metrics",
            "evaluate", "flat_metrics", "format_table", "get_rollout", "load_for_eval", "load_source", "write_eval_json"]

@@ -107,14 +107,10 @@ def build_text_envs(cfg: Config, tokenizer) -> dict:
     return out
 
 
-# Single turn, single action whatever the prompt settings of the other envs say (configs/bandit.py).
-SINGLE_ACTION_ENVS = ("Bandit", "BanditTest", "BanditPairs", "BanditPairsTest")
-
-
 def prompt_for_env(prompt: PromptConfig, env_name: str) -> PromptConfig:
     """The conversation settings an environment is run with: the run's, except that one-shot envs
-    (Bandit) always get one turn with one action."""
-    if env_name in SINGLE_ACTION_ENVS:
+    (their record's `single_action`: Bandit) always get one turn with one action."""
+    if envs_jax.get_spec(env_name).single_action:
         return dataclasses.replace(prompt, max_turns=1, max_actions_per_turn=1)
     return prompt
 

@@ -353,7 +353,7 @@ class SFTTrainer:
                  if k not in ("in_group_std", "in_group_std_max", "pass_at_n", "reward_std")}
         if self.keep_only_successful:
             keep = np.asarray(traj.success)
-        elif self.teacher.family == "bandit" and self.demo_filter == "auto":
+        elif self.teacher.kind == "bandit_arm" and self.demo_filter == "auto":
             keep = balance_arm_choices(np.asarray(traj.success), s.bandit_high_prob)  # success = high arm
         else:
             keep = np.ones(s.num_demos, bool)
