@@ -4,6 +4,9 @@ from __future__ import annotations
 
 import importlib
 
+import jax
+import jax.numpy as jnp
+import numpy as np
 import pytest
 
 import envs_jax
@@ -113,3 +116,84 @@ def test_sokoban_names_route_to_sokoban_package(name):
         pytest.skip("envs_jax.sokoban.make_sokoban not available yet")
     env, params = envs_jax.make(name)
     assert env.action_names(params) == ("Up", "Down", "Left", "Right")
+
+
+# ---------------------------------------------------------------------------------- records
+def test_default_eval_suite_is_the_generalisation_suite():
+    """The suite launch/eval.py ran before the records existed (hand-written list)."""
+    assert envs_jax.default_eval_suite() == ("Sokoban", "NewSymbolsSokoban", "LargerSokoban", "FrozenLake", "Bandit",
+                                             "BanditTest")
+
+
+def _first_action_ends(env, params, keys):
+    """done[key, action] after one action from a fresh episode (the env's own rules, jitted once)."""
+    def first(key, action):
+        _, state = env.reset_env(key, params)
+        return env.step_env(key, state, action, params)[1].done
+
+    actions = jnp.arange(len(env.action_names(params)))
+    return np.asarray(jax.jit(jax.vmap(jax.vmap(first, (None, 0)), (0, None)))(keys, actions))
+
+
+def _first_of_its_class(name):
+    cls = envs_jax.get_spec(name).env_class
+    return next(n for n in envs_jax.registered_envs() if envs_jax.get_spec(n).env_class is cls) == name
+
+
+@pytest.mark.parametrize("name", envs_jax.registered_envs())
+def test_every_record_matches_its_env(name):
+    spec = envs_jax.get_spec(name)
+    assert spec.name == name
+    env, params = spec.make()
+    assert isinstance(env, spec.env_class)
+    assert tuple(env.action_names(params)) == spec.action_names
+    # Writable in an answer: non-empty, unpadded, no separator, distinct ignoring case.
+    assert all(a and a == a.strip() and "||" not in a for a in spec.action_names)
+    assert len({a.lower() for a in spec.action_names}) == len(spec.action_names)
+    assert spec.teacher in envs_jax.TEACHER_KINDS and spec.teacher_thought.strip()
+    assert not (spec.mixable and spec.single_action)
+    if spec.single_action:
+        assert int(params.max_steps_in_episode) == 1
+    else:
+        assert int(params.max_steps_in_episode) > 1
+    # Behaviour (compiled once per env class: the Sokoban generator alone takes seconds to compile):
+    # a single-action env ends after any first action; any other keeps going after some first action.
+    if _first_of_its_class(name):
+        done = _first_action_ends(env, params, jax.random.split(jax.random.PRNGKey(0), 8))
+        assert done.all() if spec.single_action else not done.all()
+
+
+def _spec(name="Toy", **kw):
+    fields = dict(build=envs_jax.dataclass_build(lambda: (FrozenLake(), envs_jax.FrozenLakeParams())),
+                  env_class=FrozenLake, action_names=("Left", "Down", "Right", "Up"))
+    return envs_jax.EnvSpec(name, **{**fields, **kw})
+
+
+def test_bad_records_are_refused_in_one_sentence():
+    with pytest.raises(ValueError, match="Toy: unknown teacher kind 'astar'; valid: bfs, value_iteration"):
+        _spec(teacher="astar")
+    with pytest.raises(ValueError, match="Toy: a single_action env .* cannot be mixable"):
+        _spec(single_action=True)
+    with pytest.raises(ValueError, match="must be a non-empty string without ':' or ','"):
+        _spec("Toy:2")
+    with pytest.raises(ValueError, match="'FrozenLake' is already registered; pass replace=True"):
+        envs_jax.register(_spec("FrozenLake"))
+    with pytest.raises(ValueError, match="register takes an EnvSpec, got dict"):
+        envs_jax.register({"name": "Toy"})
+    with pytest.raises(ValueError, match="unknown environment 'Toy'; valid: Sokoban"):
+        envs_jax.unregister("Toy")
+    with pytest.raises(ValueError, match="unknown environment 'Toy'; valid: Sokoban"):
+        envs_jax.get_spec("Toy")
+
+
+def test_a_registered_record_is_made_and_removed():
+    spec = envs_jax.register(_spec(teacher="value_iteration", teacher_thought=" t"))
+    try:
+        assert envs_jax.registered_envs()[-1] == "Toy" and envs_jax.get_spec("Toy") is spec
+        env, params = envs_jax.make("Toy", size=3, success_rate=1.0)  # the dataclass rule, aliases included
+        assert isinstance(env, FrozenLake) and (params.size, params.slip) == (3, 0.0)
+        with pytest.raises(ValueError, match=r"unknown parameter\(s\) 'sise' for Toy; valid: "):
+            envs_jax.make("Toy", sise=3)
+    finally:
+        envs_jax.unregister("Toy")
+    assert "Toy" not in envs_jax.registered_envs()

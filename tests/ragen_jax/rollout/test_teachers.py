@@ -12,7 +12,7 @@ import pytest
 import envs_jax
 from ragen_jax.models.qwen2.sharding import make_mesh
 from ragen_jax.rollout import Rollout, RolloutConfig
-from ragen_jax.rollout.teachers import get_teacher
+from ragen_jax.rollout.teachers import TEACHERS, get_teacher
 from ragen_jax.rollout.teachers import AnswerTable
 from ragen_jax.text import PromptConfig, TextEnv
 from ragen_jax.text.tokenizer import IM_END, load_tokenizer
@@ -71,6 +71,17 @@ def test_tables_fit_the_budget_or_fail_clearly(tok):
         get_teacher("Countdown", te)
     with pytest.raises(ValueError, match="the Sokoban teacher needs a SokobanEnv"):
         get_teacher("Sokoban", te)
+
+
+def test_every_teacher_kind_has_a_teacher(tok):
+    """The rollout side covers every kind a record may name, and each built-in env gets its kind's
+    teacher with its record's thought."""
+    assert set(TEACHERS) == set(envs_jax.TEACHER_KINDS)
+    for name in ("Sokoban", "FrozenLake", "Bandit"):
+        spec = envs_jax.get_spec(name)
+        teacher = get_teacher(name, _te(tok, name, max_turns=1, max_actions_per_turn=1, max_response_tokens=32))
+        assert type(teacher) is TEACHERS[spec.teacher] and teacher.kind == spec.teacher
+        assert teacher.table.thought == spec.teacher_thought
 
 
 # ------------------------------------------------------------------------------------ Sokoban
