@@ -144,8 +144,8 @@ _BANDIT = dict(env_class=Bandit, teacher="bandit_arm", teacher_thought=" I choos
 
 
 def _bandit(name: str, params: BanditParams, **fields) -> EnvSpec:
-    return EnvSpec(name, dataclass_build(lambda: (Bandit(), params)), action_names=tuple(n for pair in arm_pairs(params) for n in pair),
-                   **_BANDIT, **fields)
+    names = tuple(n for pair in arm_pairs(params) for n in pair)
+    return EnvSpec(name, dataclass_build(lambda: (Bandit(), params)), action_names=names, **_BANDIT, **fields)
 
 
 for _spec in (

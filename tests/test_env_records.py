@@ -35,10 +35,12 @@ class Coin(Bandit):
 @pytest.fixture(scope="module", autouse=True)
 def fake_envs():
     specs = [
-        envs_jax.EnvSpec("Pond", envs_jax.dataclass_build(lambda: (Pond(), FrozenLakeParams(size=3, max_steps_in_episode=6))),
+        envs_jax.EnvSpec("Pond", envs_jax.dataclass_build(
+            lambda: (Pond(), FrozenLakeParams(size=3, max_steps_in_episode=6))),
                          env_class=Pond, action_names=("Left", "Down", "Right", "Up"), teacher="value_iteration",
                          teacher_thought=POND_THOUGHT),
-        envs_jax.EnvSpec("Coin", envs_jax.dataclass_build(lambda: (Coin(), BanditParams(low_name="Copper", high_name="Gold"))),
+        envs_jax.EnvSpec("Coin", envs_jax.dataclass_build(
+            lambda: (Coin(), BanditParams(low_name="Copper", high_name="Gold"))),
                          env_class=Coin, action_names=("Copper", "Gold"), single_action=True, mixable=False,
                          success_alias="gold_rate"),
     ]
