@@ -27,6 +27,8 @@ from typing import Callable
 import jax
 import jax.numpy as jnp
 
+from ragen_jax.algorithms import gigpo as gigpo_lib
+
 STD_EPS = 1e-6  # reference: zero-std threshold and the `std + eps` divisor
 
 
@@ -318,41 +320,54 @@ def rloo(token_rewards: jax.Array, loss_mask: jax.Array, group_size: int) -> tup
     return _broadcast(s, loss_mask)
 
 
-def _est_gae(token_rewards, loss_mask, values, turn_end, *, group_size, gamma, lam, high_level_gamma):
+def _est_gae(token_rewards, loss_mask, values, turn_end, *, group_size, gamma, lam, high_level_gamma, **_):
     if values is None:
         raise ValueError("the 'gae' estimator needs critic values")
-    return gae(token_rewards, values, loss_mask, gamma, lam)
+    return gae(token_rewards, values, loss_mask, gamma, lam), {}
 
 
-def _est_bilevel(token_rewards, loss_mask, values, turn_end, *, group_size, gamma, lam, high_level_gamma):
+def _est_bilevel(token_rewards, loss_mask, values, turn_end, *, group_size, gamma, lam, high_level_gamma, **_):
     if values is None or turn_end is None:
         raise ValueError("the 'bilevel_gae' estimator needs critic values and turn_end")
-    return bilevel_gae(token_rewards, values, loss_mask, turn_end, gamma, lam, high_level_gamma)
+    return bilevel_gae(token_rewards, values, loss_mask, turn_end, gamma, lam, high_level_gamma), {}
 
 
-def _est_grpo(token_rewards, loss_mask, values, turn_end, *, group_size, gamma, lam, high_level_gamma):
-    return grpo(token_rewards, loss_mask, group_size)
+def _est_grpo(token_rewards, loss_mask, values, turn_end, *, group_size, **_):
+    return grpo(token_rewards, loss_mask, group_size), {}
 
 
-def _est_drgrpo(token_rewards, loss_mask, values, turn_end, *, group_size, gamma, lam, high_level_gamma):
-    return drgrpo(token_rewards, loss_mask, group_size)
+def _est_drgrpo(token_rewards, loss_mask, values, turn_end, *, group_size, **_):
+    return drgrpo(token_rewards, loss_mask, group_size), {}
 
 
-def _est_rloo(token_rewards, loss_mask, values, turn_end, *, group_size, gamma, lam, high_level_gamma):
-    return rloo(token_rewards, loss_mask, group_size)
+def _est_rloo(token_rewards, loss_mask, values, turn_end, *, group_size, **_):
+    return rloo(token_rewards, loss_mask, group_size), {}
 
 
-# name -> fn(token_rewards, loss_mask, values, turn_end, *, group_size, gamma, lam, high_level_gamma)
+def _est_gigpo(token_rewards, loss_mask, values, turn_end, *, group_size, turn_reward=None, state_key=None,
+               gigpo_weight=1.0, gigpo_norm="std", gigpo_gamma=0.95, **_):
+    if turn_end is None or turn_reward is None or state_key is None:
+        raise ValueError("the 'gigpo' estimator needs turn_end, turn_reward and state_key (per-turn observation keys)")
+    _check_group_size(loss_mask.shape[0], group_size)
+    adv, ret, metrics = gigpo_lib.gigpo(token_rewards, loss_mask, turn_end, turn_reward, state_key, group_size,
+                                        step_weight=gigpo_weight, norm=gigpo_norm, gamma=gigpo_gamma, eps=STD_EPS)
+    return (adv, ret), metrics
+
+
+# name -> fn(token_rewards, loss_mask, values, turn_end, *, group_size, gamma, lam, high_level_gamma,
+#            **estimator options) -> ((advantages, returns), metrics)
 ESTIMATORS: dict[str, Callable] = {
     "gae": _est_gae,
     "bilevel_gae": _est_bilevel,
     "grpo": _est_grpo,
     "drgrpo": _est_drgrpo,
     "rloo": _est_rloo,
+    "gigpo": _est_gigpo,
 }
 # Whether the estimator's advantages are whitened by default (the reference whitens GAE inside verl's
 # compute_gae_advantage_return and its bi-level variant; the group estimators are not whitened).
-WHITEN_BY_DEFAULT = {"gae": True, "bilevel_gae": True, "grpo": False, "drgrpo": False, "rloo": False}
+WHITEN_BY_DEFAULT = {"gae": True, "bilevel_gae": True, "grpo": False, "drgrpo": False, "rloo": False,
+                     "gigpo": False}
 # Estimators that read critic values (the trainer runs the critic only for these).
 NEEDS_CRITIC = frozenset({"gae", "bilevel_gae"})
 
@@ -365,18 +380,26 @@ def compute_advantages(estimator: str, token_rewards: jax.Array, loss_mask: jax.
                        values: jax.Array | None = None, turn_end: jax.Array | None = None,
                        group_size: int = 1, gamma: float = 1.0, lam: float = 1.0,
                        high_level_gamma: float = 0.95,
-                       whiten_advantages: bool | None = None) -> tuple[jax.Array, jax.Array]:
-    """Dispatch -> (advantages [B, T], returns [B, T]), both 0 off the mask.
+                       whiten_advantages: bool | None = None,
+                       turn_reward: jax.Array | None = None, state_key: jax.Array | None = None,
+                       gigpo_weight: float = 1.0, gigpo_norm: str = "std", gigpo_gamma: float = 0.95,
+                       with_metrics: bool = False):
+    """Dispatch -> (advantages [B, T], returns [B, T]), both 0 off the mask; with `with_metrics`
+    a third item, the estimator's metrics dict (GiGPO's "gigpo/..." keys; empty for the others).
 
     whiten_advantages None = the reference default (True for the critic-based estimators `gae`,
-    `bilevel_gae`; False for `grpo`, `drgrpo`, `rloo`). Returns are computed before whitening.
+    `bilevel_gae`; False for `grpo`, `drgrpo`, `rloo`, `gigpo`). Returns are computed before whitening.
+    `gigpo` reads turn_end, turn_reward [B, K], state_key [B, K(, D)] and its options gigpo_weight
+    (step term weight), gigpo_norm ("std" | "none"), gigpo_gamma (discount of the step returns);
+    see `algorithms/gigpo.py`.
     """
     fn = get_estimator(estimator)
     mask = loss_mask.astype(bool)
-    adv, ret = fn(token_rewards, mask, values, turn_end, group_size=group_size, gamma=gamma, lam=lam,
-                  high_level_gamma=high_level_gamma)
+    (adv, ret), metrics = fn(token_rewards, mask, values, turn_end, group_size=group_size, gamma=gamma, lam=lam,
+                             high_level_gamma=high_level_gamma, turn_reward=turn_reward, state_key=state_key,
+                             gigpo_weight=gigpo_weight, gigpo_norm=gigpo_norm, gigpo_gamma=gigpo_gamma)
     if whiten_advantages is None:
         whiten_advantages = WHITEN_BY_DEFAULT[estimator]
     if whiten_advantages:
         adv = whiten(adv, mask)
-    return adv, ret
+    return (adv, ret, metrics) if with_metrics else (adv, ret)
