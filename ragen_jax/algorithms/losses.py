@@ -53,7 +53,8 @@ def agg_loss(loss_mat: jax.Array, mask: jax.Array, mode: str = "token-mean",
 def ppo_policy_loss(logp: jax.Array, old_logp: jax.Array, advantages: jax.Array, mask: jax.Array, *,
                     eps_low: float = 0.2, eps_high: float = 0.28, dual_clip: float | None = 3.0,
                     agg_mode: str = "token-mean",
-                    norm: jax.Array | float | None = None) -> tuple[jax.Array, dict]:
+                    norm: jax.Array | float | None = None,
+                    tis_weights: jax.Array | None = None) -> tuple[jax.Array, dict]:
     """PPO clipped surrogate with decoupled clip range and dual clip (verl `compute_policy_loss`).
 
     logp, old_logp, advantages, mask: [B, T]. ratio r = exp(logp - old_logp) (log-ratio clamped to
@@ -62,6 +63,9 @@ def ppo_policy_loss(logp: jax.Array, old_logp: jax.Array, advantages: jax.Array,
         A < 0 and dual_clip c:  L = min(L, -A c)   (caps the loss of a huge ratio on a bad token)
     StarPO-S: eps_low 0.2, eps_high 0.28 ("clip-higher"); vanilla StarPO 0.2 / 0.2. dual_clip None
     switches it off; otherwise c must be > 1.
+    tis_weights [B, T] (optional; `mismatch.tis_weights`): truncated importance-sampling weights of
+    the trainer vs the sampler; the per-token loss, after both clips, is multiplied by them (no
+    gradient flows through them), as SkyRL's `apply_off_policy_correction`.
 
     Metrics (fractions of the masked tokens, i.e. token-mean over `mask`):
       pg_clipfrac_high:  A > 0 and r > 1 + eps_high  (the upper clip is active: zero gradient)
@@ -91,6 +95,8 @@ def ppo_policy_loss(logp: jax.Array, old_logp: jax.Array, advantages: jax.Array,
         dual = (adv < 0) & (clipped > loss3)
     else:
         dual = jnp.zeros_like(mask)
+    if tis_weights is not None:
+        losses = losses * jax.lax.stop_gradient(tis_weights.astype(jnp.float32))
     pg_loss = agg_loss(losses, mask, agg_mode, norm)
     high = (adv > 0) & (ratio > 1.0 + eps_high)
     low = (adv < 0) & (ratio < 1.0 - eps_low)
