@@ -27,7 +27,10 @@ Strategies (`FILTER_STRATEGIES`) on the candidates, `key` = score ("largest") or
 - top_p:     value >= 1: every candidate. mode "softmax": probabilities softmax(key) over the
              candidates, sorted descending; keep the first `searchsorted(cumsum, value) + 1` (the
              first index whose cumulative probability reaches value, plus one; at most all
-             candidates): always >= 1 group when there is a candidate. mode "linear": walk the
+             candidates): always >= 1 group when there is a candidate. Equal keys over all
+             candidates are decided exactly (cumulative m / n against value, as rationals; RAGEN's
+             float64 running sum of 1/n differs from that by one group in some settings, e.g. 34 of
+             the 2,048 (n <= 64, value j/32)), see `softmax_top_p_count`. mode "linear": walk the
              candidates in descending-key order, stop before a group when the cumulative SCORE
              already reaches `value * sum(scores) - selection_eps` or when its score is <= 0;
              keep the walked groups only if their sum reached that threshold, else NOTHING (all-zero
@@ -53,6 +56,7 @@ with a cap) are kept as thin wrappers of `filter_by_spec`.
 from __future__ import annotations
 
 import dataclasses
+import fractions
 import math
 from typing import Callable
 
@@ -97,14 +101,8 @@ def _take_top_p(ctx):
     if spec.value >= 1:
         return cand_sorted
     if spec.top_p_mode == "softmax":
-        logits = jnp.where(cand_sorted, ctx["key_sorted"], -jnp.inf)
-        probs = jax.nn.softmax(logits)
-        probs = jnp.where(cand_sorted, probs, 0.0)
-        cum = jnp.cumsum(probs)
-        # torch.searchsorted(cum, value) (left side) = how many cumulative values are < value.
-        cutoff = jnp.sum((cum < spec.value) & cand_sorted)
-        k = jnp.minimum(cutoff + 1, n_cand)
-        return pos < k
+        table = tied_top_p_table(pos.shape[0], spec.value)
+        return pos < softmax_top_p_count(ctx["key_sorted"], cand_sorted, n_cand, spec.value, table)
     # linear: the walk over candidates in key order, on the raw scores.
     s = ctx["score_sorted"]
     threshold = spec.value * jnp.sum(jnp.where(cand_sorted, s, 0.0)) - spec.selection_eps
@@ -113,6 +111,39 @@ def _take_top_p(ctx):
     walked = jnp.cumprod(step_ok.astype(jnp.int32)).astype(bool)  # the loop breaks at the first failure
     reached = jnp.sum(jnp.where(walked, s, 0.0)) >= threshold
     return walked & reached
+
+
+def tied_top_p_table(num_groups: int, value: float) -> jax.Array:
+    """int32 [P + 1]: entry n = #{m in 1..n : m / n < value}, compared as exact rationals (value as the
+    float it is): the softmax top-p cutoff when all n candidates have equal keys."""
+    v = fractions.Fraction(value)
+    return jnp.asarray([0] + [min(n, max(0, math.ceil(v * n) - 1)) for n in range(1, num_groups + 1)], jnp.int32)
+
+
+def softmax_top_p_count(key_sorted: jax.Array, cand_sorted: jax.Array, n_cand: jax.Array, value,
+                        table: jax.Array) -> jax.Array:
+    """How many candidates softmax top-p keeps: the first sorted index whose cumulative probability
+    reaches `value`, plus one (torch.searchsorted, left side), at most all candidates. key_sorted [P]
+    (candidates first, descending), `table` = `tied_top_p_table(P, value)`.
+
+    Ties are exact: when every candidate has the same key the cumulative probabilities are m / n, and a
+    float32 running sum of 1/n drifts below m / n (24 equal groups at 0.5 kept 13, not 12), so the count
+    comes from the table. Otherwise the sum is float32, taken run by run of equal keys (before-run sum
+    + rank in run x p), so tied groups share one probability and a run adds no rounding of its own.
+    """
+    p = key_sorted.shape[0]
+    pos = jnp.arange(p)
+    logits = jnp.where(cand_sorted, key_sorted, -jnp.inf)
+    probs = jnp.where(cand_sorted, jax.nn.softmax(logits), 0.0)
+    new_run = jnp.concatenate([jnp.ones((1,), bool), key_sorted[1:] != key_sorted[:-1]])
+    run_start = jax.lax.cummax(jnp.where(new_run, pos, 0))
+    before = (jnp.cumsum(probs) - probs)[run_start]
+    cum = before + (pos - run_start + 1).astype(jnp.float32) * probs
+    float_cutoff = jnp.sum((cum < value) & cand_sorted)
+    keys = jnp.where(cand_sorted, key_sorted, key_sorted[0])
+    all_tied = jnp.all(keys == key_sorted[0])
+    cutoff = jnp.where(all_tied, table[n_cand], float_cutoff)
+    return jnp.minimum(cutoff + 1, n_cand)
 
 
 def _take_min_p(ctx):
@@ -361,4 +392,5 @@ def gather_rows(tree, rows: jax.Array):
 __all__ = ["FILTER_METRICS", "FILTER_ROUNDING", "FILTER_SELECT", "FILTER_STRATEGIES", "FilterSpec", "GroupFilter",
            "LOSS_SCALINGS", "SELECTION_EPS", "TOP_P_MODES", "ZERO_EPS", "filter_by_spec", "filter_groups",
            "filter_groups_variance_cover", "gather_rows", "group_reward_stats", "group_scores", "loss_scale",
-           "num_kept_groups", "select_groups", "soft_reweight"]
+           "num_kept_groups", "select_groups", "soft_reweight", "softmax_top_p_count",
+           "tied_top_p_table"]

@@ -352,3 +352,43 @@ def test_static_shapes_under_jit(spec):
         out = fn(jnp.asarray(rng.integers(0, 3, 32).astype(np.float32)))
         shapes.add((out.groups.shape, out.rows.shape, out.row_weight.shape))
     assert len(shapes) == 1 and fn._cache_size() == 1
+
+
+def test_softmax_top_p_ties_are_exact_all_2048_settings():
+    # Equal keys: cumulative probabilities are m / P; the count kept is the first m with m / P >= value
+    # (exact rationals), at most P. A float32 running sum of 1/P drifts below m / P (24 groups at 0.5
+    # kept 13). 64 sizes x 32 values = 2,048 settings, through the in-graph count (one compilation per
+    # size, the values batched), with equal zero and non-zero keys.
+    from fractions import Fraction
+
+    values = [j / 32 for j in range(1, 33)]
+    wrong = []
+    for p in range(1, 65):
+        tables = jnp.stack([Fl.tied_top_p_table(p, v) for v in values])
+        for key in (0.0, -0.75):
+            fn = jax.jit(jax.vmap(lambda v, tab: Fl.softmax_top_p_count(  # noqa: B023
+                jnp.full((p,), key), jnp.ones((p,), bool), jnp.int32(p), v, tab)))
+            got = np.asarray(fn(jnp.asarray(values, jnp.float32), tables))
+            for v, g in zip(values, got):
+                below = sum(1 for m in range(1, p + 1) if Fraction(m, p) < Fraction(v))
+                if g != min(below + 1, p):
+                    wrong.append((p, v, key, int(g)))
+    assert not wrong, wrong[:5]
+    # End to end through the filter: 24 groups scoring 0 at 0.5 keep 12; with 4 zero groups left out
+    # (include_zero=False) 20 equal candidates at 0.5 keep 10.
+    spec = Fl.FilterSpec(strategy="top_p", value=0.5, top_p_mode="softmax", metric="reward_mean")
+    assert int(np.sum(np.asarray(Fl.select_groups(jnp.zeros((24,)), spec)[0]))) == 12
+    spec = Fl.FilterSpec(strategy="top_p", value=0.5, top_p_mode="softmax", metric="reward_mean", include_zero=False)
+    s = jnp.concatenate([jnp.zeros((4,)), jnp.full((20,), 0.3)])
+    assert int(np.sum(np.asarray(Fl.select_groups(s, spec)[0]))) == 10
+
+
+def test_softmax_top_p_tied_runs_inside_mixed_scores():
+    # Two groups at score 1 then four tied at 0: p = e/(2e+4) twice, then 1/(2e+4) four times.
+    # Cumulative: .2881, .5761, .6821, .7880, .8940, 1.0 (tied runs: before-run sum + rank x p).
+    s = jnp.array([0.0, 1.0, 0.0, 0.0, 1.0, 0.0])
+    for value, keep in ((0.5, 2), (0.6, 3), (0.7, 4), (0.8, 5), (0.85, 5), (0.9, 6)):
+        spec = Fl.FilterSpec(strategy="top_p", value=value, top_p_mode="softmax", metric="reward_mean")
+        sel = np.asarray(Fl.select_groups(s, spec)[0])
+        assert int(sel.sum()) == keep, value
+        assert sel[1] and sel[4]
