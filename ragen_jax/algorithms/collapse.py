@@ -26,7 +26,11 @@ Keys (under collapse/, RAGEN's names; RAGEN prefixes them collapse_first_turn_sa
 mi_estimate (per token), mi_seq_estimate, mi_upper_bound, conditional_entropy_est /
 conditional_entropy_seq_est, reasoning_entropy_est / reasoning_entropy_seq_est (the marginal
 entropy H(Z)), matched_log_prob_mean, marginal_log_prob_mean, retrieval_accuracy,
-retrieval_chance_level, retrieval_above_chance, marginal_std, mi_zscore, num_pairs, num_prompts.
+retrieval_chance_level, retrieval_above_chance, retrieval_accuracy@k / retrieval_chance_level@k /
+retrieval_above_chance@k (k = 2, 4, 8), marginal_std, marginal_std_seq (population std of the
+per-token / per-sequence marginals), mi_zscore, mi_zscore_seq (mean (matched - marginal) / (std +
+1e-3)), num_pairs, num_prompts; with an EMA state: marginal_std_ema, marginal_std_ema_seq,
+mi_zscore_ema, mi_zscore_ema_seq (RAGEN's cross-step EMA, decay 0.9, of the marginal stds).
 """
 
 from __future__ import annotations
@@ -35,6 +39,8 @@ import jax
 import jax.numpy as jnp
 
 STD_EPS = 1e-3  # RAGEN collapse_detection.std_eps: the z-score denominator's floor
+EMA_DECAY = 0.9  # RAGEN collapse_detection.ema_decay: the cross-step EMA of the marginal stds
+RETRIEVAL_KS = (2, 4, 8)  # RAGEN's retrieval_accuracy@k (k_max = min(8, N))
 
 
 def _mean(x: jax.Array, w: jax.Array) -> jax.Array:
@@ -60,9 +66,35 @@ def retrieval(logp: jax.Array, col: jax.Array, row_valid: jax.Array, col_valid: 
     return _mean(hit.astype(jnp.float32), row_valid), _mean(chance, row_valid)
 
 
+def retrieval_at_k(logp: jax.Array, col: jax.Array, row_valid: jax.Array, col_valid: jax.Array,
+                   same_prompt: jax.Array, chance: jax.Array, ks=RETRIEVAL_KS) -> dict:
+    """RAGEN's top-k retrieval: row i is correct when one of its k_eff = min(k, N) best valid columns
+    has x_i's prompt; chance@k = min(1, chance x k_eff). Ranks: descending log-prob, ties by the lower
+    column index (torch.topk's tie order is unspecified)."""
+    p = logp.shape[1]
+    n = jnp.sum(col_valid)
+    x = jnp.where(col_valid[None, :], logp, -jnp.inf)
+    idx = jnp.arange(p)
+    better = (x[:, None, :] > x[:, :, None]) | ((x[:, None, :] == x[:, :, None]) & (idx[None, None, :] < idx[None, :, None]))
+    rank = jnp.sum(better & col_valid[None, None, :], axis=-1)  # [M, P]: rank of column j in row i
+    right = same_prompt[col] & col_valid[None, :]  # [M, P]: column j has x_i's prompt
+    out = {}
+    for k in ks:
+        k_eff = jnp.minimum(k, n)
+        hit = jnp.any(right & (rank < k_eff), axis=1).astype(jnp.float32)
+        acc = _mean(hit, row_valid)
+        chance_k = jnp.minimum(1.0, chance * k_eff)
+        out[f"collapse/retrieval_accuracy@{k}"] = acc
+        out[f"collapse/retrieval_chance_level@{k}"] = chance_k
+        out[f"collapse/retrieval_above_chance@{k}"] = acc - chance_k
+    return out
+
+
 def collapse_metrics(logp: jax.Array, n_tokens: jax.Array, col: jax.Array, row_valid: jax.Array,
-                     col_valid: jax.Array, same_prompt: jax.Array | None = None) -> dict:
-    """The collapse/ metrics of one [M, P] log-prob matrix (see the module docstring)."""
+                     col_valid: jax.Array, same_prompt: jax.Array | None = None, ema: tuple | None = None) -> dict:
+    """The collapse/ metrics of one [M, P] log-prob matrix (see the module docstring). `ema`: the
+    marginal-std EMAs already updated with this step (`ema_update` on a first call without it), to
+    add the *_ema metrics."""
     logp = logp.astype(jnp.float32)
     m, p = logp.shape
     col = col.astype(jnp.int32)
@@ -78,7 +110,8 @@ def collapse_metrics(logp: jax.Array, n_tokens: jax.Array, col: jax.Array, row_v
     mean_mt, mean_gt = _mean(matched_t, row_valid), _mean(marginal_t, row_valid)
     mean_ms, mean_gs = _mean(matched_s, row_valid), _mean(marginal_s, row_valid)
     marginal_std = jnp.sqrt(_mean(jnp.square(marginal_t - mean_gt), row_valid))  # ddof 0, as RAGEN
-    return {
+    marginal_std_seq = jnp.sqrt(_mean(jnp.square(marginal_s - mean_gs), row_valid))
+    out = {
         "collapse/mi_estimate": mean_mt - mean_gt,
         "collapse/mi_seq_estimate": mean_ms - mean_gs,
         "collapse/mi_upper_bound": jnp.log(jnp.maximum(n, 1.0)),
@@ -92,10 +125,39 @@ def collapse_metrics(logp: jax.Array, n_tokens: jax.Array, col: jax.Array, row_v
         "collapse/retrieval_chance_level": chance,
         "collapse/retrieval_above_chance": acc - chance,
         "collapse/marginal_std": marginal_std,
+        "collapse/marginal_std_seq": marginal_std_seq,
         "collapse/mi_zscore": _mean((matched_t - marginal_t) / (marginal_std + STD_EPS), row_valid),
+        "collapse/mi_zscore_seq": _mean((matched_s - marginal_s) / (marginal_std_seq + STD_EPS), row_valid),
         "collapse/num_pairs": jnp.sum(row_valid).astype(jnp.float32),
         "collapse/num_prompts": n,
     }
+    out.update(retrieval_at_k(per_tok, col, row_valid, col_valid, same_prompt, chance))
+    if ema is not None:
+        out.update(ema_metrics(out, ema))
+    return out
 
 
-__all__ = ["STD_EPS", "collapse_metrics", "matched_and_marginal", "retrieval"]
+def ema_update(ema: tuple | None, metrics: dict, decay: float = EMA_DECAY) -> tuple:
+    """RAGEN `_update_ema_std`: (marginal_std EMA, marginal_std_seq EMA) after this step's metrics;
+    the first step (ema None) starts them at the current values. Carried by the caller across the
+    steps that compute collapse metrics (one EMA per sampling strategy, as RAGEN keys them)."""
+    cur = (metrics["collapse/marginal_std"], metrics["collapse/marginal_std_seq"])
+    if ema is None:
+        return cur
+    return tuple(decay * e + (1.0 - decay) * c for e, c in zip(ema, cur))
+
+
+def ema_metrics(metrics: dict, ema: tuple) -> dict:
+    """The EMA variants from this step's metrics and the UPDATED EMA (`ema_update` first, as RAGEN):
+    marginal_std_ema(_seq), and mi_zscore_ema(_seq) = mean_i (matched_i - marginal_i) / (EMA + eps)
+    = the MI estimate over (EMA + eps)."""
+    return {
+        "collapse/marginal_std_ema": ema[0],
+        "collapse/marginal_std_ema_seq": ema[1],
+        "collapse/mi_zscore_ema": metrics["collapse/mi_estimate"] / (ema[0] + STD_EPS),
+        "collapse/mi_zscore_ema_seq": metrics["collapse/mi_seq_estimate"] / (ema[1] + STD_EPS),
+    }
+
+
+__all__ = ["EMA_DECAY", "RETRIEVAL_KS", "STD_EPS", "collapse_metrics", "ema_metrics", "ema_update",
+           "matched_and_marginal", "retrieval", "retrieval_at_k"]
