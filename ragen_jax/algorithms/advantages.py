@@ -370,6 +370,10 @@ WHITEN_BY_DEFAULT = {"gae": True, "bilevel_gae": True, "grpo": False, "drgrpo": 
                      "gigpo": False}
 # Estimators that read critic values (the trainer runs the critic only for these).
 NEEDS_CRITIC = frozenset({"gae", "bilevel_gae"})
+# Estimators that RAGEN's `soft_advantage_reweight` applies to: only its GRPO branch returns the group
+# std that the reweighting reads (ragen/trainer/agent_trainer.py `compute_advantage`); with any other
+# estimator the option does nothing there.
+SOFT_REWEIGHT_ESTIMATORS = frozenset({"grpo"})
 
 
 def get_estimator(name: str) -> Callable:

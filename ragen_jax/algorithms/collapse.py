@@ -75,7 +75,8 @@ def retrieval_at_k(logp: jax.Array, col: jax.Array, row_valid: jax.Array, col_va
     n = jnp.sum(col_valid)
     x = jnp.where(col_valid[None, :], logp, -jnp.inf)
     idx = jnp.arange(p)
-    better = (x[:, None, :] > x[:, :, None]) | ((x[:, None, :] == x[:, :, None]) & (idx[None, None, :] < idx[None, :, None]))
+    xl, xj = x[:, None, :], x[:, :, None]  # [M, j, l]: does column l rank above column j?
+    better = (xl > xj) | ((xl == xj) & (idx[None, None, :] < idx[None, :, None]))
     rank = jnp.sum(better & col_valid[None, None, :], axis=-1)  # [M, P]: rank of column j in row i
     right = same_prompt[col] & col_valid[None, :]  # [M, P]: column j has x_i's prompt
     out = {}

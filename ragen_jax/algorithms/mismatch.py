@@ -45,7 +45,8 @@ def check_tis_args(mode: str, cap: float, geo_mask: tuple[float, float] | None =
     if geo_mask is not None:
         ok = isinstance(geo_mask, (tuple, list)) and len(geo_mask) == 2 and 0 < geo_mask[0] <= 1.0 <= geo_mask[1]
         if not ok:
-            raise ValueError(f"tis geometric mask bounds must be (low, high) with 0 < low <= 1 <= high, got {geo_mask!r}")
+            raise ValueError(f"tis geometric mask bounds must be (low, high) with 0 < low <= 1 <= high, "
+                             f"got {geo_mask!r}")
 
 
 def _log_ratio(old_logp, sampler_logp, mask):

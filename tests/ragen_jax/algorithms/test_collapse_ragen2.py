@@ -89,8 +89,8 @@ def test_random_cases_match_the_ragen_port_with_ema_over_steps():
             remap = {c: j for j, c in enumerate(vc)}
             rows = np.flatnonzero(row_valid)
             _, sig = np.unique(sig_of[vc], return_inverse=True)
-            want = ragen_port(logp[rows][:, vc].astype(np.float64), n_tok[rows], np.array([remap[c] for c in col[rows]]),
-                              sig, store)
+            want = ragen_port(logp[rows][:, vc].astype(np.float64), n_tok[rows],
+                              np.array([remap[c] for c in col[rows]]), sig, store)
             for k in KEYS:
                 if not got[k] == pytest.approx(want[k], rel=2e-4, abs=2e-4):
                     mismatches.append((trial, step, k, got[k], want[k]))

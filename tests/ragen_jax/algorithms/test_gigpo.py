@@ -177,8 +177,8 @@ def test_no_shared_states_gives_episode_advantage_only():
 
 def test_all_states_shared():
     rng = random.Random(3)
-    eps = [(i // 4, rng.choice([0.0, 1.0]), [(obs(7, 7), rng.choice([0.0, 1.0, -0.1])) for _ in range(rng.randint(1, 3))])
-           for i in range(8)]
+    eps = [(i // 4, rng.choice([0.0, 1.0]),
+            [(obs(7, 7), rng.choice([0.0, 1.0, -0.1])) for _ in range(rng.randint(1, 3))]) for i in range(8)]
     assert check(eps, 4, 3, 2, 0.95, 1.0, "std", random.Random(4)) == 0
     _, _, _, m = run_jax(eps, 4, 3, 2, 0.95, 1.0, "std", random.Random(4))
     assert float(m["gigpo/anchor_groups_per_group"]) == 1.0
