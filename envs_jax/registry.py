@@ -11,7 +11,7 @@ from __future__ import annotations
 import dataclasses
 from typing import Any, Callable
 
-from envs_jax import frozen_lake, sokoban
+from envs_jax import frozen_lake, game_2048, sokoban
 from envs_jax.bandit import ARM_NAME_PAIRS, Bandit, BanditParams, arm_pairs
 from envs_jax.frozen_lake import FrozenLake, FrozenLakeParams
 
@@ -163,6 +163,10 @@ for _spec in (
     # RAGEN-2's Bandit / BanditTest: a (low, high) name pair drawn per reset from its train / test list.
     _bandit("BanditPairs", BanditParams(name_pairs=ARM_NAME_PAIRS["train"])),
     _bandit("BanditPairsTest", BanditParams(name_pairs=ARM_NAME_PAIRS["test"])),
+    # RAGEN-2's game_2048. Not mixable until the text layer renders it (its text is not a symbol grid);
+    # its expectimax player (env.teacher_action) has no teacher kind on the rollout side yet.
+    EnvSpec("game_2048", dataclass_build(lambda: (game_2048.Game2048(), game_2048.Game2048Params())),
+            env_class=game_2048.Game2048, action_names=game_2048.ACTION_NAMES, mixable=False),
 ):
     register(_spec)
 del _spec
