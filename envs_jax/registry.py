@@ -11,7 +11,7 @@ from __future__ import annotations
 import dataclasses
 from typing import Any, Callable
 
-from envs_jax import frozen_lake, game_2048, sokoban
+from envs_jax import frozen_lake, game_2048, rubiks_cube, sokoban
 from envs_jax.bandit import ARM_NAME_PAIRS, Bandit, BanditParams, arm_pairs
 from envs_jax.frozen_lake import FrozenLake, FrozenLakeParams
 
@@ -167,6 +167,10 @@ for _spec in (
     # its expectimax player (env.teacher_action) has no teacher kind on the rollout side yet.
     EnvSpec("game_2048", dataclass_build(lambda: (game_2048.Game2048(), game_2048.Game2048Params())),
             env_class=game_2048.Game2048, action_names=game_2048.ACTION_NAMES, mixable=False),
+    # RAGEN-2's rubikscube (envs.yaml: scramble_depth 1, max_steps 20), with a real B move by default.
+    EnvSpec("rubikscube", dataclass_build(lambda: (rubiks_cube.RubiksCube(), rubiks_cube.RubiksCubeParams())),
+            env_class=rubiks_cube.RubiksCube, action_names=rubiks_cube.ACTION_NAMES, teacher="bfs",
+            teacher_thought=" I undo the scramble move by move.", mixable=False),
 ):
     register(_spec)
 del _spec
