@@ -11,7 +11,7 @@ from __future__ import annotations
 import dataclasses
 from typing import Any, Callable
 
-from envs_jax import frozen_lake, game_2048, rubiks_cube, sokoban
+from envs_jax import frozen_lake, game_2048, rubiks_cube, sokoban, sudoku
 from envs_jax.bandit import ARM_NAME_PAIRS, Bandit, BanditParams, arm_pairs
 from envs_jax.frozen_lake import FrozenLake, FrozenLakeParams
 
@@ -171,6 +171,12 @@ for _spec in (
     EnvSpec("rubikscube", dataclass_build(lambda: (rubiks_cube.RubiksCube(), rubiks_cube.RubiksCubeParams())),
             env_class=rubiks_cube.RubiksCube, action_names=rubiks_cube.ACTION_NAMES, teacher="bfs",
             teacher_thought=" I undo the scramble move by move.", mixable=False),
+    # RAGEN-2's SimpleSudoku / MediumSudoku (envs.yaml: 9x9, easy / medium, max_actions_per_traj 20 / 30).
+    EnvSpec("SimpleSudoku", dataclass_build(lambda: (sudoku.Sudoku(), sudoku.SudokuParams())),
+            env_class=sudoku.Sudoku, action_names=sudoku.action_names(9), mixable=False),
+    EnvSpec("MediumSudoku", dataclass_build(lambda: (sudoku.Sudoku(), sudoku.SudokuParams(
+        difficulty="medium", max_steps_in_episode=30))), env_class=sudoku.Sudoku,
+        action_names=sudoku.action_names(9), mixable=False),
 ):
     register(_spec)
 del _spec

@@ -14,7 +14,7 @@ from envs_jax.bandit import Bandit
 from envs_jax.frozen_lake import FrozenLake
 
 SOKOBAN_NAMES = ("Sokoban", "LargerSokoban", "NewSymbolsSokoban", "CoordSokoban")
-NEW_NAMES = ("game_2048", "rubikscube")  # RAGEN-2's other environments (config/envs.yaml tags)
+NEW_NAMES = ("game_2048", "rubikscube", "SimpleSudoku", "MediumSudoku")  # RAGEN-2's other environments (config/envs.yaml tags)
 
 
 def test_registered_names():
