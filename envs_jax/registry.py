@@ -11,7 +11,7 @@ from __future__ import annotations
 import dataclasses
 from typing import Any, Callable
 
-from envs_jax import frozen_lake, game_2048, rubiks_cube, sokoban, sudoku
+from envs_jax import countdown, frozen_lake, game_2048, rubiks_cube, sokoban, sudoku
 from envs_jax.bandit import ARM_NAME_PAIRS, Bandit, BanditParams, arm_pairs
 from envs_jax.frozen_lake import FrozenLake, FrozenLakeParams
 
@@ -177,6 +177,9 @@ for _spec in (
     EnvSpec("MediumSudoku", dataclass_build(lambda: (sudoku.Sudoku(), sudoku.SudokuParams(
         difficulty="medium", max_steps_in_episode=30))), env_class=sudoku.Sudoku,
         action_names=sudoku.action_names(9), mixable=False),
+    # RAGEN's Countdown: one free-form answer (an envs_jax.countdown.Answer the text layer parses), no names.
+    EnvSpec("Countdown", dataclass_build(lambda: (countdown.Countdown(), countdown.CountdownParams())),
+            env_class=countdown.Countdown, action_names=(), single_action=True, mixable=False),
 ):
     register(_spec)
 del _spec
