@@ -37,6 +37,18 @@ ACTION_NAMES = ("U", "U'", "D", "D'", "L", "L'", "R", "R'", "F", "F'", "B", "B'"
 MOVE_SETS = ("correct", "reference")
 FACE_NAMES = ("Up (U):    ", "Left (L):  ", "Front (F): ", "Right (R): ", "Back (B):  ", "Down (D):  ")
 COLORS = ("W", "O", "G", "R", "B", "Y")
+# The reference's config/envs.yaml env_instruction of rubikscube (a YAML literal block, final newline kept).
+ENV_INSTRUCTION = (
+    "You are solving a 2x2 Rubik's Cube (Pocket Cube). The goal is to restore the cube so that each of the faces "
+    "consists of a single, unique color.\n"
+    "Available actions use standard Singmaster notation for face rotations: U, U', D, D', L, L', R, R', F, F', B, "
+    "B'.\n"
+    "- Faces: U (Up), D (Down), L (Left), R (Right), F (Front), B (Back).\n"
+    "- Modifiers: A letter alone means 90° clockwise (e.g., 'R'). A letter with prime (') means 90° "
+    "counter-clockwise (e.g., \"R'\").\n"
+    "Respond with a sequence of actions separated by \"||\".\n"
+    "Example: <answer>U</answer>\n"
+)
 SOLVED = np.repeat(np.arange(6), 4).astype(np.int32)
 # Clockwise quarter turns as gathers: new_stickers = stickers[perm]. Derived from a 3-D model of the
 # stickers (positions and normals rotated about the face's axis); U, D, L, R, F equal the reference's.
@@ -225,16 +237,3 @@ class RubiksCube(AgentEnv):
         """A shortest plan from the current state (`solve` above, up to `params.solver_depth` moves)."""
         return solve(state.stickers, params.moves, params.solver_depth)
 
-
-# The reference's config/envs.yaml env_instruction of rubikscube (a YAML literal block, final newline kept).
-ENV_INSTRUCTION = (
-    "You are solving a 2x2 Rubik's Cube (Pocket Cube). The goal is to restore the cube so that each of the faces "
-    "consists of a single, unique color.\n"
-    "Available actions use standard Singmaster notation for face rotations: U, U', D, D', L, L', R, R', F, F', B, "
-    "B'.\n"
-    "- Faces: U (Up), D (Down), L (Left), R (Right), F (Front), B (Back).\n"
-    "- Modifiers: A letter alone means 90° clockwise (e.g., 'R'). A letter with prime (') means 90° "
-    "counter-clockwise (e.g., \"R'\").\n"
-    "Respond with a sequence of actions separated by \"||\".\n"
-    "Example: <answer>U</answer>\n"
-)
