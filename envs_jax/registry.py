@@ -11,7 +11,7 @@ from __future__ import annotations
 import dataclasses
 from typing import Any, Callable
 
-from envs_jax import frozen_lake, sokoban
+from envs_jax import countdown, frozen_lake, game_2048, rubiks_cube, sokoban, sudoku
 from envs_jax.bandit import ARM_NAME_PAIRS, Bandit, BanditParams, arm_pairs
 from envs_jax.frozen_lake import FrozenLake, FrozenLakeParams
 
@@ -163,6 +163,23 @@ for _spec in (
     # RAGEN-2's Bandit / BanditTest: a (low, high) name pair drawn per reset from its train / test list.
     _bandit("BanditPairs", BanditParams(name_pairs=ARM_NAME_PAIRS["train"])),
     _bandit("BanditPairsTest", BanditParams(name_pairs=ARM_NAME_PAIRS["test"])),
+    # RAGEN-2's game_2048. Not mixable until the text layer renders it (its text is not a symbol grid);
+    # its expectimax player (env.teacher_action) has no teacher kind on the rollout side yet.
+    EnvSpec("game_2048", dataclass_build(lambda: (game_2048.Game2048(), game_2048.Game2048Params())),
+            env_class=game_2048.Game2048, action_names=game_2048.ACTION_NAMES, mixable=False),
+    # RAGEN-2's rubikscube (envs.yaml: scramble_depth 1, max_steps 20), with a real B move by default.
+    EnvSpec("rubikscube", dataclass_build(lambda: (rubiks_cube.RubiksCube(), rubiks_cube.RubiksCubeParams())),
+            env_class=rubiks_cube.RubiksCube, action_names=rubiks_cube.ACTION_NAMES, teacher="bfs",
+            teacher_thought=" I undo the scramble move by move.", mixable=False),
+    # RAGEN-2's SimpleSudoku / MediumSudoku (envs.yaml: 9x9, easy / medium, max_actions_per_traj 20 / 30).
+    EnvSpec("SimpleSudoku", dataclass_build(lambda: (sudoku.Sudoku(), sudoku.SudokuParams())),
+            env_class=sudoku.Sudoku, action_names=sudoku.action_names(9), mixable=False),
+    EnvSpec("MediumSudoku", dataclass_build(lambda: (sudoku.Sudoku(), sudoku.SudokuParams(
+        difficulty="medium", max_steps_in_episode=30))), env_class=sudoku.Sudoku,
+        action_names=sudoku.action_names(9), mixable=False),
+    # RAGEN's Countdown: one free-form answer (an envs_jax.countdown.Answer the text layer parses), no names.
+    EnvSpec("Countdown", dataclass_build(lambda: (countdown.Countdown(), countdown.CountdownParams())),
+            env_class=countdown.Countdown, action_names=(), single_action=True, mixable=False),
 ):
     register(_spec)
 del _spec

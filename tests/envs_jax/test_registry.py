@@ -14,11 +14,12 @@ from envs_jax.bandit import Bandit
 from envs_jax.frozen_lake import FrozenLake
 
 SOKOBAN_NAMES = ("Sokoban", "LargerSokoban", "NewSymbolsSokoban", "CoordSokoban")
+NEW_NAMES = ("game_2048", "rubikscube", "SimpleSudoku", "MediumSudoku", "Countdown")  # RAGEN-2's other environments (config/envs.yaml tags)
 
 
 def test_registered_names():
     assert set(envs_jax.registered_envs()) == {"Bandit", "BanditTest", "BanditPairs", "BanditPairsTest",
-                                               "FrozenLake", "CoordFrozenLake", *SOKOBAN_NAMES}
+                                               "FrozenLake", "CoordFrozenLake", *SOKOBAN_NAMES, *NEW_NAMES}
 
 
 def test_ragen2_variants():
@@ -150,7 +151,7 @@ def test_every_record_matches_its_env(name):
     # Writable in an answer: non-empty, unpadded, no separator, distinct ignoring case.
     assert all(a and a == a.strip() and "||" not in a for a in spec.action_names)
     assert len({a.lower() for a in spec.action_names}) == len(spec.action_names)
-    assert spec.teacher in envs_jax.TEACHER_KINDS and spec.teacher_thought.strip()
+    assert spec.teacher == "" or (spec.teacher in envs_jax.TEACHER_KINDS and spec.teacher_thought.strip())
     assert not (spec.mixable and spec.single_action)
     if spec.single_action:
         assert int(params.max_steps_in_episode) == 1
@@ -158,7 +159,8 @@ def test_every_record_matches_its_env(name):
         assert int(params.max_steps_in_episode) > 1
     # Behaviour (compiled once per env class: the Sokoban generator alone takes seconds to compile):
     # a single-action env ends after any first action; any other keeps going after some first action.
-    if _first_of_its_class(name):
+    # Countdown's action is a parsed answer, not an index (tests/envs_jax/test_countdown.py steps it).
+    if _first_of_its_class(name) and spec.action_names:
         done = _first_action_ends(env, params, jax.random.split(jax.random.PRNGKey(0), 8))
         assert done.all() if spec.single_action else not done.all()
 
