@@ -39,6 +39,9 @@ class EnvSpec:
     mixable: may be one environment of `env.mix` (it then shares the run's conversation).
     success_alias: one more name evaluation reports `success` under ("" for none).
     default_eval: in the default evaluation suite (launch/eval.py without --envs).
+    text_layer: the text layer renders and parses it (TextEnv); False for an env that runs on device
+        but cannot be trained yet. Its teacher thought stays out of the task vocabulary until then,
+        so registering it changes no existing run.
     """
 
     name: str
@@ -51,12 +54,15 @@ class EnvSpec:
     mixable: bool = True
     success_alias: str = ""
     default_eval: bool = False
+    text_layer: bool = True
 
     def __post_init__(self):
         if not isinstance(self.name, str) or not self.name.strip() or ":" in self.name or "," in self.name:
             raise ValueError(f"environment name {self.name!r} must be a non-empty string without ':' or ','")
         if self.teacher and self.teacher not in TEACHER_KINDS:
             raise ValueError(f"{self.name}: unknown teacher kind {self.teacher!r}; valid: {', '.join(TEACHER_KINDS)}")
+        if self.mixable and not self.text_layer:
+            raise ValueError(f"{self.name}: an env without a text layer cannot be mixable")
         if self.mixable and self.single_action:
             raise ValueError(f"{self.name}: a single_action env has a conversation of its own and cannot be mixable")
 
@@ -166,20 +172,20 @@ for _spec in (
     # RAGEN-2's game_2048. Not mixable until the text layer renders it (its text is not a symbol grid);
     # its expectimax player (env.teacher_action) has no teacher kind on the rollout side yet.
     EnvSpec("game_2048", dataclass_build(lambda: (game_2048.Game2048(), game_2048.Game2048Params())),
-            env_class=game_2048.Game2048, action_names=game_2048.ACTION_NAMES, mixable=False),
+            env_class=game_2048.Game2048, action_names=game_2048.ACTION_NAMES, mixable=False, text_layer=False),
     # RAGEN-2's rubikscube (envs.yaml: scramble_depth 1, max_steps 20), with a real B move by default.
     EnvSpec("rubikscube", dataclass_build(lambda: (rubiks_cube.RubiksCube(), rubiks_cube.RubiksCubeParams())),
             env_class=rubiks_cube.RubiksCube, action_names=rubiks_cube.ACTION_NAMES, teacher="bfs",
-            teacher_thought=" I undo the scramble move by move.", mixable=False),
+            teacher_thought=" I undo the scramble move by move.", mixable=False, text_layer=False),
     # RAGEN-2's SimpleSudoku / MediumSudoku (envs.yaml: 9x9, easy / medium, max_actions_per_traj 20 / 30).
     EnvSpec("SimpleSudoku", dataclass_build(lambda: (sudoku.Sudoku(), sudoku.SudokuParams())),
-            env_class=sudoku.Sudoku, action_names=sudoku.action_names(9), mixable=False),
+            env_class=sudoku.Sudoku, action_names=sudoku.action_names(9), mixable=False, text_layer=False),
     EnvSpec("MediumSudoku", dataclass_build(lambda: (sudoku.Sudoku(), sudoku.SudokuParams(
         difficulty="medium", max_steps_in_episode=30))), env_class=sudoku.Sudoku,
-        action_names=sudoku.action_names(9), mixable=False),
+        action_names=sudoku.action_names(9), mixable=False, text_layer=False),
     # RAGEN's Countdown: one free-form answer (an envs_jax.countdown.Answer the text layer parses), no names.
     EnvSpec("Countdown", dataclass_build(lambda: (countdown.Countdown(), countdown.CountdownParams())),
-            env_class=countdown.Countdown, action_names=(), single_action=True, mixable=False),
+            env_class=countdown.Countdown, action_names=(), single_action=True, mixable=False, text_layer=False),
 ):
     register(_spec)
 del _spec

@@ -53,7 +53,7 @@ def teacher_texts() -> tuple[str, ...]:
     vocabulary (`model.vocab='task'`, ragen_jax.trainer.rl.build_vocab) covers the demonstrations:
     the thoughts of every registered environment's record."""
     specs = [envs_jax.get_spec(n) for n in envs_jax.registered_envs()]
-    thoughts = dict.fromkeys(s.teacher_thought for s in specs if s.teacher)
+    thoughts = dict.fromkeys(s.teacher_thought for s in specs if s.teacher and s.text_layer)
     heads = [f"{t}{THINK_CLOSE}{ANSWER_OPEN}" for t in thoughts]
     return (*heads, THINK_CLOSE + ANSWER_OPEN, ANSWER_CLOSE, ANSWER_SEP)
 

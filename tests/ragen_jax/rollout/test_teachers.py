@@ -221,3 +221,14 @@ def test_bandit_pairs_teacher_names_the_states_own_arms(tok):
         assert int(parsed.num_actions) == 1 and int(parsed.actions[0]) // 2 == pairs[i]
         high += int(parsed.actions[0]) % 2
     assert abs(high - 300) <= 5 * np.sqrt(600 * 0.25)
+
+
+def test_teacher_texts_hold_only_envs_the_text_layer_renders():
+    """The task vocabulary (model.vocab='task') is built from teacher_texts(): an env registered
+    without a text layer must not change it (it would change every existing run's vocabulary)."""
+    from ragen_jax.rollout.teachers import teacher_texts
+    expected = {" I push the box toward the target.", " I avoid the holes and head for the goal.",
+                " I choose an arm by what its name suggests."}
+    heads = {t[: -len("</think><answer>")] for t in teacher_texts() if t.endswith("</think><answer>")}
+    assert heads == expected | {""}
+    assert envs_jax.get_spec("rubikscube").teacher_thought not in heads
