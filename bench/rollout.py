@@ -17,7 +17,7 @@ with decode_steps = turns * max_response_tokens; `--hbm-gbps` fills in the bound
 Variants (`--variants scan,bf16`), built from the same weights and timed in the same run, interleaved
 call by call with the current program (ratios `ratio_<variant>_over_current`, > 1 = the variant is
 faster): `scan` the decode path before issue 14 (the layer loop a scan over the stacked weights and
-cache, `models.qwen2.model.DECODE_UNROLL = False` while it compiles: the "before" of docs/decode.md);
+cache, model config `decode_unroll=False`: the "before" of docs/decode.md);
 `bf16` the model with `matmul_dtype="bfloat16"` (projections and head on bf16 operands, float32
 accumulation).
 
@@ -57,7 +57,8 @@ VARIANTS = ("scan", "bf16")
 
 
 def build(shape: str, vocab: str, groups: int, group_size: int, turns: int, max_new: int, tokenizer,
-          max_context: int | None = None, seed: int = 0, matmul_dtype: str | None = None):
+          max_context: int | None = None, seed: int = 0, matmul_dtype: str | None = None,
+          decode_unroll: bool = True):
     """(model, text_env, Rollout) for Sokoban with random weights; `vocab` 'full' or 'task'."""
     from ragen_jax.trainer.config import Config
     from ragen_jax.models import Qwen2, Qwen2Config
@@ -75,7 +76,7 @@ def build(shape: str, vocab: str, groups: int, group_size: int, turns: int, max_
     cfg.prompt.max_response_tokens = max_new
     text_env = build_text_envs(cfg, tokenizer)["Sokoban"]
     vmap = build_vocab(cfg, {"Sokoban": text_env}, tokenizer)
-    qcfg = Qwen2Config.from_preset(shape, matmul_dtype=matmul_dtype)
+    qcfg = Qwen2Config.from_preset(shape, matmul_dtype=matmul_dtype, decode_unroll=decode_unroll)
     if vmap is not None:
         qcfg = qcfg.replace(vocab_size=vmap.size)
     model = Qwen2(qcfg, rngs=nnx.Rngs(seed))
@@ -113,7 +114,6 @@ def bench_rollout(shape: str, vocab: str, *, groups: int, group_size: int, turns
                   repeats: int = 3, host_repeats: int = 1, host: bool = True, hbm_gbps: float | None = None,
                   max_context: int | None = None, variants: tuple[str, ...] = ()) -> dict:
     """One row: compiled rollout rates (+ host-loop baseline and ratio, + variants). JSON-able dict."""
-    from ragen_jax.models.qwen2 import model as qwen2_model
     from ragen_jax.rollout.host_loop import host_rollout
     from ragen_jax.rollout import group_seeds_for_iteration
     from ragen_jax.text.tokenizer import token_bytes_table
@@ -139,21 +139,17 @@ def bench_rollout(shape: str, vocab: str, *, groups: int, group_size: int, turns
     extra = {}
     for v in variants:
         _, _, vro, _ = build(shape, vocab, groups, group_size, turns, max_new, tokenizer, max_context,
-                             matmul_dtype="bfloat16" if v == "bf16" else None)
-        old = qwen2_model.DECODE_UNROLL
-        qwen2_model.DECODE_UNROLL = v != "scan"
-        try:
-            def vcall(i, vro=vro):
-                t = vro(params, jax.random.PRNGKey(i), group_seeds_for_iteration(i, groups))
-                jax.block_until_ready(t.tokens)
-                return t
+                             matmul_dtype="bfloat16" if v == "bf16" else None, decode_unroll=v != "scan")
 
-            t0 = time.perf_counter()
-            vtraj = vcall(0)
-            extra[v] = {"call": vcall, "first": time.perf_counter() - t0, "times": [], "gen": [],
-                        "same_tokens_frac": float(np.mean(np.asarray(vtraj.tokens) == np.asarray(traj.tokens)))}
-        finally:
-            qwen2_model.DECODE_UNROLL = old
+        def vcall(i, vro=vro):
+            t = vro(params, jax.random.PRNGKey(i), group_seeds_for_iteration(i, groups))
+            jax.block_until_ready(t.tokens)
+            return t
+
+        t0 = time.perf_counter()
+        vtraj = vcall(0)
+        extra[v] = {"call": vcall, "first": time.perf_counter() - t0, "times": [], "gen": [],
+                    "same_tokens_frac": float(np.mean(np.asarray(vtraj.tokens) == np.asarray(traj.tokens)))}
     times, gen, conv = [], [], []
     for i in range(repeats):  # interleaved: every variant sees the same machine load
         t0 = time.perf_counter()

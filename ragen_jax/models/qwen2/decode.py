@@ -4,22 +4,13 @@ Kept apart from model.py so the decode-specific weight handling lives in one pla
 
 from __future__ import annotations
 
-import jax
-
-# Store the hoisted per-layer decode kernels [out, in] (`kernel_t`) instead of [in, out].
-DECODE_TRANSPOSED = True
-# The sampler's token loop carries the cache as per-layer [B, nKV, S, D] buffers (`model.decode_layout`).
-LAYER_CACHE = True
-# Run a multi-token cache append (prefill) unrolled on the same hoisted per-layer copies as decode.
-PREFILL_UNROLL = False  # measured: XLA does not share the copies (two live), slower
-
-
-def layer_weights(layers, li: int, dtype, kernel_dtype=None):
+def layer_weights(layers, li: int, dtype, kernel_dtype=None, transposed: bool = True):
     """Layer `li`'s weights for the unrolled decode, cast to the compute dtype, every kernel stored
     [out, in] under the name `kernel_t`: the copy is made once per program run anyway (see
     `model.decoder_stack`), and a few-row matmul streams an [out, in] kernel faster on XLA:CPU (each
     output reads one contiguous row) than an [in, out] one (docs/decode.md). Kernels take
-    `kernel_dtype` (the model's `matmul_dtype`) when given: the token loop then streams those bytes."""
+    `kernel_dtype` (the model's `matmul_dtype`) when given: the token loop then streams those bytes.
+    `transposed=False` (config `decode_transposed`) keeps them [in, out] under `kernel`."""
     kdt = dtype if kernel_dtype is None else kernel_dtype
 
     def walk(d):
@@ -27,7 +18,7 @@ def layer_weights(layers, li: int, dtype, kernel_dtype=None):
         for k, v in d.items():
             if isinstance(v, dict):
                 out[k] = walk(v)
-            elif k == "kernel" and DECODE_TRANSPOSED:
+            elif k == "kernel" and transposed:
                 out["kernel_t"] = v[li].astype(kdt).T
             elif k == "kernel":
                 out[k] = v[li].astype(kdt)

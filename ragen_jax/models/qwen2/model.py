@@ -1,4 +1,5 @@
-"""Qwen2 / Qwen2.5 decoder in Flax NNX, with a compact KV cache.
+"""The decoder in Flax NNX (Qwen2 / Qwen2.5, Llama 3.x and Qwen3: one model, family switches in the
+config), with a compact KV cache.
 
 Parameter tree (per-layer weights are stacked on a leading `L` axis so the layer loop is one
 `lax.scan`: compile time does not grow with depth, and the KV cache is carried through the loop and
@@ -6,11 +7,12 @@ updated in place):
 
     model/embed_tokens/embedding                  [V, H]
     model/layers/input_layernorm/scale            [L, H]
-    model/layers/self_attn/{q,k,v}_proj/kernel    [L, H, heads*head_dim]   (+ bias [L, heads*head_dim])
-    model/layers/self_attn/o_proj/kernel          [L, heads*head_dim, H]   (no bias)
+    model/layers/self_attn/{q,k,v}_proj/kernel    [L, H, heads*head_dim]   (+ bias: qwen2; attention_bias)
+    model/layers/self_attn/o_proj/kernel          [L, heads*head_dim, H]   (+ bias: attention_bias)
+    model/layers/self_attn/{q,k}_norm/scale       [L, head_dim]            (qwen3 only)
     model/layers/post_attention_layernorm/scale   [L, H]
     model/layers/mlp/{gate,up}_proj/kernel        [L, H, I]
-    model/layers/mlp/down_proj/kernel             [L, I, H]
+    model/layers/mlp/down_proj/kernel             [L, I, H]                (+ biases: mlp_bias)
     model/norm/scale                              [H]
     lm_head/kernel                                [H, V]   (only when embeddings are untied)
 
@@ -37,9 +39,11 @@ Jitting pure functions over the parameters (what the sampler and trainer do):
 from __future__ import annotations
 
 import functools
+import math
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 from flax import nnx, struct
 
 from ragen_jax.models.attention import MASK_VALUE, attention, visible_mask
@@ -48,19 +52,16 @@ from ragen_jax.models.qwen2.config import REMAT_POLICIES, Qwen2Config
 
 f32 = jnp.float32
 
-# Single-token decode steps unroll the layer loop (see `decoder_stack`): faster decode, at the cost of
-# one per-layer copy of the layer weights (in the compute dtype) alive while a program decodes.
-# False restores the scan over stacked weights (no copy kept, every token re-slices them).
-DECODE_UNROLL = True
 
-
-def _unrolled_decode(cache: "KVCache") -> bool:
-    """Whether a single-token step unrolls the layers. Only on XLA:CPU (where a sliced weight is copied
+def _unrolled_decode(cfg: Qwen2Config, cache: "KVCache") -> bool:
+    """Whether a single-token step unrolls the layers (`cfg.decode_unroll`: faster decode, at the cost
+    of one per-layer copy of the layer weights in the compute dtype alive while a program decodes; off,
+    the scan re-slices the stacked weights every token). Only on XLA:CPU (where a sliced weight is copied
     before every dot) and only with a 32-bit cache: the 16-bit cache's CPU write (`_write_kv`) is in
     place inside the layer scan but not once unrolled, where XLA keeps a second full cache copy alive,
     which costs more memory than the unroll saves time at rollout sizes (bench/results/memory.json)."""
     k = cache.k[0] if isinstance(cache, LayerKVCache) else cache.k
-    return DECODE_UNROLL and jax.default_backend() == "cpu" and k.dtype.itemsize >= 4
+    return cfg.decode_unroll and jax.default_backend() == "cpu" and k.dtype.itemsize >= 4
 
 
 # ----------------------------------------------------------------------------- KV cache
@@ -112,11 +113,11 @@ class LayerKVCache:
                        v=jnp.stack([a.swapaxes(1, 2) for a in self.v]), end=self.end)
 
 
-def decode_layout(cache):
-    """The cache in the layout single-token decode steps read fastest: a `LayerKVCache` where the decode
-    is unrolled (`_unrolled_decode`), else unchanged. `stacked_layout` converts back. One copy of the
-    cache each way per call, instead of one per layer and token."""
-    if not isinstance(cache, KVCache) or not _unrolled_decode(cache) or not decode_weights.LAYER_CACHE:
+def decode_layout(cache, cfg: Qwen2Config):
+    """The cache in the layout `cfg`'s single-token decode steps read fastest: a `LayerKVCache` where
+    the decode is unrolled (`_unrolled_decode`) and `cfg.layer_cache`, else unchanged. `stacked_layout`
+    converts back. One copy of the cache each way per call, instead of one per layer and token."""
+    if not isinstance(cache, KVCache) or not _unrolled_decode(cfg, cache) or not cfg.layer_cache:
         return cache
     n = cache.k.shape[0]
     return LayerKVCache(k=tuple(cache.k[i].swapaxes(1, 2) for i in range(n)),
@@ -151,10 +152,28 @@ def rms_norm(x: jax.Array, scale: jax.Array, eps: float) -> jax.Array:
     return scale.astype(dtype) * x32.astype(dtype)
 
 
-def rope_cos_sin(pos: jax.Array, head_dim: int, theta: float) -> tuple[jax.Array, jax.Array]:
-    """cos/sin [..., head_dim] in float32 for integer positions (HF default rope, duplicated halves)."""
-    inv_freq = 1.0 / (theta ** (jnp.arange(0, head_dim, 2, dtype=f32) / head_dim))
-    freqs = pos.astype(f32)[..., None] * inv_freq
+def rope_inv_freq(cfg: Qwen2Config) -> np.ndarray:
+    """[head_dim / 2] float32 rope frequencies, computed on the host in float32 as transformers does
+    (`_compute_default_rope_parameters`, `_compute_llama3_parameters`): a compile-time constant."""
+    d = cfg.head_dim
+    inv = (1.0 / (np.float32(cfg.rope_theta) ** (np.arange(0, d, 2, dtype=np.float32) / np.float32(d)))).astype(np.float32)
+    if cfg.rope_type == "default":
+        return inv
+    factor, low, high = (np.float32(x) for x in (cfg.rope_factor, cfg.rope_low_freq_factor, cfg.rope_high_freq_factor))
+    old_len = np.float32(cfg.rope_original_max_position_embeddings)
+    wavelen = np.float32(2 * math.pi) / inv
+    # Long wavelengths (beyond the original context / low) are slowed by `factor`, short ones kept,
+    # and the band between interpolated smoothly.
+    scaled = np.where(wavelen > old_len / low, inv / factor, inv)
+    smooth = (old_len / wavelen - low) / (high - low)
+    smoothed = (1 - smooth) * scaled / factor + smooth * scaled
+    medium = ~(wavelen < old_len / high) & ~(wavelen > old_len / low)
+    return np.where(medium, smoothed, scaled).astype(np.float32)
+
+
+def rope_cos_sin(pos: jax.Array, cfg: Qwen2Config) -> tuple[jax.Array, jax.Array]:
+    """cos/sin [..., head_dim] in float32 for integer positions (HF rope, duplicated halves)."""
+    freqs = pos.astype(f32)[..., None] * jnp.asarray(rope_inv_freq(cfg))
     emb = jnp.concatenate([freqs, freqs], axis=-1)
     return jnp.cos(emb), jnp.sin(emb)
 
@@ -196,6 +215,9 @@ def _attn_in(cfg: Qwen2Config, p, x, cos, sin):
     q = _dense(h, a["q_proj"], s, mm).reshape(b, t, cfg.num_attention_heads, cfg.head_dim)
     k = _dense(h, a["k_proj"], s, mm).reshape(b, t, cfg.num_key_value_heads, cfg.head_dim)
     v = _dense(h, a["v_proj"], s, mm).reshape(b, t, cfg.num_key_value_heads, cfg.head_dim)
+    if cfg.qk_norm:  # Qwen3: per-head RMSNorm over head_dim, before rope
+        q = rms_norm(q, a["q_norm"]["scale"], cfg.rms_norm_eps)
+        k = rms_norm(k, a["k_norm"]["scale"], cfg.rms_norm_eps)
     return apply_rope(q, cos, sin), apply_rope(k, cos, sin), v
 
 
@@ -296,7 +318,7 @@ def decoder_stack(cfg: Qwen2Config, layers, x, valid, cache: KVCache | None, pre
         pos = p_len + jnp.cumsum(valid, axis=1, dtype=jnp.int32) - 1
         # Self-attention layout: query t sees the P prefix slots and the row's valid keys <= t.
         kv_valid = valid if prefix is None else jnp.concatenate([jnp.ones((b, p_len), bool), valid], axis=1)
-        cos, sin = rope_cos_sin(pos, cfg.head_dim, cfg.rope_theta)
+        cos, sin = rope_cos_sin(pos, cfg)
 
         def layer(x, xs):
             p, pk, pv = xs
@@ -324,7 +346,7 @@ def decoder_stack(cfg: Qwen2Config, layers, x, valid, cache: KVCache | None, pre
     # Invalid tokens (and overflow past S) target slot S, which mode="drop" discards.
     write = jnp.where(valid & (pos >= 0) & (pos < s), pos, s)
     rows = jnp.arange(b)[:, None]
-    cos, sin = rope_cos_sin(pos, cfg.head_dim, cfg.rope_theta)
+    cos, sin = rope_cos_sin(pos, cfg)
 
     if isinstance(cache, LayerKVCache):
         return _decode_layer_cache(cfg, layers, x, cache, rows, write, pos, cos, sin, n_new)
@@ -344,7 +366,7 @@ def decoder_stack(cfg: Qwen2Config, layers, x, valid, cache: KVCache | None, pre
 
     # No remat here: the cached path is inference (remat would only keep per-layer cache copies alive).
     carry = (x, cache.k, cache.v)
-    if (t == 1 or decode_weights.PREFILL_UNROLL) and _unrolled_decode(cache):
+    if (t == 1 or cfg.prefill_unroll) and _unrolled_decode(cfg, cache):
         # Single-token decode runs inside the sampler's token loop. A scan over the stacked [L, ...]
         # weights slices (copies) every layer's weights on every token before its matmuls (XLA:CPU
         # does not fuse a slice into a dot), tripling the memory traffic of a step that is bound by
@@ -354,7 +376,7 @@ def decoder_stack(cfg: Qwen2Config, layers, x, valid, cache: KVCache | None, pre
         # program run instead of one per token (docs/decode.md).
         dt = jnp.dtype(cfg.dtype)
         for li in range(cfg.num_hidden_layers):
-            p = jax.lax.optimization_barrier(decode_weights.layer_weights(layers, li, dt, cfg.matmul_dtype))
+            p = jax.lax.optimization_barrier(decode_weights.layer_weights(layers, li, dt, cfg.matmul_dtype, cfg.decode_transposed))
             carry, _ = layer(carry, (p, li))
     else:
         li = jnp.arange(cfg.num_hidden_layers, dtype=jnp.int32)
@@ -366,13 +388,13 @@ def decoder_stack(cfg: Qwen2Config, layers, x, valid, cache: KVCache | None, pre
 def _decode_layer_cache(cfg: Qwen2Config, layers, x, cache: LayerKVCache, rows, write, pos, cos, sin, n_new):
     """`decoder_stack` on a per-layer cache: the unrolled layers (hoisted weights, as for `KVCache`),
     each writing its new keys/values into its own [B, nKV, S, D] buffer and attending to it in place."""
-    if x.shape[1] != 1 or not _unrolled_decode(cache):
+    if x.shape[1] != 1 or not _unrolled_decode(cfg, cache):
         raise ValueError("a LayerKVCache is for single-token decode steps on the unrolled path; convert it "
                          "with stacked_layout(cache) for longer appends")
     dt = jnp.dtype(cfg.dtype)
     ks, vs = list(cache.k), list(cache.v)
     for li in range(cfg.num_hidden_layers):
-        p = jax.lax.optimization_barrier(decode_weights.layer_weights(layers, li, dt, cfg.matmul_dtype))
+        p = jax.lax.optimization_barrier(decode_weights.layer_weights(layers, li, dt, cfg.matmul_dtype, cfg.decode_transposed))
         q, k, v = _attn_in(cfg, p, x, cos, sin)
         # [B, 1, nKV, D] rows into [B, nKV, S, D] at each row's slot; slot S is dropped.
         ks[li] = ks[li].at[rows, :, write].set(k.astype(ks[li].dtype), mode="drop")
@@ -432,18 +454,22 @@ class Norm(nnx.Module):
 class Attention(nnx.Module):
     def __init__(self, cfg: Qwen2Config, stack, rngs: nnx.Rngs):
         h, hd, pd = cfg.hidden_size, cfg.head_dim, cfg.param_dtype
-        self.q_proj = Dense(h, cfg.num_attention_heads * hd, stack=stack, bias=True, param_dtype=pd, rngs=rngs)
-        self.k_proj = Dense(h, cfg.num_key_value_heads * hd, stack=stack, bias=True, param_dtype=pd, rngs=rngs)
-        self.v_proj = Dense(h, cfg.num_key_value_heads * hd, stack=stack, bias=True, param_dtype=pd, rngs=rngs)
-        self.o_proj = Dense(cfg.num_attention_heads * hd, h, stack=stack, bias=False, param_dtype=pd, rngs=rngs)
+        qkv, o = cfg.qkv_bias, cfg.o_bias
+        self.q_proj = Dense(h, cfg.num_attention_heads * hd, stack=stack, bias=qkv, param_dtype=pd, rngs=rngs)
+        self.k_proj = Dense(h, cfg.num_key_value_heads * hd, stack=stack, bias=qkv, param_dtype=pd, rngs=rngs)
+        self.v_proj = Dense(h, cfg.num_key_value_heads * hd, stack=stack, bias=qkv, param_dtype=pd, rngs=rngs)
+        self.o_proj = Dense(cfg.num_attention_heads * hd, h, stack=stack, bias=o, param_dtype=pd, rngs=rngs)
+        if cfg.qk_norm:
+            self.q_norm = Norm((*stack, hd), pd)
+            self.k_norm = Norm((*stack, hd), pd)
 
 
 class MLP(nnx.Module):
     def __init__(self, cfg: Qwen2Config, stack, rngs: nnx.Rngs):
-        h, i, pd = cfg.hidden_size, cfg.intermediate_size, cfg.param_dtype
-        self.gate_proj = Dense(h, i, stack=stack, bias=False, param_dtype=pd, rngs=rngs)
-        self.up_proj = Dense(h, i, stack=stack, bias=False, param_dtype=pd, rngs=rngs)
-        self.down_proj = Dense(i, h, stack=stack, bias=False, param_dtype=pd, rngs=rngs)
+        h, i, pd, bias = cfg.hidden_size, cfg.intermediate_size, cfg.param_dtype, cfg.mlp_bias
+        self.gate_proj = Dense(h, i, stack=stack, bias=bias, param_dtype=pd, rngs=rngs)
+        self.up_proj = Dense(h, i, stack=stack, bias=bias, param_dtype=pd, rngs=rngs)
+        self.down_proj = Dense(i, h, stack=stack, bias=bias, param_dtype=pd, rngs=rngs)
 
 
 class DecoderLayers(nnx.Module):
@@ -504,7 +530,7 @@ class Qwen2Trunk(nnx.Module):
 
 
 class Qwen2(nnx.Module):
-    """Qwen2ForCausalLM. `model(tokens, valid, cache) -> (hidden [B,T,H], cache)`; `model.logits(hidden)`."""
+    """The causal LM of every family (Qwen2/Llama/Qwen3ForCausalLM, `cfg.model_type`). `model(tokens, valid, cache) -> (hidden [B,T,H], cache)`; `model.logits(hidden)`."""
 
     def __init__(self, cfg: Qwen2Config, rngs: nnx.Rngs):
         self.cfg = cfg
@@ -566,6 +592,18 @@ def critic_from_policy(policy: Qwen2, rngs: nnx.Rngs | None = None, share_trunk:
     critic.model = policy.model if share_trunk else nnx.clone(policy.model)
     critic.value_head = Dense(policy.cfg.hidden_size, 1, bias=True, param_dtype="float32", rngs=rngs)
     return critic
+
+
+def with_config(model, **changes):
+    """A copy of `model` (same parameter arrays, not copied) whose config, wherever a module stores it
+    (the LM and its trunk), has `changes`: e.g. `with_config(policy, decode_unroll=False)` for the
+    layer-scan decode. Compiled programs key on the config, so each setting compiles its own program."""
+    graphdef, state = nnx.split(model)
+    out = nnx.merge(graphdef, state)
+    for _, node in nnx.iter_graph(out):
+        if isinstance(node, nnx.Module) and isinstance(getattr(node, "cfg", None), Qwen2Config):
+            node.cfg = node.cfg.replace(**changes)
+    return out
 
 
 # ----------------------------------------------------------------------------- functional helpers

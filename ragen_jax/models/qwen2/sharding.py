@@ -1,4 +1,4 @@
-"""Sharding for Qwen2: logical axes per parameter, and rules logical axis -> mesh axes.
+"""Sharding for the decoder (every family): logical axes per parameter, and rules logical axis -> mesh axes.
 
 Mesh axes: "data" (pure data parallel: params replicated), "fsdp" (data parallel with parameters
 sharded over the embed dimension, gathered per layer by XLA), "tensor" (Megatron-style: heads, MLP
@@ -29,8 +29,13 @@ LOGICAL_AXES: tuple[tuple[str, tuple[str | None, ...]], ...] = (
     (r"layers/self_attn/(k_proj|v_proj)/kernel$", ("layers", "embed", "kv_heads")),
     (r"layers/self_attn/(k_proj|v_proj)/bias$", ("layers", "kv_heads")),
     (r"layers/self_attn/o_proj/kernel$", ("layers", "heads", "embed")),
+    (r"layers/self_attn/o_proj/bias$", ("layers", "embed")),
+    # Qwen3's per-head q/k norms [L, head_dim]: tiny, and every head shard needs all of it.
+    (r"layers/self_attn/(q_norm|k_norm)/scale$", ("layers", "norm")),
     (r"layers/mlp/(gate_proj|up_proj)/kernel$", ("layers", "embed", "mlp")),
+    (r"layers/mlp/(gate_proj|up_proj)/bias$", ("layers", "mlp")),
     (r"layers/mlp/down_proj/kernel$", ("layers", "mlp", "embed")),
+    (r"layers/mlp/down_proj/bias$", ("layers", "embed")),
     # LoRA adapters (models/lora.py): A [L, in, r] shards `in` like its kernel, B [L, r, out] shards
     # `out` like its kernel; the small rank axis stays whole.
     (r"layers/self_attn/q_proj/lora_b$", ("layers", None, "heads")),

@@ -1,4 +1,4 @@
-"""Hugging Face checkpoint I/O for Qwen2 (config.json + safetensors, single file or sharded), no torch.
+"""Hugging Face checkpoint I/O for every family (Qwen2, Llama, Qwen3: config.json + safetensors, single file or sharded), no torch.
 
 `WEIGHT_MAP` is the one table between HF tensor names and our parameter tree. Per-layer HF tensors
 (`{i}` in the name) are stacked on our leading layer axis. HF `nn.Linear` weights are `[out, in]`,
@@ -51,18 +51,38 @@ WEIGHT_MAP: tuple[WeightSpec, ...] = (
     _layer("self_attn.v_proj.weight", ("self_attn", "v_proj", "kernel"), True),
     _layer("self_attn.v_proj.bias", ("self_attn", "v_proj", "bias"), False),
     _layer("self_attn.o_proj.weight", ("self_attn", "o_proj", "kernel"), True),
+    _layer("self_attn.o_proj.bias", ("self_attn", "o_proj", "bias"), False),
+    _layer("self_attn.q_norm.weight", ("self_attn", "q_norm", "scale"), False),
+    _layer("self_attn.k_norm.weight", ("self_attn", "k_norm", "scale"), False),
     _layer("post_attention_layernorm.weight", ("post_attention_layernorm", "scale"), False),
     _layer("mlp.gate_proj.weight", ("mlp", "gate_proj", "kernel"), True),
+    _layer("mlp.gate_proj.bias", ("mlp", "gate_proj", "bias"), False),
     _layer("mlp.up_proj.weight", ("mlp", "up_proj", "kernel"), True),
+    _layer("mlp.up_proj.bias", ("mlp", "up_proj", "bias"), False),
     _layer("mlp.down_proj.weight", ("mlp", "down_proj", "kernel"), True),
+    _layer("mlp.down_proj.bias", ("mlp", "down_proj", "bias"), False),
     WeightSpec("model.norm.weight", ("model", "norm", "scale"), False, False),
     # Absent from tied checkpoints (the head reuses model.embed_tokens.weight).
     WeightSpec("lm_head.weight", ("lm_head", "kernel"), False, True),
 )
 
 
+def _present(spec: WeightSpec, cfg: Qwen2Config) -> bool:
+    """Whether `cfg`'s family and switches give the model this parameter (mirrors model.py's modules)."""
+    path = spec.path
+    if path[0] == "lm_head":
+        return not cfg.tie_word_embeddings
+    if path[-1] == "bias":
+        if path[-2] in ("q_proj", "k_proj", "v_proj"):
+            return cfg.qkv_bias
+        return cfg.o_bias if path[-2] == "o_proj" else cfg.mlp_bias
+    if path[-2] in ("q_norm", "k_norm"):
+        return cfg.qk_norm
+    return True
+
+
 def weight_specs(cfg: Qwen2Config) -> tuple[WeightSpec, ...]:
-    return tuple(s for s in WEIGHT_MAP if not (cfg.tie_word_embeddings and s.path[0] == "lm_head"))
+    return tuple(s for s in WEIGHT_MAP if _present(s, cfg))
 
 
 def _hf_names(spec: WeightSpec, cfg: Qwen2Config) -> list[str]:
@@ -137,7 +157,7 @@ def from_pretrained(
     rules=None,
     **overrides,
 ) -> Qwen2:
-    """Load a Qwen2ForCausalLM directory. `dtype`: compute dtype (default float32); `param_dtype`:
+    """Load a Qwen2/Llama/Qwen3ForCausalLM directory (family from config.json's `model_type`). `dtype`: compute dtype (default float32); `param_dtype`:
     storage dtype (default: same as `dtype`). bf16 checkpoints load as is (no torch). `overrides`:
     further Qwen2Config fields that are not in config.json (e.g. remat).
 
@@ -262,7 +282,7 @@ def hf_state_dict(model: Qwen2, dtype: str | None = None) -> dict[str, np.ndarra
 
 
 def save_pretrained(model: Qwen2, path: str, max_shard_size: int | str | None = None, dtype: str | None = None):
-    """Write config.json (Qwen2ForCausalLM, transformers-5 style) + safetensors (+ index when sharded).
+    """Write config.json (the family's *ForCausalLM, transformers-5 style) + safetensors (+ index when sharded).
 
     `dtype`: storage dtype of the written tensors (default: the model's param_dtype). Parameters may be
     sharded; on several hosts every process must call this, and process 0 writes."""

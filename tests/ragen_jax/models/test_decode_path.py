@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 from flax import nnx
 
-from ragen_jax.models import KVCache, Qwen2, Qwen2Config
+from ragen_jax.models import KVCache, Qwen2, Qwen2Config, with_config
 from ragen_jax.models.qwen2 import model as qwen2_model
 
 from ._helpers import greedy_decode_hlo
@@ -20,33 +20,31 @@ from ._helpers import greedy_decode_hlo
 
 def _run(model, unroll: bool, cache_dtype, steps):
     """Prefill 5 ids, then decode `steps` single tokens; returns every hidden state and the cache."""
-    graphdef, params = nnx.split(model)
-    old = qwen2_model.DECODE_UNROLL
-    qwen2_model.DECODE_UNROLL = unroll
-    try:
-        @jax.jit
-        def go(params):
-            m = nnx.merge(graphdef, params)
-            b = 3
-            cache = KVCache.init(m.cfg, batch=b, max_len=12, dtype=cache_dtype)
-            toks = jnp.arange(5 * b, dtype=jnp.int32).reshape(b, 5) * 7 + 3
-            h, cache = m(toks, jnp.ones_like(toks, bool), cache)
-            hs = [h[:, -1]]
-            for tok, valid in steps:
-                h, cache = m(jnp.asarray(tok, jnp.int32)[:, None], jnp.asarray(valid)[:, None], cache)
-                hs.append(h[:, 0])
-            return jnp.stack(hs, 1), cache
+    graphdef, params = nnx.split(with_config(model, decode_unroll=unroll))
 
-        return jax.tree.map(np.asarray, go(params))
-    finally:
-        qwen2_model.DECODE_UNROLL = old
+    @jax.jit
+    def go(params):
+        m = nnx.merge(graphdef, params)
+        b = 3
+        cache = KVCache.init(m.cfg, batch=b, max_len=12, dtype=cache_dtype)
+        toks = jnp.arange(5 * b, dtype=jnp.int32).reshape(b, 5) * 7 + 3
+        h, cache = m(toks, jnp.ones_like(toks, bool), cache)
+        hs = [h[:, -1]]
+        for tok, valid in steps:
+            h, cache = m(jnp.asarray(tok, jnp.int32)[:, None], jnp.asarray(valid)[:, None], cache)
+            hs.append(h[:, 0])
+        return jnp.stack(hs, 1), cache
+
+    return jax.tree.map(np.asarray, go(params))
 
 
 def test_decode_unrolls_only_with_a_32bit_cache_on_cpu():
     cfg = Qwen2Config.from_preset("tiny", num_hidden_layers=2)
     assert jax.default_backend() == "cpu"
-    assert qwen2_model._unrolled_decode(KVCache.init(cfg, batch=1, max_len=4, dtype="float32"))
-    assert not qwen2_model._unrolled_decode(KVCache.init(cfg, batch=1, max_len=4, dtype="bfloat16"))
+    assert qwen2_model._unrolled_decode(cfg, KVCache.init(cfg, batch=1, max_len=4, dtype="float32"))
+    assert not qwen2_model._unrolled_decode(cfg, KVCache.init(cfg, batch=1, max_len=4, dtype="bfloat16"))
+    assert not qwen2_model._unrolled_decode(cfg.replace(decode_unroll=False),
+                                            KVCache.init(cfg, batch=1, max_len=4, dtype="float32"))
 
 
 @pytest.mark.parametrize("cache_dtype", ["float32"])
@@ -77,12 +75,7 @@ def test_token_loop_carries_hoisted_layer_weights():
     model = Qwen2(cfg, nnx.Rngs(0))
 
     def token_loop_signature(unroll):
-        old = qwen2_model.DECODE_UNROLL
-        qwen2_model.DECODE_UNROLL = unroll
-        try:
-            return greedy_decode_hlo(model)[1]
-        finally:
-            qwen2_model.DECODE_UNROLL = old
+        return greedy_decode_hlo(with_config(model, decode_unroll=unroll))[1]
 
     unrolled, scanned = token_loop_signature(True), token_loop_signature(False)
     # gate and up kernels of each of the 3 layers as separate buffers, stored [out, in] = [136, 64]
