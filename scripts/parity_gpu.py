@@ -1,6 +1,6 @@
-"""Qwen2 parity on an accelerator (not run in CI): max |logit error| vs the PyTorch reference fixtures.
+"""Decoder parity on an accelerator (not run in CI): max |logit error| vs the PyTorch reference fixtures.
 
-For each fixture (tests/fixtures/qwen2_{tied,untied}) reports, on the default JAX backend:
+For each fixture (tests/fixtures/FIXTURES: qwen2_{tied,untied,gqa3}, llama_{untied,bias}, qwen3_untied) reports, on the default JAX backend:
   f32 (matmul precision "highest"), f32 (backend default precision, e.g. TF32 on NVIDIA),
   bf16 params + compute; for each the max abs logit error at valid positions (left-padded batch),
   the same through the KV-cache prefill, and whether greedy decoding with the cache reproduces HF.
@@ -22,10 +22,11 @@ sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
 from ragen_jax.models import KVCache, forward, from_pretrained, logits_fn  # noqa: E402
 
 FIXTURES = os.path.join(os.path.dirname(__file__), "..", "tests", "fixtures")
+PARITY_FIXTURES = ("qwen2_tied", "qwen2_untied", "qwen2_gqa3", "llama_untied", "llama_bias", "qwen3_untied")
 
 
 def run(variant: str, dtype: str, precision: str | None) -> dict:
-    d = os.path.join(FIXTURES, f"qwen2_{variant}")
+    d = os.path.join(FIXTURES, variant)
     with np.load(os.path.join(d, "reference.npz")) as z:
         ref = {k: z[k] for k in z.files}
     model = from_pretrained(d, dtype=dtype)
@@ -44,7 +45,7 @@ def run(variant: str, dtype: str, precision: str | None) -> dict:
 
     with jax.default_matmul_precision(precision) if precision else _null():
         lg = np.asarray(nocache(p, ref["input_ids"], valid))
-        cache = KVCache.init(model.cfg, batch=b, max_len=32)
+        cache = KVCache.init(model.cfg, batch=b, max_len=ref["input_ids"].shape[1] + n_new)
         lc, cache = step(p, ref["input_ids"], valid, cache)
         tok = jnp.argmax(lc[:, -1], -1).astype(jnp.int32)
         out = [tok]
@@ -79,12 +80,12 @@ def main():
     args = ap.parse_args()
     print(f"backend: {jax.default_backend()}  devices: {jax.devices()}")
     rows = []
-    for variant in ("tied", "untied"):
+    for variant in PARITY_FIXTURES:
         for dtype, precision in (("float32", "highest"), ("float32", None), ("bfloat16", None)):
             r = run(variant, dtype, precision)
             rows.append(r)
             print(
-                f"{variant:7s} {dtype:9s} precision={r['precision']:8s} max|err| nocache={r['max_abs_err_nocache']:.2e} "
+                f"{variant:13s} {dtype:9s} precision={r['precision']:8s} max|err| nocache={r['max_abs_err_nocache']:.2e} "
                 f"cache={r['max_abs_err_cache']:.2e} (max|logit| {r['max_abs_logit']:.1f}) greedy_match={r['greedy_match']}"
             )
     if args.json:
