@@ -120,25 +120,7 @@ class Qwen2Config:
             value = getattr(self, name)
             if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
                 raise ValueError(f"Qwen2Config.{name} must be a positive integer, got {value!r}")
-        if self.model_type not in FAMILIES:
-            raise ValueError(f"Qwen2Config.model_type {self.model_type!r} is not supported; use one of "
-                             f"{', '.join(FAMILIES)}")
-        if self.model_type == "qwen2" and (self.attention_bias or self.mlp_bias):
-            raise ValueError("attention_bias / mlp_bias are llama/qwen3 switches; a qwen2 model always has "
-                             "q/k/v biases and no others, so leave them False")
-        if self.model_type == "qwen3" and self.mlp_bias:
-            raise ValueError("mlp_bias is not a qwen3 option (Qwen3 MLPs have no biases); leave it False")
-        if self.rope_type not in ROPE_TYPES:
-            raise ValueError(f"Qwen2Config.rope_type {self.rope_type!r} is not supported; use one of "
-                             f"{', '.join(ROPE_TYPES)}")
-        if self.rope_type == "llama3" and not (
-                self.rope_factor > 0 and 0 < self.rope_low_freq_factor < self.rope_high_freq_factor
-                and self.rope_original_max_position_embeddings > 0):
-            raise ValueError("llama3 rope scaling needs factor > 0, 0 < low_freq_factor < high_freq_factor and "
-                             f"original_max_position_embeddings > 0, got factor={self.rope_factor}, "
-                             f"low_freq_factor={self.rope_low_freq_factor}, high_freq_factor="
-                             f"{self.rope_high_freq_factor}, original_max_position_embeddings="
-                             f"{self.rope_original_max_position_embeddings}")
+        _check_family_fields(self)
         explicit = self.attention_head_dim
         if explicit is not None and (not isinstance(explicit, int) or isinstance(explicit, bool) or explicit <= 0):
             raise ValueError(f"Qwen2Config.attention_head_dim must be None or a positive integer, got {explicit!r}")
@@ -342,6 +324,29 @@ def _check_unsupported(hf: dict[str, Any], source: str) -> None:
     if layer_types and any(t != "full_attention" for t in layer_types):
         raise ValueError(f"{source}: layer_types other than full_attention are not supported (found "
                          f"{sorted(set(layer_types) - {'full_attention'})})")
+
+
+def _check_family_fields(cfg: "Qwen2Config") -> None:
+    """The family switches and rope scaling fields of a config (one sentence per problem)."""
+    if cfg.model_type not in FAMILIES:
+        raise ValueError(f"Qwen2Config.model_type {cfg.model_type!r} is not supported; use one of "
+                         f"{', '.join(FAMILIES)}")
+    if cfg.model_type == "qwen2" and (cfg.attention_bias or cfg.mlp_bias):
+        raise ValueError("attention_bias / mlp_bias are llama/qwen3 switches; a qwen2 model always has "
+                         "q/k/v biases and no others, so leave them False")
+    if cfg.model_type == "qwen3" and cfg.mlp_bias:
+        raise ValueError("mlp_bias is not a qwen3 option (Qwen3 MLPs have no biases); leave it False")
+    if cfg.rope_type not in ROPE_TYPES:
+        raise ValueError(f"Qwen2Config.rope_type {cfg.rope_type!r} is not supported; use one of "
+                         f"{', '.join(ROPE_TYPES)}")
+    if cfg.rope_type == "llama3" and not (
+            cfg.rope_factor > 0 and 0 < cfg.rope_low_freq_factor < cfg.rope_high_freq_factor
+            and cfg.rope_original_max_position_embeddings > 0):
+        raise ValueError("llama3 rope scaling needs factor > 0, 0 < low_freq_factor < high_freq_factor and "
+                         f"original_max_position_embeddings > 0, got factor={cfg.rope_factor}, "
+                         f"low_freq_factor={cfg.rope_low_freq_factor}, high_freq_factor="
+                         f"{cfg.rope_high_freq_factor}, original_max_position_embeddings="
+                         f"{cfg.rope_original_max_position_embeddings}")
 
 
 _QWEN25 = dict(vocab_size=151936, rope_theta=1_000_000.0, rms_norm_eps=1e-6, max_position_embeddings=32768)
