@@ -246,6 +246,16 @@ def test_chunked_attention_and_remat_gradients_match_the_plain_forward(name):
         np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=1e-4, atol=1e-5 * scale)
 
 
+@pytest.mark.parametrize("name", ["llama_untied", "qwen3_untied"])
+def test_splash_kernel_in_the_pallas_interpreter_matches_the_reference(name):
+    # The TPU kernel (run by the Pallas interpreter on CPU) on llama3 rope / q-k norm / head_dim 16.
+    ref = _stored(name)
+    g, p = nnx.split(with_config(_loaded(name)[0], attention="splash"))
+    valid = ref["attention_mask"].astype(bool)
+    logits = np.asarray(logits_nocache(g, p, ref["input_ids"], valid))
+    np.testing.assert_allclose(logits[valid], ref["logits"][valid], rtol=0, atol=ATOL)
+
+
 # ----------------------------------------------------------------------------- LoRA, sharding
 @pytest.mark.parametrize("name", ["llama_bias", "qwen3_untied"])
 def test_lora_on_every_target_equals_the_merged_weights(name):
