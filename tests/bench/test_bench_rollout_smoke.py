@@ -19,21 +19,27 @@ def _positive(row, keys):
         assert isinstance(row[k], (int, float)) and math.isfinite(row[k]) and row[k] > 0, (k, row[k])
 
 
+def _measured(row, keys):
+    """Times and the rates made from them are only checked to be reported: a bound on them would be
+    a bound on the machine's speed (and a rounded time can be 0 on a fast one)."""
+    for k in keys:
+        assert isinstance(row[k], (int, float)) and math.isfinite(row[k]) and row[k] >= 0, (k, row[k])
+
+
 def test_rollout_row_is_well_formed():
     from ragen_jax.text.tokenizer import load_tokenizer
 
     row = bench_rollout.bench_rollout("tiny", "full", groups=1, group_size=2, turns=1, max_new=4,
                                       tokenizer=load_tokenizer(), repeats=1, host_repeats=1, hbm_gbps=1000.0)
     row = json.loads(json.dumps(row))  # JSON-able
-    _positive(row, ("median_s_per_rollout", "generated_tok_s", "conversation_tok_s", "episodes_per_s"))
-    assert row["compile_s"] >= 0
+    _measured(row, ("median_s_per_rollout", "generated_tok_s", "conversation_tok_s", "episodes_per_s", "compile_s"))
     # 2 episodes x 1 turn x at most 4 sampled tokens; the conversation also holds the prompt.
     assert 0 < row["generated_tokens"] <= 2 * 1 * 4
     assert row["conversation_tokens"] >= row["generated_tokens"] + 2 * row["prefix_tokens"]
     assert row["mean_turns"] == 1.0 and row["truncated_frac"] == 0.0
     host = row["host"]
-    _positive(host, ("median_s_per_rollout", "generated_tok_s", "episodes_per_s"))
-    assert row["ratio_generated_tok_s_ours_over_host"] > 0
+    _measured(host, ("median_s_per_rollout", "generated_tok_s", "episodes_per_s"))
+    _measured(row, ("ratio_generated_tok_s_ours_over_host",))
     bb = row["bandwidth_bound"]
     assert bb["decode_steps"] == 4 and bb["weight_bytes"] > 0
     np.testing.assert_allclose(bb["bound_s_per_rollout"],
@@ -56,11 +62,11 @@ def test_train_step_row_is_well_formed():
         have_torch = False
     row = bench_train.bench_train_step("tiny", 2, 64, repeats=1, torch_baseline=have_torch, peak_tflops=100.0)
     row = json.loads(json.dumps(row))
-    _positive(row, ("median_s_per_step", "tok_s", "achieved_tflops", "mfu"))
+    _measured(row, ("median_s_per_step", "tok_s", "achieved_tflops", "mfu"))
     assert row["tokens"] == 128 and 0 < row["trained_tokens"] < 128
     if have_torch:
-        _positive(row["torch"], ("median_s_per_step", "tok_s"))
-        assert row["ratio_ours_over_torch"] > 0
+        _measured(row["torch"], ("median_s_per_step", "tok_s"))
+        _measured(row, ("ratio_ours_over_torch",))
 
     # FLOP count: matmul parameters equal the model's own kernels + embedding (tied head counted once;
     # layers are stacked, so count by name, not by rank).
@@ -103,7 +109,8 @@ def test_sft_step_bench_quick(tmp_path):
         assert "glibc.malloc.hugetlb=1" in rows[name]["glibc_tunables"]
         assert rows[name]["widths"] == rows["prefix+buckets"]["widths"]
     for r in rows.values():
-        _positive(r, ("median_s_per_step", "demo_tok_s", "speedup_vs_plain", "mean_demo_tokens"))
+        _measured(r, ("median_s_per_step", "demo_tok_s", "speedup_vs_plain"))
+        _positive(r, ("mean_demo_tokens",))
         assert sum(r["widths"].values()) == r["demos"] and r["compilations"] == len(r["widths"])
     assert rows["plain"]["speedup_vs_plain"] == 1.0 and rows["plain"]["shared_prefix_tokens"] == 0
     # Same demos in every variant; the prefix is Sokoban's system prompt + instructions.
@@ -121,7 +128,8 @@ def test_rollout_variants_are_timed_side_by_side():
                                       tokenizer=load_tokenizer(), repeats=2, host=False, variants=("scan", "bf16"))
     row = json.loads(json.dumps(row))
     for v in ("scan", "bf16"):
-        _positive(row[f"variant_{v}"], ("median_s_per_rollout", "generated_tok_s"))
-        assert len(row[f"variant_{v}"]["s_per_rollout"]) == 2 and row[f"ratio_{v}_over_current"] > 0
+        _measured(row[f"variant_{v}"], ("median_s_per_rollout", "generated_tok_s"))
+        _measured(row, (f"ratio_{v}_over_current",))
+        assert len(row[f"variant_{v}"]["s_per_rollout"]) == 2
     assert row["variant_scan"]["same_tokens_as_current_frac"] == 1.0
     assert 0.0 <= row["variant_bf16"]["same_tokens_as_current_frac"] <= 1.0

@@ -243,13 +243,13 @@ def test_live_run_is_refused_and_a_killed_process_ends_the_other(victim, tmp_pat
         time.sleep(2)  # let the run get going (compiling or in a collective)
         procs[victim].send_signal(signal.SIGKILL)
         survivor = procs[1 - victim]
-        t0 = time.monotonic()
+        # A hang guard, not a timing: it stays below JAX's default heartbeat timeout (100 s), so a
+        # survivor that ignored --heartbeat-timeout would still be caught.
         try:
             rc = survivor.wait(timeout=heartbeat + 60)
         except subprocess.TimeoutExpired:
             pytest.fail(f"process {1 - victim} kept running after process {victim} was killed:\n" + _tails(logs))
         assert rc != 0, _tails(logs)
-        assert time.monotonic() - t0 < heartbeat + 60
     finally:
         for p in procs:
             if p.poll() is None:
