@@ -64,9 +64,21 @@ def pytest_collection_modifyitems(items):
     tmp.replace(out)  # the controller never reads a half-written file
 
 
-def pytest_xdist_make_scheduler(config, log):
-    if config.getvalue("dist") != "loadgroup":
-        return None
+def pytest_configure(config):
+    # Registered only where pytest-xdist is loaded: pytest rejects a conftest with an unknown hook.
+    if config.pluginmanager.hasplugin("xdist"):
+        config.pluginmanager.register(GroupScheduler(), "ragen-jax-group-scheduler")
+
+
+class GroupScheduler:
+    @staticmethod
+    def pytest_xdist_make_scheduler(config, log):
+        if config.getvalue("dist") != "loadgroup":
+            return None
+        return make_group_scheduling(config, log)
+
+
+def make_group_scheduling(config, log):
     from xdist.scheduler import LoadScopeScheduling
 
     class FixtureGroupScheduling(LoadScopeScheduling):
@@ -81,5 +93,18 @@ def pytest_xdist_make_scheduler(config, log):
                 for f in sorted(Path(os.environ[_GROUPS_DIR]).glob("*.json")):
                     self.groups.update(json.loads(f.read_text()))
             return self.groups.get(nodeid, nodeid)
+
+        def _reschedule(self, node) -> None:
+            """xdist's, with one queued test per worker instead of up to three: the queue only hides
+            the round trip, and near the end a longer one strands slow tests behind a busy worker
+            while the other idles (units are never taken back)."""
+            if node.shutting_down:
+                return
+            if not self.workqueue:
+                node.shutdown()
+                return
+            if self._pending_of(self.assigned_work[node]) > 1:
+                return
+            self._assign_work_unit(node)
 
     return FixtureGroupScheduling(config, log)
