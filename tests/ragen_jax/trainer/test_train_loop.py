@@ -127,17 +127,23 @@ def test_bad_input_fails_before_anything_is_written(tmp_path, ppo_run):
     assert (src / "config.json").read_text() == before
 
 
-def test_corrupt_checkpoint_is_reported(tmp_path):
-    wd = tmp_path / "corrupt"
-    Trainer(_cfg("--config.train.iterations=1", "--config.train.val_every=0"), wd, quiet=True).train()
-    step_dir = wd / "checkpoints" / "1"
-    for f in step_dir.rglob("*"):
-        if f.is_file() and f.stat().st_size > 0 and "state" in str(f):
-            f.write_bytes(b"garbage")
+def test_corrupt_checkpoint_is_reported(ppo_run, tmp_path):
+    """The latest checkpoint of a copy of the PPO run is corrupted; resuming must say so (the copy
+    saves training a run of its own)."""
+    import shutil
+
     from ragen_jax.trainer.checkpoint import CheckpointError
 
-    with pytest.raises(CheckpointError, match="cannot be restored"):
-        Trainer(_cfg("--config.train.iterations=2", "--config.train.val_every=0"), wd, quiet=True)
+    wd = tmp_path / "corrupt"
+    shutil.copytree(ppo_run[0], wd)
+    corrupted = 0
+    for f in (wd / "checkpoints" / "3").rglob("*"):
+        if f.is_file() and f.stat().st_size > 0 and "state" in str(f):
+            f.write_bytes(b"garbage")
+            corrupted += 1
+    assert corrupted
+    with pytest.raises(CheckpointError, match="checkpoints/3 cannot be restored"):
+        Trainer(_cfg("--config.train.iterations=4"), wd, quiet=True)
 
 
 def test_launch_cli_reports_config_errors_in_one_line(tmp_path):
