@@ -49,6 +49,7 @@ from flax import nnx  # noqa: E402
 from jax.sharding import NamedSharding, PartitionSpec  # noqa: E402
 
 from bench._common import machine, write_result  # noqa: E402
+from ragen_jax.trainer.export import abstract_programs  # noqa: E402  (the Trainer's programs, abstract)
 
 RESULTS = Path(__file__).resolve().parent / "results" / "memory.json"
 GIB = 2**30
@@ -95,64 +96,6 @@ def row_config(name: str, setting: str):
     if lora_rank:
         over += [f"model.lora_rank={lora_rank}", f"model.lora_alpha={lora_rank}", "model.param_dtype=bfloat16"]
     return load_config("sokoban.py", over)
-
-
-def abstract_programs(cfg, donate: bool):
-    """(rollout jit, prepare jit, update jit, abstract TrainState, abstract frozen LoRA base or None, mesh)
-    of a config, split as the Trainer splits it; nothing allocated."""
-    from ragen_jax.models import Qwen2, Qwen2Config, critic_from_policy, param_shardings
-    from ragen_jax.models.lora import CRITIC_TRAINABLE, POLICY_TRAINABLE, add_lora
-    from ragen_jax.rollout import Rollout
-    from ragen_jax.trainer.optim import make_optimizer
-    from ragen_jax.trainer.setup import build_mesh, build_text_envs, load_task_tokenizer
-    from ragen_jax.trainer.step import StepPrograms, TrainState
-
-    m = cfg.model
-    n = cfg.mesh.data * cfg.mesh.fsdp * cfg.mesh.tensor
-    mesh = build_mesh(cfg, jax.devices()[:n])
-    overrides = dict(dtype=m.dtype, param_dtype=m.param_dtype, remat=m.use_remat, remat_policy=m.remat_policy,
-                     attention=m.attention)
-    qcfg = Qwen2Config.from_preset(m.preset).replace(**overrides)
-
-    def sds(tree):
-        return jax.tree.map(lambda x, s: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=s), tree,
-                            param_shardings(tree, mesh))
-
-    def make_policy():
-        policy = Qwen2(qcfg, rngs=nnx.Rngs(0))
-        if m.lora_rank:  # as setup._with_lora: float32 adapters on the (maybe bf16) base
-            add_lora(policy, m.lora_rank, m.lora_alpha, m.lora_targets, rngs=nnx.Rngs(3))
-        return policy
-
-    policy = nnx.eval_shape(make_policy)
-    graph, actor = nnx.split(policy)
-    actor = sds(actor)
-    frozen = None
-    if m.lora_rank:  # the train state holds the adapters; the base is the programs' frozen argument
-        actor, frozen = nnx.split_state(actor, POLICY_TRAINABLE, ...)
-    critic_graph, critic = None, {}
-    if m.critic == "separate" and cfg.algo.adv_estimator == "gae":
-        critic_model = nnx.eval_shape(lambda: critic_from_policy(make_policy(), nnx.Rngs(1)))
-        critic_graph, critic = nnx.split(critic_model)
-        critic = sds(critic)
-        if m.lora_rank:  # its trunk base is the actor's: only adapters + value head are its own
-            critic = nnx.split_state(critic, CRITIC_TRAINABLE, ...)[0]
-    actor_opt = make_optimizer(cfg.optim.actor_lr, cfg.optim)
-    critic_opt = make_optimizer(cfg.optim.critic_lr, cfg.optim)
-    rep = NamedSharding(mesh, PartitionSpec())
-    scalar = jax.ShapeDtypeStruct((), jnp.int32, sharding=rep)
-    state = TrainState(
-        iteration=scalar, key=jax.ShapeDtypeStruct((2,), jnp.uint32, sharding=rep), actor=actor,
-        actor_opt=sds(jax.eval_shape(actor_opt.init, actor)), critic=critic,
-        critic_opt=sds(jax.eval_shape(critic_opt.init, critic)) if critic_graph is not None else {},
-        skipped_updates=scalar)
-    programs = StepPrograms(cfg, graph, critic_graph, actor_opt, critic_opt)
-    state_shardings = jax.tree.map(lambda x: x.sharding, state)
-    prepare = jax.jit(programs.prepare)
-    update = jax.jit(programs.update, out_shardings=(state_shardings, None), donate_argnums=(0,) if donate else ())
-    text_env = build_text_envs(cfg, load_task_tokenizer(cfg))[cfg.env.name]
-    rollout = Rollout(policy, text_env, cfg.rollout, mesh=mesh)
-    return rollout, prepare, update, state, frozen, mesh
 
 
 def measure(name: str, setting: str) -> dict:

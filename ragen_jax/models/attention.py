@@ -18,7 +18,7 @@ Implementations (`model.attention`, `IMPLEMENTATIONS`):
            0), which is what every trainer passes (`valid = arange(T) < length`).
   splash   the Pallas TPU splash-attention kernel: causal mask (offset = prefix length) + segment ids
            (1 valid, 0 padding; exact for any padding pattern). Off TPU it runs in the Pallas
-           interpreter (slow; for tests only).
+           interpreter (slow; for tests only); which one is decided per lowering platform.
   auto     per call: decode and short sequences -> xla; no-cache rows -> cudnn on GPU (bf16/fp16,
            head_dim a multiple of 8 up to 128, no prefix), splash on TPU, chunked elsewhere once a
            row's score matrix reaches `CHUNKED_MIN_SCORES`; cache appends of more than one token ->
@@ -118,7 +118,12 @@ def attention(q: jax.Array, k: jax.Array, v: jax.Array, kv_valid: jax.Array | No
     if impl == "cudnn":
         return cudnn_attention(q, k, v, kv_valid).reshape(b, t, nh * d)
     if impl == "splash":
-        return splash_attention(q, k, v, kv_valid, interpret=jax.default_backend() != "tpu").reshape(b, t, nh * d)
+        # The kernel or its interpreter is chosen when the program is LOWERED, for the platform it is
+        # lowered for, not from the backend of the tracing process: a TPU program exported from a CPU
+        # (`jax.export`, trainer/export.py) then holds the real Pallas kernel.
+        out = jax.lax.platform_dependent(q, k, v, kv_valid, tpu=functools.partial(splash_attention, interpret=False),
+                                         default=functools.partial(splash_attention, interpret=True))
+        return out.reshape(b, t, nh * d)
     if q_slot is None:
         q_slot = jnp.broadcast_to(jnp.arange(s - t, s, dtype=jnp.int32), (b, t))
     if impl == "chunked":

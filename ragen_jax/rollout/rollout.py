@@ -232,6 +232,11 @@ class Rollout:
         """The rollout program lowered for these (possibly abstract) inputs: AOT memory analysis."""
         return self._jitted.lower(params, key, group_seeds, self.stop_table)
 
+    def export(self, platform: str, params, key, group_seeds):
+        """The rollout program exported (`jax.export`: traced and lowered, not compiled) for `platform`
+        ("tpu", "cuda", "cpu"...) from the (possibly abstract, sharded) inputs, on any backend."""
+        return jax.export.export(self._jitted, platforms=[platform])(params, key, group_seeds, self.stop_table)
+
     def use_compiled(self, compiled) -> None:
         """Run with an executable compiled from `lower(...)` for the same shapes and shardings, so the
         program that was checked ahead of time is the one that runs (no second compilation)."""

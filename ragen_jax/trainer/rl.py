@@ -32,6 +32,7 @@ from ragen_jax.trainer.collapse import CollapseProbe, EarlyStops
 from ragen_jax.trainer.config import Config, ConfigError
 from ragen_jax.trainer.distributed import on_primary, run_path
 from ragen_jax.trainer.evaluation import log_validation, validate_run
+from ragen_jax.trainer.export import PROGRAMS, export_programs
 from ragen_jax.trainer.logger import EchoTrapMonitor, Logger
 from ragen_jax.trainer.optim import make_optimizer
 from ragen_jax.trainer.setup import (build_mesh, build_policy, build_text_envs, build_vocab, check_run_dir_config,
@@ -187,6 +188,19 @@ class Trainer:
         self.rollout.use_compiled(compiled["rollout"])
         self._prepare, self._update = compiled["prepare"], compiled["update"]
         return usage
+
+    def export_for(self, platform: str, programs=PROGRAMS) -> dict:
+        """{name: jax.export.Exported}: this run's rollout, prepare and update programs (its shardings,
+        donation and parameter shapes) lowered for `platform` ("tpu", "cuda"...) from any machine
+        (trainer/export.py). Before `train()`, and not after the memory check swapped in executables."""
+        r = self.cfg.rollout
+        if not hasattr(self._update, "trace"):
+            raise ConfigError("Trainer.export_for needs the jitted programs, but this Trainer runs AOT-compiled ones "
+                              "(train.device_memory_gib or a device memory limit); export before setting one")
+        seeds = jnp.asarray(group_seeds_for_iteration(0, r.num_groups, self.cfg.train.seed_base), jnp.int32)
+        return export_programs(self.rollout, self._prepare, self._update, self.state, self.ref,
+                               jax.random.fold_in(self.state.key, 1), seeds, platform=platform, mesh=self.mesh,
+                               frozen=self.frozen, programs=programs)
 
     # ------------------------------------------------------------------------------------------
     def _check_workdir(self):
