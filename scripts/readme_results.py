@@ -276,6 +276,46 @@ def turn_blocks_section(d) -> list[str]:
     return out + [""]
 
 
+def _fmt(v, spec: str, suffix: str = "") -> str:
+    return "-" if v is None else f"{v:{spec}}{suffix}"
+
+
+def gpu_section(files: list) -> list[str]:
+    """One row per lent-GPU run (bench/results/gpu_*.json, made by scripts/gpu_results.py)."""
+    rows = [d.get("summary") for d in files if d and d.get("summary")]
+    if not rows:
+        return []
+    out = ["### Lent GPU check (`bench/gpu_check.py`, `scripts/gpu_check.sh`)", "",
+           "One device call: ceilings measured on the card (device-to-device copy, bf16 matmul); relative errors "
+           "||out - ref|| / ||ref|| (bf16 vs float32 logits of a 0.5B-shaped random model; ours vs transformers "
+           "float32; cudnn / chunked attention output and dQ vs a float32 xla reference); one iteration of "
+           "configs/sokoban.py at 0.5B (rollout / prepare / update seconds, rollout tokens/s against its HBM bound, "
+           "update MFU against the measured matmul, peak memory against the Trainer's AOT estimate); 0.5B decode at "
+           "batch 128 with a 3,600-token cache (fraction of the HBM bound); the 3B GRPO update's peak against its "
+           "estimate. A CPU rehearsal row proves the pipeline with tiny shapes, not the GPU.", "",
+           "| device | copy GB/s | bf16 TFLOP/s | bf16 logits err | vs transformers | cudnn out / dQ err | "
+           "chunked out / dQ err | rollout / prepare / update s | rollout tok/s (bound) | update MFU | "
+           "peak / estimate GiB | decode tok/s (of bound) | 3B GRPO peak / estimate GiB |",
+           "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
+    for r in rows:
+        dev = (r.get("device_kind") or "?") + (" (CPU rehearsal)" if r.get("rehearsal") else "")
+        out.append(
+            f"| {dev} | {_fmt(r.get('copy_gb_s'), ',.0f')} | {_fmt(r.get('bf16_matmul_tflops'), ',.1f')} | "
+            f"{_fmt(r.get('bf16_logits_rel_err'), '.1e')} | {_fmt(r.get('transformers_logits_rel_err'), '.1e')} | "
+            f"{_fmt(r.get('cudnn_out_rel_err'), '.1e')} / {_fmt(r.get('cudnn_dq_rel_err'), '.1e')} | "
+            f"{_fmt(r.get('chunked_out_rel_err'), '.1e')} / {_fmt(r.get('chunked_dq_rel_err'), '.1e')} | "
+            f"{_fmt(r.get('rollout_s'), '.2f')} / {_fmt(r.get('prepare_s'), '.2f')} / {_fmt(r.get('update_s'), '.2f')} | "
+            f"{_fmt(r.get('rollout_tokens_per_s'), ',.0f')} ({_fmt(r.get('rollout_bound_tokens_per_s'), ',.0f')}) | "
+            f"{_fmt(r.get('update_mfu'), '.1%')} | "
+            f"{_fmt(r.get('iteration_peak_gib'), '.2f')} / {_fmt(r.get('iteration_estimate_gib'), '.2f')} | "
+            f"{_fmt(r.get('decode_tokens_per_s'), ',.0f')} ({_fmt(r.get('decode_fraction_of_bound'), '.0%')}) | "
+            f"{_fmt(r.get('fit_3b_peak_gib'), '.2f')} / {_fmt(r.get('fit_3b_estimate_gib'), '.2f')} |")
+    errors = [f"{(r.get('device_kind') or '?')}: {k}: {str(v)[:160]}" for r in rows for k, v in (r.get("errors") or {}).items()]
+    if errors:
+        out += ["", "Parts that failed or were skipped: " + "; ".join(errors) + "."]
+    return out + [""]
+
+
 DEMO_DIR = Path("docs") / "demo_results"  # committed copies of the demo's outputs (launch/demo.py --publish)
 PUBLISH_CMD = "python launch/demo.py --workdir runs/demo --publish docs/demo_results && python scripts/readme_results.py"
 # Columns of the demo's results table, in order; only those some env reports are shown (high_arm_rate: Bandit).
@@ -378,6 +418,7 @@ def render(root: Path = ROOT) -> str:
     lines += train_step_section(_load(res / "train_step.json"))
     lines += sft_step_section(_load(res / "sft_step.json"))
     lines += turn_blocks_section(_load(res / "turn_blocks.json"))
+    lines += gpu_section([_load(f) for f in sorted(res.glob("gpu_*.json"))])
     lines += envs_section(_load(res / "envs.json"))
     lines += sokoban_section(_load(res / "sokoban_difficulty.json"))
     lines += demo_section(root)

