@@ -180,7 +180,7 @@ def _vs_transformers(model, ids: np.ndarray, ours: np.ndarray) -> dict:
         save_pretrained(model, d)
         hf = AutoModelForCausalLM.from_pretrained(d, dtype=torch.float32).to(dev).eval()
         with torch.no_grad():
-            ref = hf(torch.as_tensor(ids, device=dev)).logits.float().cpu().numpy()
+            ref = hf(torch.as_tensor(np.array(ids), device=dev)).logits.float().cpu().numpy()
     return {"torch_device": dev, "logits_rel_err": rel_err(ours, ref), "logits_max_abs": float(np.abs(ours - ref).max()),
             "greedy_agreement": float((ours.argmax(-1) == ref.argmax(-1)).mean())}
 
@@ -373,27 +373,32 @@ def run_parts(parts, sz: dict, rehearsal: bool, budget_s: float, out_path: Path)
     env: dict = {}
     for name in parts:
         left = budget_s - (time.perf_counter() - t_start)
-        if left < BUDGET_S[name] and not rehearsal:
-            result["parts"][name] = {"skipped": f"{left:.0f} s left of the budget, the part needs {BUDGET_S[name]} s"}
-            continue
         t0 = time.perf_counter()
-        try:
-            if name == "environment":
-                env = part_environment(sz)
-                res = env
-            elif name in ("iteration", "decode"):
-                res = (part_iteration(sz, env, rehearsal) if name == "iteration" else part_decode(sz, env))
-            else:
-                res = {"parity": part_parity, "attention": part_attention, "fit_3b": part_fit_3b}[name](sz)
-        except Exception as e:  # noqa: BLE001  (recorded; the next part runs)
-            res = {"error": f"{type(e).__name__}: {str(e)[:2000]}", "traceback": traceback.format_exc()[-3000:]}
+        if left < BUDGET_S[name] and not rehearsal:
+            res = {"skipped": f"{left:.0f} s left of the budget, the part needs {BUDGET_S[name]} s"}
+        else:
+            res = _run_part(name, sz, env, rehearsal)
+            env = res if name == "environment" else env
         res["seconds"] = time.perf_counter() - t0
         result["parts"][name] = res
         result["elapsed_s"] = time.perf_counter() - t_start
         out_path.write_text(json.dumps(result, indent=2, default=_json_default) + "\n")
-        print(f"[gpu_check] {name}: {'ERROR ' + res['error'][:200] if 'error' in res else 'ok'} "
-              f"({res['seconds']:.1f} s)", flush=True)
+        status = "ERROR " + res["error"][:200] if "error" in res else res.get("skipped", "ok")
+        print(f"[gpu_check] {name}: {status} ({res['seconds']:.1f} s)", flush=True)
     return result
+
+
+def _run_part(name: str, sz: dict, env: dict, rehearsal: bool) -> dict:
+    try:
+        if name == "environment":
+            return part_environment(sz)
+        if name == "iteration":
+            return part_iteration(sz, env, rehearsal)
+        if name == "decode":
+            return part_decode(sz, env)
+        return {"parity": part_parity, "attention": part_attention, "fit_3b": part_fit_3b}[name](sz)
+    except Exception as e:  # noqa: BLE001  (recorded; the next part runs)
+        return {"error": f"{type(e).__name__}: {str(e)[:2000]}", "traceback": traceback.format_exc()[-3000:]}
 
 
 def _json_default(x):

@@ -1,0 +1,38 @@
+#!/usr/bin/env bash
+# The lent GPU's one prepared check (bench/README.md "Lent GPU check" has the whole recipe):
+#   1. installs the carried pure-Python wheels (.whl/: what the GPU image lacks) into /tmp/site,
+#   2. records nvidia-smi, then runs `python -m bench.gpu_check`, which writes $OUT/gpu_check.json
+#      after every part (a run cut short still returns what finished).
+# Usage (on the GPU, in the repository root):  bash scripts/gpu_check.sh [extra bench.gpu_check flags]
+# Rehearsal here:  OUT=/tmp/gpu_out bash scripts/gpu_check.sh --cpu-rehearsal
+set -u
+OUT="${OUT:-/tmp/gpu_check_out}"
+mkdir -p "$OUT"
+PY="${PYTHON:-python3}"
+if compgen -G ".whl/*.whl" > /dev/null; then
+  "$PY" -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl \
+    || { echo "gpu_check.sh: installing the carried wheels (.whl/) failed" >&2; exit 3; }
+  export PYTHONPATH="$PWD:/tmp/site${PYTHONPATH:+:$PYTHONPATH}"
+else
+  export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
+fi
+export PYTHONUNBUFFERED=1 HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1
+# The Trainer reads the device's memory limit itself; XLA must not take 75% of it up front, or the
+# peak-memory numbers measure the preallocation instead of the programs.
+# The fraction lets the allocator grow to nearly the whole card (the 3B update's target is 70 GiB).
+export XLA_PYTHON_CLIENT_PREALLOCATE=false XLA_PYTHON_CLIENT_MEM_FRACTION=0.95
+if command -v nvidia-smi > /dev/null; then nvidia-smi > "$OUT/nvidia_smi.txt" 2>&1; fi
+"$PY" -m bench.gpu_check --out "$OUT/gpu_check.json" "$@"
+rc=$?
+# The reply's tail shows the summary even when the JSON is not fetched.
+"$PY" - "$OUT/gpu_check.json" <<'EOF'
+import json, sys
+try:
+    d = json.load(open(sys.argv[1]))
+except (OSError, ValueError) as e:
+    sys.exit(f"gpu_check.sh: no result JSON ({e})")
+for name, part in d.get("parts", {}).items():
+    keys = {k: v for k, v in part.items() if not isinstance(v, (dict, list)) and k != "traceback"}
+    print(name, json.dumps(keys)[:600])
+EOF
+exit $rc

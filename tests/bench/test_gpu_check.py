@@ -1,0 +1,104 @@
+"""The lent GPU's one prepared check, rehearsed here end to end with tiny shapes (`--cpu-rehearsal`):
+every part runs and writes the JSON, the conversion accepts it, the README table shows it; a failing
+part is recorded and the next one runs; scripts/gpu_check.sh runs the same module and prints its summary.
+
+The truth: bf16 vs float32 error in the range bf16 rounding gives (METHOD.md: 1e-3 to 1e-2), the
+chunked kernel against the float32 reference likewise, our float32 logits equal to transformers' where
+torch is installed, the decode bound's bytes counted by hand for the tiny shape, the README row typed
+out from the JSON's own numbers."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from bench import gpu_check
+from scripts import gpu_results, readme_results
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+@pytest.fixture(scope="module")
+def rehearsal(tmp_path_factory):
+    out = tmp_path_factory.mktemp("gpu") / "gpu_check.json"
+    assert gpu_check.main(["--cpu-rehearsal", "--out", str(out)]) == 0
+    return json.loads(out.read_text())
+
+
+def test_every_part_runs_and_measures(rehearsal):
+    parts = rehearsal["parts"]
+    assert list(parts) == list(gpu_check.PARTS) and rehearsal["rehearsal"] is True
+    for name, part in parts.items():
+        assert "error" not in part, (name, part.get("error"))
+    p = parts["parity"]["bf16_vs_f32"]
+    assert 1e-4 < p["logits_rel_err"] < 3e-2 and p["greedy_agreement"] > 0.9
+    hf = parts["parity"]["ours_vs_transformers_f32"]
+    if "error" not in hf:  # torch installed (the parity fixtures' environment)
+        assert hf["logits_rel_err"] < 1e-5 and hf["greedy_agreement"] == 1.0
+    att = parts["attention"]
+    assert att["chunked"]["out_rel_err"] < 2e-2 and att["chunked"]["dq_rel_err"] < 2e-2
+    assert "runs only on a GPU" in att["cudnn"]["error"]  # recorded, the other kernels still measured
+    # Tiny decode: 2 layers x (K and V) x 2 rows x 48 slots x 2 KV heads x 32 dims x 2 bytes + bf16 weights.
+    dec = parts["decode"]
+    from ragen_jax.models import Qwen2Config
+
+    c = Qwen2Config.from_preset("tiny")
+    kv = 2 * c.num_hidden_layers * 2 * 48 * c.num_key_value_heads * c.head_dim * 2
+    assert dec["bytes_per_step"] - kv > 0 and (dec["bytes_per_step"] - kv) % 2 == 0
+    it = parts["iteration"]
+    assert it["finite"] and it["rollout_s"] > 0 and it["prepare_s"] > 0 and it["update_s"] > 0
+    assert set(it["estimate"]) == {"rollout", "prepare", "update"}
+    assert parts["fit_3b"]["fits"] and parts["fit_3b"]["estimate_program_bytes"] > 0
+
+
+def test_conversion_and_readme_table(rehearsal, tmp_path):
+    raw = tmp_path / "files_at"
+    raw.mkdir()
+    (raw / "gpu_check.json").write_text(json.dumps(rehearsal))
+    assert gpu_results.main([str(raw), "--out-dir", str(tmp_path / "bench" / "results")]) == 0
+    conv = json.loads((tmp_path / "bench" / "results" / "gpu_cpu-rehearsal.json").read_text())
+    s = conv["summary"]
+    assert s["rehearsal"] and s["device_kind"] == "cpu" and set(s["errors"]) == set()
+    lines = readme_results.render(tmp_path).splitlines()
+    row = next(ln for ln in lines if ln.startswith("| cpu (CPU rehearsal) |"))
+    it = rehearsal["parts"]["iteration"]
+    assert f"| {it['rollout_s']:.2f} / {it['prepare_s']:.2f} / {it['update_s']:.2f} |" in row
+    assert f"| {rehearsal['parts']['parity']['bf16_vs_f32']['logits_rel_err']:.1e} |" in row
+
+
+def test_a_failing_part_is_recorded_and_the_next_runs(tmp_path, monkeypatch):
+    def broken(sz):
+        raise RuntimeError("planted")
+
+    monkeypatch.setattr(gpu_check, "part_parity", broken)
+    out = tmp_path / "g.json"
+    gpu_check.run_parts(["parity", "environment"], gpu_check.shapes(True), True, 60.0, out)
+    d = json.loads(out.read_text())
+    assert d["parts"]["parity"]["error"] == "RuntimeError: planted" and "copy_gb_s" in d["parts"]["environment"]
+    # A real run skips a part it has no time left for, naming why.
+    gpu_check.run_parts(["environment"], gpu_check.shapes(True), False, 1.0, out)
+    assert "s left of the budget" in json.loads(out.read_text())["parts"]["environment"]["skipped"]
+
+
+def test_bad_input_gets_one_sentence(tmp_path, capsys):
+    assert gpu_check.main(["--cpu-rehearsal", "--parts", "nope", "--out", str(tmp_path / "x.json")]) == 2
+    assert "unknown part 'nope'" in capsys.readouterr().err
+    assert gpu_check.main(["--out", str(tmp_path / "x.json")]) == 2  # no GPU here and no --cpu-rehearsal
+    assert "not a GPU" in capsys.readouterr().err
+    (tmp_path / "bad.json").write_text("{}")
+    with pytest.raises(SystemExit, match="has no 'parts'"):
+        gpu_results.main([str(tmp_path / "bad.json")])
+
+
+def test_shell_script_runs_the_module_and_prints_the_summary(tmp_path):
+    env = {**os.environ, "OUT": str(tmp_path), "PYTHON": sys.executable, "PYTHONPATH": str(ROOT)}
+    r = subprocess.run(["bash", "scripts/gpu_check.sh", "--cpu-rehearsal", "--parts", "environment"], cwd=ROOT, env=env,
+                       capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert json.loads((tmp_path / "gpu_check.json").read_text())["parts"]["environment"]["device_kind"] == "cpu"
+    assert "environment {" in r.stdout
