@@ -134,7 +134,7 @@ def test_decode_step_has_no_quadratic_intermediate():
     def walk(jx):
         for eqn in jx.eqns:
             shapes.extend(tuple(v.aval.shape) for v in eqn.outvars if hasattr(v.aval, "shape"))
-            for sub in jax.core.jaxprs_in_params(eqn.params):
+            for sub in jax.extend.core.jaxprs_in_params(eqn.params):
                 walk(sub)
 
     walk(jaxpr.jaxpr)
