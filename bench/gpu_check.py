@@ -374,12 +374,18 @@ def run_parts(parts, sz: dict, rehearsal: bool, budget_s: float, out_path: Path)
     for name in parts:
         left = budget_s - (time.perf_counter() - t_start)
         t0 = time.perf_counter()
+        peak_before = (jax.devices()[0].memory_stats() or {}).get("peak_bytes_in_use")
         if left < BUDGET_S[name] and not rehearsal:
             res = {"skipped": f"{left:.0f} s left of the budget, the part needs {BUDGET_S[name]} s"}
         else:
             res = _run_part(name, sz, env, rehearsal)
             env = res if name == "environment" else env
         res["seconds"] = time.perf_counter() - t0
+        # The allocator's peak is process-wide and cannot be reset: a part's own peak is the reading after
+        # it only when that is above this one (`peak_rose`).
+        res["device_peak_before_bytes"] = peak_before
+        if peak_before is not None and res.get("peak_bytes_in_use") is not None:
+            res["peak_rose"] = bool(res["peak_bytes_in_use"] > peak_before)
         result["parts"][name] = res
         result["elapsed_s"] = time.perf_counter() - t_start
         out_path.write_text(json.dumps(result, indent=2, default=_json_default) + "\n")

@@ -60,11 +60,13 @@ def summary(raw: dict) -> dict:
         "update_mfu": it.get("update_mfu_vs_measured_matmul"),
         "iteration_peak_gib": _gib(it.get("peak_bytes_in_use")),
         "iteration_estimate_gib": _gib(it.get("estimate_max_total_bytes")),
+        "iteration_peak_is_own": it.get("peak_rose"),
         "decode_tokens_per_s": _get(p, "decode", "decode_tokens_per_s"),
         "decode_fraction_of_bound": _get(p, "decode", "fraction_of_bound"),
         "fit_3b_peak_gib": _gib(_get(p, "fit_3b", "peak_bytes_in_use")),
         "fit_3b_estimate_gib": _gib(_get(p, "fit_3b", "estimate_program_bytes")),
         "fit_3b_fits": _get(p, "fit_3b", "fits"),
+        "fit_3b_peak_is_own": _get(p, "fit_3b", "peak_rose"),
         "errors": {k: (v.get("error") or v.get("skipped")) for k, v in p.items()
                    if isinstance(v, dict) and (v.get("error") or v.get("skipped"))},
     }

@@ -280,6 +280,11 @@ def _fmt(v, spec: str, suffix: str = "") -> str:
     return "-" if v is None else f"{v:{spec}}{suffix}"
 
 
+def _not_own(row: dict, part: str) -> str:
+    """A dagger where the device's process-wide peak did not rise during the part (an earlier part's)."""
+    return " †" if row.get(f"{part}_peak_is_own") is False else ""
+
+
 def gpu_section(files: list) -> list[str]:
     """One row per lent-GPU run (bench/results/gpu_*.json, made by scripts/gpu_results.py)."""
     rows = [d.get("summary") for d in files if d and d.get("summary")]
@@ -292,7 +297,8 @@ def gpu_section(files: list) -> list[str]:
            "configs/sokoban.py at 0.5B (rollout / prepare / update seconds, rollout tokens/s against its HBM bound, "
            "update MFU against the measured matmul, peak memory against the Trainer's AOT estimate); 0.5B decode at "
            "batch 128 with a 3,600-token cache (fraction of the HBM bound); the 3B GRPO update's peak against its "
-           "estimate. A CPU rehearsal row proves the pipeline with tiny shapes, not the GPU.", "",
+           "estimate (†: the process-wide peak did not rise during the part, so it is an earlier part's). A CPU "
+           "rehearsal row proves the pipeline with tiny shapes, not the GPU.", "",
            "| device | copy GB/s | bf16 TFLOP/s | bf16 logits err | vs transformers | cudnn out / dQ err | "
            "chunked out / dQ err | rollout / prepare / update s | rollout tok/s (bound) | update MFU | "
            "peak / estimate GiB | decode tok/s (of bound) | 3B GRPO peak / estimate GiB |",
@@ -307,9 +313,10 @@ def gpu_section(files: list) -> list[str]:
             f"{_fmt(r.get('rollout_s'), '.2f')} / {_fmt(r.get('prepare_s'), '.2f')} / {_fmt(r.get('update_s'), '.2f')} | "
             f"{_fmt(r.get('rollout_tokens_per_s'), ',.0f')} ({_fmt(r.get('rollout_bound_tokens_per_s'), ',.0f')}) | "
             f"{_fmt(r.get('update_mfu'), '.1%')} | "
-            f"{_fmt(r.get('iteration_peak_gib'), '.2f')} / {_fmt(r.get('iteration_estimate_gib'), '.2f')} | "
+            f"{_fmt(r.get('iteration_peak_gib'), '.2f')}{_not_own(r, 'iteration')} / "
+            f"{_fmt(r.get('iteration_estimate_gib'), '.2f')} | "
             f"{_fmt(r.get('decode_tokens_per_s'), ',.0f')} ({_fmt(r.get('decode_fraction_of_bound'), '.0%')}) | "
-            f"{_fmt(r.get('fit_3b_peak_gib'), '.2f')} / {_fmt(r.get('fit_3b_estimate_gib'), '.2f')} |")
+            f"{_fmt(r.get('fit_3b_peak_gib'), '.2f')}{_not_own(r, 'fit_3b')} / {_fmt(r.get('fit_3b_estimate_gib'), '.2f')} |")
     errors = [f"{(r.get('device_kind') or '?')}: {k}: {str(v)[:160]}" for r in rows for k, v in (r.get("errors") or {}).items()]
     if errors:
         out += ["", "Parts that failed or were skipped: " + "; ".join(errors) + "."]
