@@ -50,6 +50,10 @@ RESUMABLE_CHANGES = ("train.iterations", "train.val_every", "train.save_every", 
 
 
 class Trainer:
+    # True: each iteration waits for `prepare` before the update and reports the two apart
+    # (timing/prepare_s, timing/only_update_s; bench/gpu_check.py). timing/update_s is both.
+    sync_phases: bool = False
+
     def __init__(self, cfg: Config, workdir: str | Path, *, quiet: bool = False, devices=None):
         self.cfg = cfg.validate()
         self.workdir = run_path(workdir)  # a bucket URL stays one; a local path becomes absolute
@@ -135,9 +139,6 @@ class Trainer:
         if latest is not None:
             self.state, _ = self.ckpt.restore(latest, state)  # raises CheckpointError naming the path
         self.echo = EchoTrapMonitor()
-        # True: each iteration waits for `prepare` before the update and reports the two apart
-        # (timing/prepare_s, timing/only_update_s; bench/gpu_check.py). timing/update_s is both.
-        self.sync_phases = False
         # RAGEN-2 reasoning-collapse diagnostics (its program compiles on first use) and early stops.
         self.collapse = (CollapseProbe(cfg, self.policy_graph, self.tokenizer, self.text_envs, vocab=self.vocab,
                                        mesh=self.mesh) if cfg.train.collapse_every else None)
