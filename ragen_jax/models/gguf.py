@@ -29,7 +29,7 @@ import shutil
 import sys
 import tempfile
 from pathlib import Path
-from typing import Callable, Optional
+from typing import Callable
 
 import numpy as np
 
@@ -37,6 +37,8 @@ SUPPORTED_ARCHITECTURES = ("llama", "qwen2", "qwen3")
 SUPPORTED_QUANTS = ("F32", "F16", "BF16", "Q8_0", "Q4_0", "Q4_1")
 # Bump when the conversion recipe changes: it is part of the cache key.
 GGUF_BUILD_VERSION = "1"
+# float32 shards of at most this size: a 7B model converts with a few GB of memory, not 30.
+MAX_SHARD_BYTES = 2 * 1024**3
 
 _HF_CLASS = {"llama": "LlamaForCausalLM", "qwen2": "Qwen2ForCausalLM", "qwen3": "Qwen3ForCausalLM"}
 
@@ -120,7 +122,7 @@ def resolve_model_path(path: str | os.PathLike, cache_root: str | os.PathLike | 
 
 
 def convert_gguf(path: str | os.PathLike, cache_root: str | os.PathLike | None = None,
-                 log: Callable[[str], None] | None = None) -> Path:
+                 log: Callable[[str], None] | None = None, max_shard_bytes: int | None = None) -> Path:
     """Convert a GGUF file into a cached HF directory and return it (no work when the cache is valid)."""
     target = cache_dir_for(path, cache_root)
     if (target / "config.json").is_file():
@@ -131,11 +133,11 @@ def convert_gguf(path: str | os.PathLike, cache_root: str | os.PathLike | None =
 
     reader = gguf.GGUFReader(str(path))
     config, arch = hf_config(reader)
-    tensors = hf_state_dict(reader, config, arch)
+    hf_names(reader, arch)  # every bad name or quantization fails here, before anything is written
     target.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=target.name + ".tmp-", dir=target.parent))
     try:
-        _write_dir(tmp, reader, config, tensors)
+        _write_dir(tmp, reader, config, arch, log, max_shard_bytes or MAX_SHARD_BYTES)
         os.chmod(tmp, 0o755)  # mkdtemp makes it 0700; the cache may be shared
         try:
             os.rename(tmp, target)
@@ -149,10 +151,8 @@ def convert_gguf(path: str | os.PathLike, cache_root: str | os.PathLike | None =
     return target
 
 
-def _write_dir(out: Path, reader, config: dict, tensors: dict) -> None:
-    from safetensors.numpy import save_file
-
-    save_file(tensors, str(out / "model.safetensors"), metadata={"format": "pt"})
+def _write_dir(out: Path, reader, config: dict, arch: str, log: Callable[[str], None], max_shard_bytes: int) -> None:
+    write_weights(out, reader, config, arch, max_shard_bytes, log=log)
     (out / "config.json").write_text(json.dumps(config, indent=2) + "\n")
     gen = {k: config[k] for k in ("bos_token_id", "eos_token_id", "pad_token_id") if config.get(k) is not None}
     (out / "generation_config.json").write_text(json.dumps(gen, indent=2) + "\n")
@@ -228,26 +228,63 @@ def dequantize_tensor(t) -> np.ndarray:
     return np.ascontiguousarray(quants.dequantize(t.data, t.tensor_type).astype(np.float32).reshape(shape))
 
 
-def hf_state_dict(reader, config: dict, arch: str) -> dict[str, np.ndarray]:
-    """HF tensor name -> float32 array; fails naming the first unknown or unsupported tensor."""
-    for t in reader.tensors:  # check every quantization before spending time on any
-        if t.tensor_type.name not in SUPPORTED_QUANTS:
-            dequantize_tensor(t)
-    out = {}
+def hf_names(reader, arch: str) -> list[str]:
+    """HF name of every tensor, in file order; checks names and quantizations before any work."""
+    names = []
     for t in reader.tensors:
+        if t.tensor_type.name not in SUPPORTED_QUANTS:
+            dequantize_tensor(t)  # raises the one-sentence error
         name = _TOP_NAMES.get(t.name)
         if name is None and t.name.startswith("blk."):
             _, layer, rest = t.name.split(".", 2)
-            if rest in _BLOCK_NAMES:
+            if rest in _BLOCK_NAMES and layer.isdigit():
                 name = f"model.layers.{int(layer)}.{_BLOCK_NAMES[rest]}"
         if name is None:
             raise ValueError(f"GGUF tensor {t.name!r} has no Hugging Face counterpart for architecture {arch}")
-        w = dequantize_tensor(t)
-        if arch == "llama" and name.endswith(("q_proj.weight", "k_proj.weight")):
-            heads = config["num_attention_heads"] if "q_proj" in name else config["num_key_value_heads"]
-            w = unpermute_qk(w, heads)
-        out[name] = w
-    return out
+        names.append(name)
+    return names
+
+
+def hf_tensor(t, name: str, config: dict, arch: str) -> np.ndarray:
+    """One tensor as HF float32 (llama q/k rows unpermuted)."""
+    w = dequantize_tensor(t)
+    if arch == "llama" and name.endswith(("q_proj.weight", "k_proj.weight")):
+        w = unpermute_qk(w, config["num_attention_heads"] if "q_proj" in name else config["num_key_value_heads"])
+    return w
+
+
+def hf_state_dict(reader, config: dict, arch: str) -> dict[str, np.ndarray]:
+    """HF tensor name -> float32 array (the whole model in memory: for small files and tests)."""
+    return {name: hf_tensor(t, name, config, arch) for t, name in zip(reader.tensors, hf_names(reader, arch))}
+
+
+def write_weights(out: Path, reader, config: dict, arch: str, max_shard_bytes: int = MAX_SHARD_BYTES,
+                  log: Callable[[str], None] = lambda m: None) -> None:
+    """float32 safetensors, one shard at a time (memory stays near one shard, not the whole model):
+    `model.safetensors`, or `model-0000i-of-0000n.safetensors` + `model.safetensors.index.json`."""
+    from safetensors.numpy import save_file
+
+    names = hf_names(reader, arch)
+    sizes = [4 * int(np.prod([int(x) for x in t.shape])) for t in reader.tensors]
+    shards, cur, cur_bytes = [], [], 0
+    for i, n in enumerate(sizes):
+        if cur and cur_bytes + n > max_shard_bytes:
+            shards.append(cur)
+            cur, cur_bytes = [], 0
+        cur.append(i)
+        cur_bytes += n
+    shards.append(cur)
+    files = (["model.safetensors"] if len(shards) == 1 else
+             [f"model-{k + 1:05d}-of-{len(shards):05d}.safetensors" for k in range(len(shards))])
+    weight_map = {}
+    for k, (members, fname) in enumerate(zip(shards, files)):
+        tensors = {names[i]: hf_tensor(reader.tensors[i], names[i], config, arch) for i in members}
+        save_file(tensors, str(out / fname), metadata={"format": "pt"})
+        weight_map.update({name: fname for name in tensors})
+        log(f"  wrote {fname} ({k + 1}/{len(shards)})")
+    if len(shards) > 1:
+        index = {"metadata": {"total_size": int(sum(sizes))}, "weight_map": weight_map}
+        (out / "model.safetensors.index.json").write_text(json.dumps(index, indent=2) + "\n")
 
 
 # ----------------------------------------------------------------------------------------------
@@ -318,5 +355,5 @@ def gguf_tokenizer(reader):
 __all__ = [
     "GGUF_BUILD_VERSION", "SUPPORTED_ARCHITECTURES", "SUPPORTED_QUANTS", "PRE_TOKENIZERS", "architecture",
     "cache_dir_for", "convert_gguf", "dequantize_tensor", "gguf_backend", "gguf_tokenizer", "hf_config",
-    "hf_state_dict", "is_gguf", "resolve_model_path", "unpermute_qk",
+    "hf_names", "hf_state_dict", "hf_tensor", "is_gguf", "resolve_model_path", "unpermute_qk", "write_weights",
 ]

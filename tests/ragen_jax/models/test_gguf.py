@@ -180,14 +180,30 @@ def test_cache_is_reused_and_keyed_on_the_file(tiny):
     assert conv.cache_dir_for(path, root / "cache") != out
 
 
-def test_qwen2_untied_with_biases(tmp_path):
+def test_qwen2_untied_with_biases_sharded_loads_in_our_model(tmp_path):
     expected = write_tiny(tmp_path / "q.gguf", arch="qwen2", qtypes=("BF16", "Q8_0"), tied=False)
-    out = conv.convert_gguf(tmp_path / "q.gguf", cache_root=tmp_path / "c", log=lambda m: None)
-    got = load_file(str(out / "model.safetensors"))
+    out = conv.convert_gguf(tmp_path / "q.gguf", cache_root=tmp_path / "c", log=lambda m: None,
+                            max_shard_bytes=40_000)
+    index = json.loads((out / "model.safetensors.index.json").read_text())
+    shards = sorted(set(index["weight_map"].values()))
+    assert len(shards) > 2 and not (out / "model.safetensors").exists()
+    got = {}
+    for f in shards:
+        got.update(load_file(str(out / f)))
     cfg = json.loads((out / "config.json").read_text())
     assert cfg["model_type"] == "qwen2" and not cfg["tie_word_embeddings"] and "lm_head.weight" in got
     for name, want in expected.items():  # qwen2 files are not permuted
         np.testing.assert_array_equal(got[name], want, err_msg=name)
+    # Our JAX Qwen2 loads the converted (sharded) directory through model.path's hook.
+    from flax import nnx
+
+    from ragen_jax.models.qwen2.weights import from_pretrained, hf_state_dict
+
+    model = from_pretrained(conv.resolve_model_path(tmp_path / "q.gguf", cache_root=tmp_path / "c"), dtype="float32")
+    ours = hf_state_dict(model)
+    for name, want in expected.items():
+        np.testing.assert_array_equal(np.asarray(ours[name], np.float32), want, err_msg=name)
+    assert isinstance(model, nnx.Module)
 
 
 def test_bad_inputs_fail_in_one_sentence(tmp_path):
