@@ -314,8 +314,10 @@ def test_smollm2_weights_match_transformers_fixture(smollm2, tmp_path_factory):
 
 
 def _logit_fixture():
+    """(prompt ids, logits [P, C] at the last position for the fixture's columns, columns, argmax)."""
     data = np.load(FIXTURES / "smollm2_logits.npz")
-    return [data[f"ids_{i}"] for i in range(len(data["logits"]))], data["logits"]
+    return ([data[f"ids_{i}"] for i in range(len(data["logits"]))], data["logits"], data["columns"],
+            data["argmax"])
 
 
 def test_smollm2_converted_dir_in_transformers_equals_its_gguf_loader(smollm2):
@@ -326,10 +328,11 @@ def test_smollm2_converted_dir_in_transformers_equals_its_gguf_loader(smollm2):
     path, _ = smollm2
     model = AutoModelForCausalLM.from_pretrained(conv.resolve_model_path(path, log=lambda m: None),
                                                  dtype=torch.float32)
-    ids, want = _logit_fixture()
+    ids, want, cols, argmax = _logit_fixture()
     with torch.no_grad():
         got = np.stack([model(torch.tensor(x[None].astype(np.int64))).logits[0, -1].numpy() for x in ids])
-    np.testing.assert_allclose(got, want, atol=1e-5, rtol=0)
+    np.testing.assert_allclose(got[:, cols], want, atol=1e-5, rtol=0)
+    np.testing.assert_array_equal(got.argmax(-1), argmax)
 
 
 def test_smollm2_our_jax_model_equals_transformers(smollm2):
@@ -345,6 +348,11 @@ def test_smollm2_our_jax_model_equals_transformers(smollm2):
         raise
     import jax.numpy as jnp
 
-    ids, want = _logit_fixture()
-    got = np.stack([np.asarray(model(jnp.asarray(x[None]))[0, -1]) for x in ids])
-    np.testing.assert_allclose(got, want, atol=1e-4, rtol=0)
+    ids, want, cols, argmax = _logit_fixture()
+    rows = []
+    for x in ids:
+        hidden, _ = model(jnp.asarray(x[None]), jnp.ones((1, len(x)), bool))
+        rows.append(np.asarray(model.logits(hidden[:, -1]))[0])
+    got = np.stack(rows)
+    np.testing.assert_allclose(got[:, cols], want, atol=1e-4, rtol=0)
+    np.testing.assert_array_equal(got.argmax(-1), argmax)
