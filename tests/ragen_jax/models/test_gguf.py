@@ -206,6 +206,15 @@ def test_qwen2_untied_with_biases_sharded_loads_in_our_model(tmp_path):
     assert isinstance(model, nnx.Module)
 
 
+def test_config_accepts_a_gguf_model_path(tiny):
+    from ragen_jax.trainer.config import ConfigError, load_config
+
+    path = tiny[0]
+    assert load_config("sokoban.py", [f"--config.model.path={path}"]).model.path == str(path)
+    with pytest.raises(ConfigError, match="is neither a directory nor a .gguf file"):
+        load_config("sokoban.py", [f"--config.model.path={path.with_suffix('.bin')}"])
+
+
 def test_bad_inputs_fail_in_one_sentence(tmp_path):
     w = gguf.GGUFWriter(str(tmp_path / "f.gguf"), "falcon")
     w.add_tensor("token_embd.weight", np.zeros((4, 4), np.float32))
