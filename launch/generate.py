@@ -21,6 +21,7 @@ import numpy as np  # noqa: E402
 from flax import nnx  # noqa: E402
 
 from ragen_jax.models import PRESETS, Qwen2, Qwen2Config, from_pretrained  # noqa: E402
+from ragen_jax.models.gguf import is_gguf, resolve_model_path  # noqa: E402
 from ragen_jax.rollout import sampler  # noqa: E402
 from ragen_jax.text.tokenizer import DEFAULT_SYSTEM_PROMPT, load_tokenizer, token_bytes_table  # noqa: E402
 
@@ -44,6 +45,8 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def _load(model_arg: str, dtype: str):
+    if is_gguf(model_arg):
+        model_arg = resolve_model_path(model_arg)  # converted once into a cached HF directory
     if os.path.isdir(model_arg):
         model = from_pretrained(model_arg, dtype=dtype)
         has_tok = any(os.path.isfile(os.path.join(model_arg, f)) for f in ("tokenizer.json", "tokenizer_config.json"))

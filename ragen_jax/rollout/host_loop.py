@@ -20,16 +20,16 @@ from flax import nnx
 from ragen_jax.rollout import sampler
 from ragen_jax.rollout.rollout import init_cache
 from ragen_jax.text.parse import format_penalty_applies
-from ragen_jax.text.tokenizer import ENDOFTEXT, IM_END
+from ragen_jax.text.tokenizer import chat_ids
 
 
 _GEN = {}
 
 
-def _generate(model, prompt, valid, key, max_new, cfg, stop_table):
+def _generate(model, prompt, valid, key, max_new, cfg, stop_table, chat):
     """Fresh cache, prefill the whole conversation, decode: no state survives between turns."""
     graphdef, params = nnx.split(model)
-    fkey = (graphdef, prompt.shape, max_new, cfg.greedy)
+    fkey = (graphdef, prompt.shape, max_new, cfg.greedy, chat.stop, chat.pad)
     if fkey not in _GEN:
         def run(params, prompt, valid, key, stop_table):
             m = nnx.merge(graphdef, params)
@@ -37,7 +37,7 @@ def _generate(model, prompt, valid, key, max_new, cfg, stop_table):
             logits, cache = sampler.prefill(m, cache, prompt, valid)
             return sampler.decode(m, cache, logits, key, max_new_tokens=max_new, active=jnp.any(valid, axis=1),
                                   temperature=cfg.temperature, greedy=cfg.greedy, use_top_p=False,
-                                  stop_ids=(IM_END, ENDOFTEXT), stop_table=stop_table)
+                                  stop_ids=chat.stop, pad_id=chat.pad, stop_table=stop_table)
         _GEN[fkey] = jax.jit(run)
     return _GEN[fkey](params, jnp.asarray(prompt), jnp.asarray(valid), key, stop_table)
 
@@ -45,6 +45,7 @@ def _generate(model, prompt, valid, key, max_new, cfg, stop_table):
 def host_rollout(model, text_env, parser, cfg, key, group_seeds, token_bytes):
     env, params = text_env.env, text_env.env_params
     tok = text_env.tokenizer
+    chat = getattr(text_env, "ids", None) or chat_ids(tok)
     pc = text_env.config
     n_per, b, t_max = cfg.group_size, cfg.batch_size, cfg.max_context
     max_new = pc.max_response_tokens
@@ -79,14 +80,14 @@ def host_rollout(model, text_env, parser, cfg, key, group_seeds, token_bytes):
             mask[r] += [False] * len(seg)
             active[r], budgets[r] = True, min(room, max_new)
         # One batched generate over left-padded full conversations; inactive rows have no valid token.
-        prompt = np.full((b, t_max), ENDOFTEXT, np.int32)
+        prompt = np.full((b, t_max), chat.pad, np.int32)
         valid = np.zeros((b, t_max), bool)
         for r in range(b):
             if active[r]:
                 prompt[r, t_max - len(ids[r]):] = ids[r]
                 valid[r, t_max - len(ids[r]):] = True
         stop_table = sampler.make_stop_table(("</answer>",), token_bytes) if cfg.stop_at_answer else None
-        out = _generate(model, prompt, valid, k_sample, max_new, cfg, stop_table)
+        out = _generate(model, prompt, valid, k_sample, max_new, cfg, stop_table, chat)
         gen_all, n_all = np.asarray(out.tokens), np.asarray(out.lengths)
         for a_row in range(b):
             if not active[a_row]:
@@ -109,7 +110,7 @@ def host_rollout(model, text_env, parser, cfg, key, group_seeds, token_bytes):
             reward += cfg.format_penalty if bad else 0.0
             turn_rewards[a_row].append(np.float32(reward))
             prev_reward[a_row] = reward
-            prev_closed[a_row] = len(gen) > 0 and gen[-1] == IM_END
+            prev_closed[a_row] = len(gen) > 0 and gen[-1] == chat.im_end
             if bool(st.done) or turn == text_env.max_turns:
                 done[a_row] = True
     success = [bool(env.is_success(s, params)) for s in states]

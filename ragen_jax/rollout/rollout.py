@@ -41,7 +41,7 @@ from ragen_jax.models.qwen2.model import KVCache
 from ragen_jax.rollout import sampler
 from ragen_jax.rollout.types import RolloutConfig, Trajectories
 from ragen_jax.text.parse import Parsed, Parser, format_penalty_applies
-from ragen_jax.text.tokenizer import ENDOFTEXT, IM_END, token_bytes_table
+from ragen_jax.text.tokenizer import chat_ids, token_bytes_table
 
 
 def init_cache(model, batch: int, max_len: int, dtype=None):
@@ -100,7 +100,7 @@ class _Carry:
     key: jax.Array  # PRNG key; every turn splits off its sampling and env keys
     state: Any  # env state pytree, leading axis B
     cache: Any  # KV cache holding each row's conversation so far (None in teacher mode)
-    tokens: jax.Array  # [B, T] int32: the conversation, ENDOFTEXT from `pos` on
+    tokens: jax.Array  # [B, T] int32: the conversation, the pad id from `pos` on
     loss_mask: jax.Array  # [B, T] bool: positions the policy sampled
     logprobs: jax.Array  # [B, T] f32: sampling log-prob at sampled positions, 0 elsewhere
     pos: jax.Array  # [B] int32: conversation length = where the next segment goes
@@ -184,6 +184,8 @@ class Rollout:
         self.max_actions_per_episode = int(text_env.max_actions_per_episode)
         self.prefix = np.asarray(text_env.prefix_ids, np.int32)
         self.forced = np.asarray(text_env.forced_prefix_ids, np.int32)
+        # Pad, <|im_end|> and stop ids are the tokenizer's (Qwen: 151643 / 151645; SmolLM2: 2 / 2).
+        self.chat = getattr(text_env, "ids", None) or chat_ids(text_env.tokenizer)
         seg = int(text_env.max_segment_len)
         self.single_turn = bool(getattr(text_env, "single_turn", False))
         # Single-turn: the cache holds the prefix and one turn (segment + answer), whatever T_max is.
@@ -294,7 +296,7 @@ class Rollout:
             if hasattr(cache, "k"):
                 cache = cache.replace(k=self._shard(cache.k, 1), v=self._shard(cache.v, 1), end=self._shard(cache.end))
             _, cache = model(prefix, jnp.ones(prefix.shape, bool), cache)
-        tokens = jnp.full((b, t_max), ENDOFTEXT, jnp.int32).at[:, :n_prefix].set(prefix)
+        tokens = jnp.full((b, t_max), self.chat.pad, jnp.int32).at[:, :n_prefix].set(prefix)
         zeros_i = jnp.zeros((b,), jnp.int32)
         return _Carry(
             turn=jnp.zeros((), jnp.int32),
@@ -361,7 +363,7 @@ class Rollout:
         return sampler.decode(
             model, cache, logits, key, max_new_tokens=self.max_new, budget=seg.budget, active=seg.active,
             temperature=cfg.temperature, top_p=cfg.top_p, top_k=cfg.top_k, greedy=cfg.greedy,
-            use_top_p=(cfg.top_p < 1.0) and not cfg.greedy, stop_ids=(IM_END, ENDOFTEXT),
+            use_top_p=(cfg.top_p < 1.0) and not cfg.greedy, stop_ids=self.chat.stop, pad_id=self.chat.pad,
             stop_table=stop_table)
 
     def _teach(self, state, turn, key, active, budget) -> sampler.SampleOutput:
@@ -371,7 +373,7 @@ class Rollout:
         if ids.shape[1] != self.max_new:
             raise ValueError(f"teacher must return ids of length max_response_tokens={self.max_new}, got {ids.shape[1]}")
         n = jnp.where(active, jnp.minimum(jnp.asarray(n, jnp.int32), budget), 0)
-        ids = jnp.where(jnp.arange(self.max_new)[None, :] < n[:, None], ids, ENDOFTEXT)
+        ids = jnp.where(jnp.arange(self.max_new)[None, :] < n[:, None], ids, self.chat.pad)
         return sampler.SampleOutput(tokens=ids, logprobs=jnp.zeros(ids.shape, jnp.float32), lengths=n,
                                     cache=None, stopped_by=jnp.zeros_like(n))
 
@@ -431,7 +433,7 @@ class Rollout:
             pos=gen_start + n_gen,
             done=c.done | seg.overflow | (active & executed.state.done) | (turn + 1 >= self.max_turns),
             prev_reward=jnp.where(active, reward, c.prev_reward),
-            prev_closed=jnp.where(active, (n_gen > 0) & (last_tok == IM_END), c.prev_closed),
+            prev_closed=jnp.where(active, (n_gen > 0) & (last_tok == self.chat.im_end), c.prev_closed),
             turn_start=c.turn_start.at[:, turn].set(jnp.where(active, c.pos, -1)),
             turn_end=c.turn_end.at[:, turn].set(jnp.where(active & (n_gen > 0), gen_start + n_gen - 1, -1)),
             turn_reward=c.turn_reward.at[:, turn].set(reward),

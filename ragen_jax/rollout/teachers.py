@@ -39,7 +39,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from ragen_jax.text import render
-from ragen_jax.text.tokenizer import ENDOFTEXT, IM_END
+from ragen_jax.text.tokenizer import chat_ids
 import envs_jax
 from envs_jax.bandit import HIGH, LOW
 
@@ -62,7 +62,7 @@ def _encode(tokenizer, texts):
     return [list(x) for x in tokenizer(list(texts), add_special_tokens=False)["input_ids"]]
 
 
-def _pad_rows(rows, pad=ENDOFTEXT):
+def _pad_rows(rows, pad):
     width = max(1, max(len(r) for r in rows))
     out = np.full((len(rows), width), pad, np.int32)
     for i, r in enumerate(rows):
@@ -74,7 +74,7 @@ class AnswerTable:
     """Host tables that assemble one assistant answer in-graph with static shapes.
 
     Args:
-      tokenizer: the Qwen2.5 tokenizer.
+      tokenizer: a ChatML tokenizer (Qwen2.5, SmolLM2, ...).
       action_names: the env's action names, in action-index order.
       think: think mode (thought + `</think><answer>` before the actions) or no-think (actions only).
       thought: the fixed thought text (think mode), e.g. " I push the box toward the target.".
@@ -97,10 +97,11 @@ class AnswerTable:
         self.tail_text = ANSWER_CLOSE + IM_END_TEXT
         first = _encode(tokenizer, [self.head_text + n for n in names])
         rest = _encode(tokenizer, [ANSWER_SEP + n for n in names])
-        tail = _encode(tokenizer, [ANSWER_CLOSE])[0] + [IM_END]
+        self.chat = chat_ids(tokenizer)  # <|im_end|> and pad are the tokenizer's
+        tail = _encode(tokenizer, [ANSWER_CLOSE])[0] + [self.chat.im_end]
         self._check_joints(tokenizer, first, rest, tail)
-        self.first, self.first_len = _pad_rows(first)
-        self.rest, self.rest_len = _pad_rows(rest)
+        self.first, self.first_len = _pad_rows(first, self.chat.pad)
+        self.rest, self.rest_len = _pad_rows(rest, self.chat.pad)
         self.tail = np.asarray(tail, np.int32)
         self.max_tokens = int(max_tokens)
 
@@ -149,7 +150,7 @@ class AnswerTable:
             more = actions[1:]
             pieces.append((rest[more], jnp.where(jnp.arange(1, k) < num, rest_len[more], 0)))
         pieces.append((jnp.asarray(self.tail), len(self.tail)))
-        return render.concat(pieces, self.max_tokens, ENDOFTEXT)
+        return render.concat(pieces, self.max_tokens, self.chat.pad)
 
 
 # ---------------------------------------------------------------------------------- teachers

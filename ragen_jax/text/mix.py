@@ -38,7 +38,7 @@ import numpy as np
 from flax import struct
 
 from ragen_jax.text import render
-from ragen_jax.text.text_env import PAD_ID, TextEnv
+from ragen_jax.text.text_env import TextEnv
 
 
 def parse_mix(spec, what: str = "env.mix") -> tuple[tuple[str, int], ...]:
@@ -164,6 +164,8 @@ class MixedTextEnv:
             raise ValueError("a mix needs at least one environment")
         self.names = tuple(str(n) for n, _, _ in members)
         self.members = tuple(te for _, te, _ in members)
+        self.ids = self.members[0].ids  # one tokenizer for all members
+        self.pad_id = self.ids.pad
         self.groups = tuple(int(g) for _, _, g in members)
         if any(g < 1 for g in self.groups):
             raise ValueError(f"every environment of a mix needs at least one group, got {self.groups}")
@@ -259,7 +261,7 @@ class MixedTextEnv:
         for te, st, rest in zip(self.members, state.members, self._rest_ids):
             seg, n = te.render_ids(st, turn, self._member_left(te, actions_left), prev_reward, prev_closed)
             out, length = render.concat([(jnp.asarray(rest), jnp.where(first, len(rest), 0)), (seg, n)],
-                                        self.max_segment_len, PAD_ID)
+                                        self.max_segment_len, self.members[0].pad_id)
             ids.append(out)
             lengths.append(length)
         return _pick(state.env, ids), _pick(state.env, lengths)

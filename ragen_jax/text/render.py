@@ -37,7 +37,6 @@ import jax.numpy as jnp
 import numpy as np
 
 from envs_jax import coords
-from ragen_jax.text.tokenizer import QWEN_PATTERN
 
 # A row table bigger than this is a configuration problem (a symbol set too permissive), not
 # something to build silently: 2M rows of ~10 ids is 80 MB of constants in every compiled program.
@@ -56,23 +55,64 @@ def encode_batch(tokenizer, texts: Sequence[str]) -> list[list[int]]:
     return out
 
 
+# Appended while encoding a piece that ends in whitespace: in the token stream every such piece is
+# followed by visible text (a grid row, "Turn", "You have", a label), and GPT-2-style pre-tokenizers
+# (SmolLM2, Llama 3) cut a newline run before visible text differently from one that ends the string
+# ("\n\nTurn" -> "\n", "\n", "Turn" but "\n\n" alone is one piece). Qwen's pattern cuts both alike.
+SEAM_SENTINEL = "X"
+
+
+def encode_pieces(tokenizer, texts: Sequence[str]) -> list[list[int]]:
+    """Token ids of stream pieces as they tokenize when visible text follows them (SEAM_SENTINEL)."""
+    texts = list(texts)
+    need = [bool(t) and t[-1].isspace() for t in texts]
+    if not any(need):
+        return encode_batch(tokenizer, texts)
+    tail = encode_batch(tokenizer, [SEAM_SENTINEL])[0]
+    out = []
+    for text, n, ids in zip(texts, need, encode_batch(tokenizer, [t + SEAM_SENTINEL if n else t
+                                                                  for t, n in zip(texts, need)])):
+        if n:
+            if ids[len(ids) - len(tail):] != tail:
+                raise ValueError(f"the text piece {text!r} merges with the text after it under this tokenizer; "
+                                 "the segment cannot be assembled from separately tokenized pieces")
+            ids = ids[:len(ids) - len(tail)]
+        out.append(ids)
+    return out
+
+
+def pre_tokenize(tokenizer, text: str) -> list[str] | None:
+    """The tokenizer's own pre-tokens of `text` (None when it has a normaliser that changes `text` or no
+    pre-tokenizer, i.e. when pieces cannot be read off the raw text)."""
+    backend = getattr(tokenizer, "backend_tokenizer", None)
+    if backend is None or backend.pre_tokenizer is None:
+        return None
+    if backend.normalizer is not None and backend.normalizer.normalize_str(text) != text:
+        return None
+    return [text[a:b] for _, (a, b) in backend.pre_tokenizer.pre_tokenize_str(text)]
+
+
 def encode_rows(tokenizer, rows: Sequence[str], pad_id: int, check: int = 256) -> tuple[np.ndarray, np.ndarray]:
     """Token ids of many newline-terminated rows -> padded (ids [N, L], lengths [N]).
 
-    Runs the tokenizer's own pre-tokenizer regex over all rows at once, BPE-encodes each DISTINCT
+    Runs the tokenizer's own pre-tokenizer over all rows at once, BPE-encodes each DISTINCT
     pre-token once with the tokenizer, and composes rows from them: 8x8 Sokoban's 117k rows are
     ~400k pre-tokens but only ~9k distinct ones, which makes this ~10x faster than encoding every
     row. Valid because BPE never crosses pre-token boundaries; pre-tokens crossing a row seam are
-    detected (ValueError), and `check` random rows are compared with direct encoding.
+    detected (ValueError), and `check` random rows are compared with direct encoding (each row as
+    followed by visible text, see `encode_pieces`).
     """
     rows = list(rows)
     if not rows:
         return np.full((0, 1), pad_id, np.int32), np.zeros((0,), np.int32)
     joined = "".join(rows)
-    if unicodedata.normalize("NFC", joined) != joined or "<|" in joined or not all(r.endswith("\n") for r in rows):
+    pieces = None
+    if "<|" not in joined and all(r.endswith("\n") for r in rows):
+        pieces = pre_tokenize(tokenizer, joined + SEAM_SENTINEL)
+    if pieces is None or not pieces or pieces[-1] != SEAM_SENTINEL:
         # Normalisation or special tokens could move text across pieces: take the plain route.
-        return pad_table(encode_batch(tokenizer, rows), pad_id)
-    pieces = _pretokenizer().findall(joined)
+        return pad_table(encode_pieces(tokenizer, rows), pad_id)
+    pieces = pieces[:-1]
     index: dict[str, int] = {}
     pidx = np.fromiter((index.setdefault(p, len(index)) for p in pieces), dtype=np.int64, count=len(pieces))
     uniq_ids, uniq_len = pad_table(encode_batch(tokenizer, list(index)), pad_id)
@@ -95,18 +135,10 @@ def encode_rows(tokenizer, rows: Sequence[str], pad_id: int, check: int = 256) -
     ids[tok_row, col] = flat
     rng = np.random.default_rng(0)
     sample = sorted({0, len(rows) - 1, *rng.integers(0, len(rows), min(check, len(rows))).tolist()})
-    for i, direct in zip(sample, encode_batch(tokenizer, [rows[i] for i in sample])):
+    for i, direct in zip(sample, encode_pieces(tokenizer, [rows[i] for i in sample])):
         if list(ids[i, :lengths[i]]) != list(direct):
             raise ValueError(f"row {rows[i]!r} tokenizes differently in isolation; the row table would be wrong")
     return ids, lengths
-
-
-@functools.lru_cache(maxsize=None)
-def _pretokenizer():
-    import regex  # a dependency of transformers; supports the \p{..} classes of Qwen's pattern
-
-
-    return regex.compile(QWEN_PATTERN)
 
 
 def pad_table(seqs: Sequence[Sequence[int]], pad_id: int) -> tuple[np.ndarray, np.ndarray]:
@@ -128,7 +160,7 @@ class PieceTable:
 
     @classmethod
     def build(cls, tokenizer, texts: Sequence[str], pad_id: int) -> "PieceTable":
-        ids, lengths = pad_table(encode_batch(tokenizer, texts), pad_id)
+        ids, lengths = pad_table(encode_pieces(tokenizer, texts), pad_id)
         return cls(ids, lengths)
 
     @property
@@ -272,10 +304,10 @@ def build_coord_table(tokenizer, fmt: str, labels: Sequence[str], height: int, w
     lead = (coords.COORDINATES_HEADER if fmt == "grid_coord" else "") + coords.board_line(height, width) + "\n"
     tail = coords.GRID_HEADER if fmt == "grid_coord" else ""
     cells = [coords.cell_text(r, c) for r in range(height) for c in range(width)]
-    enc = lambda text: np.asarray(encode_batch(tokenizer, [text])[0] if text else [], np.int32)  # noqa: E731
-    label_ids, label_len = pad_table(encode_batch(tokenizer, [f"{label}: (" for label in labels]), pad_id)
-    more_ids, more_len = pad_table(encode_batch(tokenizer, [c + "), (" for c in cells]), pad_id)
-    last_ids, last_len = pad_table(encode_batch(tokenizer, [c + ")\n" for c in cells]), pad_id)
+    enc = lambda text: np.asarray(encode_pieces(tokenizer, [text])[0] if text else [], np.int32)  # noqa: E731
+    label_ids, label_len = pad_table(encode_pieces(tokenizer, [f"{label}: (" for label in labels]), pad_id)
+    more_ids, more_len = pad_table(encode_pieces(tokenizer, [c + "), (" for c in cells]), pad_id)
+    last_ids, last_len = pad_table(encode_pieces(tokenizer, [c + ")\n" for c in cells]), pad_id)
     lc = max(more_ids.shape[1], last_ids.shape[1])
     cell_ids = np.full((2, len(cells), lc), pad_id, np.int32)
     cell_ids[0, :, :more_ids.shape[1]], cell_ids[1, :, :last_ids.shape[1]] = more_ids, last_ids

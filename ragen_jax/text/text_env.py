@@ -48,8 +48,7 @@ import numpy as np
 
 from ragen_jax.text import conversation as conv
 from ragen_jax.text import render
-from ragen_jax.text.tokenizer import ENDOFTEXT as PAD_ID  # Qwen's pad token fills segments past `length`
-from ragen_jax.text.tokenizer import IM_END as IM_END_ID
+from ragen_jax.text.tokenizer import chat_ids
 from ragen_jax.text.parse import Parser
 
 # Host tables per tokenizer object (weak: a dropped tokenizer drops its tables). Keys inside are
@@ -110,6 +109,9 @@ class TextEnv:
         if not isinstance(config, conv.PromptConfig):
             raise ValueError(f"config must be a PromptConfig, got {type(config).__name__}")
         self.env, self.env_params, self.tokenizer = env, env_params, tokenizer
+        # Pad (fills segments past `length`), <|im_end|> and the stop ids come from the tokenizer.
+        self.ids = chat_ids(tokenizer)
+        self.pad_id = pad_id = self.ids.pad
         self.config = dataclasses.replace(config)  # a copy: later edits of a config never reach the tables
         self.action_names: tuple[str, ...] = tuple(env.action_names(env_params))
         self.max_actions_per_turn = config.max_actions_per_turn
@@ -136,7 +138,7 @@ class TextEnv:
         self.prefix_text = conv.prefix_text(self.head_text, config)
 
         tok = tokenizer
-        enc = lambda text: np.asarray(render.encode_batch(tok, [text])[0], dtype=np.int32)  # noqa: E731
+        enc = lambda text: np.asarray(render.encode_pieces(tok, [text])[0], dtype=np.int32)  # noqa: E731
         self.prefix_ids = enc(self.prefix_text)
         self.forced_prefix_ids = enc(config.forced_prefix)
         # RAGEN-2's coordinate observations: a coordinate block before (or instead of) the grid.
@@ -144,7 +146,7 @@ class TextEnv:
         self._show_grid = self.observation_format != "coord"
         # "coord" shows no grid: no row tables (they could not even be built for large boards).
         self._grid = _cached(tok, ("grid", self.symbols, self.cell_symbols),
-                             lambda: render.build_grid_table(tok, self.symbols, self.cell_symbols, PAD_ID)
+                             lambda: render.build_grid_table(tok, self.symbols, self.cell_symbols, pad_id)
                              ) if self._show_grid else None
         self._coords = None
         if self.observation_format != "grid":
@@ -152,27 +154,63 @@ class TextEnv:
             budget = tuple(int(x) for x in env.coordinate_budget(env_params))
             self._coords = _cached(tok, ("coords", self.observation_format, labels, h, w, budget),
                                    lambda: render.build_coord_table(tok, self.observation_format, labels, h, w,
-                                                                    *budget, PAD_ID))
+                                                                    *budget, pad_id))
         # Lines an env may show after the state (not the reference's; envs_jax/base.py extra_lines):
         # every alternative is a whole newline-terminated line, looked up like a grid row.
         self._extra = [_cached(tok, ("extra", alts), lambda alts=alts: render.PieceTable(
-            *render.encode_rows(tok, [a + "\n" for a in alts], PAD_ID)))
+            *render.encode_rows(tok, [a + "\n" for a in alts], pad_id)))
             for alts in (env.extra_lines(env_params) if hasattr(env, "extra_lines") else ())]
         self.single_turn = config.single_turn
         self._turns = render.PieceTable.build(
-            tok, [conv.turn_piece_text(t, self.single_turn) for t in range(1, config.max_turns + 1)], PAD_ID)
+            tok, [conv.turn_piece_text(t, self.single_turn) for t in range(1, config.max_turns + 1)], pad_id)
         self._tails = render.PieceTable.build(
-            tok, [conv.tail_piece_text(k, config) for k in range(self.max_actions_per_episode + 1)], PAD_ID)
+            tok, [conv.tail_piece_text(k, config) for k in range(self.max_actions_per_episode + 1)], pad_id)
         self._cents_lo, self._cents_hi = config.cents_range
         self._user_open_ids = enc(conv.USER_OPEN_TEXT)
         self._rewards = _cached(tok, ("reward", self._cents_lo, self._cents_hi), lambda: render.PieceTable(
             *render.encode_rows(tok, [conv.reward_entry_text(conv.format_cents(c))
-                                      for c in range(self._cents_lo, self._cents_hi + 1)], PAD_ID)))
+                                      for c in range(self._cents_lo, self._cents_hi + 1)], pad_id)))
         state_len = ((self._grid.max_len if self._grid else 0) + (self._coords.max_len if self._coords else 0)
                      + sum(int(t.lengths.max()) for t in self._extra))
         self.max_segment_len = (1 + len(self._user_open_ids) + self._rewards.width + self._turns.width
                                 + state_len + self._tails.width)
         self._parser = None
+        self._check_seams()
+
+    def _check_seams(self, samples: int = 8) -> None:
+        """Fail at build time, naming the piece, when this tokenizer would merge text across a piece seam.
+
+        Host-only: random segments (random rows from each line's symbol sets, random extra lines,
+        rewards, turns and action counts) are encoded whole and compared with their pieces' ids, which
+        are exactly what the tables hold. Coordinate blocks are covered by the tests, not here.
+        """
+        rng = np.random.default_rng(0)
+        h, w = self.grid_shape
+        for k in range(samples):
+            later = k % 2 == 1 and not self.single_turn
+            turn = int(rng.integers(2, self.max_turns + 1)) if later and self.max_turns > 1 else 1
+            pieces = [("the reward message", conv.reward_piece_text(conv.format_cents(
+                int(rng.integers(self._cents_lo, self._cents_hi + 1)))))] if later else [("the prompt prefix",
+                                                                                        self.prefix_text)]
+            pieces.append(("the turn line", conv.turn_piece_text(turn, self.single_turn)))
+            if self._grid is not None:
+                pieces += [(f"grid row {r}", "".join(self.symbols[int(rng.choice(self.cell_symbols[r][c]))]
+                                                      for c in range(w)) + "\n") for r in range(h)]
+            for i, alts in enumerate(self.env.extra_lines(self.env_params) if self._extra else ()):
+                pieces.append((f"extra line {i}", alts[int(rng.integers(len(alts)))] + "\n"))
+            pieces.append(("the action-count tail", conv.tail_piece_text(
+                int(rng.integers(0, self.max_actions_per_episode + 1)), self.config)))
+            if self._coords is not None:
+                pieces = pieces[:1] + pieces[-1:]  # coordinate segments: only the fixed seams
+            parts = render.encode_pieces(self.tokenizer, [t for _, t in pieces])
+            whole = render.encode_batch(self.tokenizer, ["".join(t for _, t in pieces)])[0]
+            if sum(parts, []) != whole:
+                ends = np.cumsum([len(p) for p in parts])
+                first = next(i for i, (a, b) in enumerate(zip(sum(parts, []) + [-1], whole + [-1])) if a != b)
+                name, text = pieces[int(np.searchsorted(ends, first, side="right"))
+                                    if first < ends[-1] else len(pieces) - 1]
+                raise ValueError(f"under this tokenizer {name} ({text[:60]!r}) tokenizes differently inside the "
+                                 "segment than on its own, so the in-graph rendering would give wrong ids")
 
     # ---- episodes ----------------------------------------------------------------------------
     def reset_rows(self, seeds):
@@ -230,14 +268,14 @@ class TextEnv:
         k_ids, k_len = self._tails.lookup(actions_left)
         im_end_len = jnp.where(later & ~jnp.asarray(prev_closed, bool), 1, 0)
         pieces = [
-            (jnp.array([IM_END_ID], jnp.int32), im_end_len),
+            (jnp.array([self.ids.im_end], jnp.int32), im_end_len),
             (jnp.asarray(self._user_open_ids), jnp.where(later, len(self._user_open_ids), 0)),
             (r_ids, jnp.where(later, r_len, 0)),
             (t_ids, t_len),
             *state_pieces,
             (k_ids, k_len),
         ]
-        return render.concat(pieces, self.max_segment_len, PAD_ID)
+        return render.concat(pieces, self.max_segment_len, self.pad_id)
 
     def state_text(self, state) -> str:
         return self.env.render_text(state, self.env_params)

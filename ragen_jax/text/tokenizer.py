@@ -22,6 +22,7 @@ must not mutate it.
 from __future__ import annotations
 
 import base64
+import dataclasses
 import functools
 import hashlib
 import importlib.resources
@@ -394,7 +395,36 @@ def token_bytes_table(tokenizer, vocab_size: int | None = None) -> tuple[np.ndar
     return table, lengths
 
 
+@dataclasses.dataclass(frozen=True)
+class ChatIds:
+    """The ids the chat stream needs, read from a tokenizer (never assumed to be Qwen's)."""
+
+    im_start: int
+    im_end: int
+    pad: int
+    stop: tuple[int, ...]  # end of an assistant turn: <|im_end|>, then the eos / end-of-text ids
+
+
+def chat_ids(tokenizer) -> ChatIds:
+    """`ChatIds` of a ChatML tokenizer (Qwen2.5, SmolLM2, ...); one sentence when it is not ChatML."""
+    vocab = tokenizer.get_vocab()
+    missing = [t for t in ("<|im_start|>", "<|im_end|>") if t not in vocab]
+    if missing:
+        raise ValueError(f"the tokenizer has no {' or '.join(missing)} token; the text layer writes ChatML "
+                         "conversations and needs a ChatML tokenizer (Qwen2.5, SmolLM2, ...)")
+    im_end = vocab["<|im_end|>"]
+    stop = [im_end]
+    for i in (tokenizer.eos_token_id, vocab.get("<|endoftext|>")):
+        if i is not None and i not in stop:
+            stop.append(int(i))
+    pad = tokenizer.pad_token_id
+    pad = int(vocab.get("<|endoftext|>", im_end) if pad is None else pad)
+    return ChatIds(im_start=int(vocab["<|im_start|>"]), im_end=int(im_end), pad=pad, stop=tuple(stop))
+
+
 __all__ = [
+    "ChatIds",
+    "chat_ids",
     "ENDOFTEXT",
     "IM_START",
     "IM_END",

@@ -40,6 +40,7 @@ from jax.sharding import NamedSharding, PartitionSpec
 from ragen_jax.algorithms.collapse import collapse_metrics
 from ragen_jax.models.qwen2.sharding import batch_sharding
 from ragen_jax.text.tokenizer import ENDOFTEXT as PAD_ID
+from ragen_jax.text.tokenizer import chat_ids
 from ragen_jax.text.tokenizer import token_bytes_table
 from ragen_jax.trainer.step import _in_minibatches, effective_micro_batch, sequence_logprobs
 
@@ -130,7 +131,7 @@ def sample_pairs(spans: dict, tokens: np.ndarray, group: np.ndarray, num_groups:
     return plan
 
 
-def build_rows(tokens: jax.Array, row, z_start, z_len, rep, x_len, width: int):
+def build_rows(tokens: jax.Array, row, z_start, z_len, rep, x_len, width: int, pad_id: int = PAD_ID):
     """[M * P, width] ids and valid mask of the rows [x_j | z_i | pad], gathered in-graph."""
     t = jnp.arange(width)[None, None, :]
     xl, zl = x_len[None, :, None], z_len[:, None, None]
@@ -139,18 +140,19 @@ def build_rows(tokens: jax.Array, row, z_start, z_len, rep, x_len, width: int):
     src_row = jnp.where(in_x, rep[None, :, None], row[:, None, None])
     src_col = jnp.where(in_x, t, z_start[:, None, None] + t - xl)
     src_col = jnp.clip(jnp.where(valid, src_col, 0), 0, tokens.shape[1] - 1)
-    ids = jnp.where(valid, tokens[src_row, src_col], PAD_ID)
+    ids = jnp.where(valid, tokens[src_row, src_col], pad_id)
     m, p = row.shape[0], rep.shape[0]
     return ids.reshape(m * p, width), valid.reshape(m * p, width)
 
 
 def cross_logprobs(graphdef, params, tokens, plan: dict, *, width: int, block: int, pad_rows: int,
-                   temperature: float = 1.0, vocab=None, sharding=None) -> jax.Array:
+                   temperature: float = 1.0, vocab=None, sharding=None, pad_id: int = PAD_ID) -> jax.Array:
     """log p(z_i | x_j) summed over z_i's tokens: [M, P] (jittable; `plan` arrays on the device)."""
-    ids, valid = build_rows(tokens, plan["row"], plan["z_start"], plan["z_len"], plan["rep"], plan["x_len"], width)
+    ids, valid = build_rows(tokens, plan["row"], plan["z_start"], plan["z_len"], plan["rep"], plan["x_len"], width,
+                            pad_id)
     r = ids.shape[0]
     if pad_rows:
-        ids = jnp.concatenate([ids, jnp.full((pad_rows, width), PAD_ID, ids.dtype)])
+        ids = jnp.concatenate([ids, jnp.full((pad_rows, width), pad_id, ids.dtype)])
         valid = jnp.concatenate([valid, jnp.zeros((pad_rows, width), bool)])
     if sharding is not None:
         ids, valid = jax.lax.with_sharding_constraint((ids, valid), (sharding, sharding))
@@ -195,7 +197,7 @@ class CollapseProbe:
         sharding = batch_sharding(mesh, 2) if mesh is not None else None
         self._program = jax.jit(functools.partial(
             _metrics_program, graphdef, width=self.width, block=self.block, pad_rows=self.pad_rows,
-            temperature=temperature, vocab=vocab, sharding=sharding))
+            temperature=temperature, vocab=vocab, sharding=sharding, pad_id=chat_ids(tokenizer).pad))
 
     def due(self, step: int) -> bool:
         """RAGEN: step 1, then every `collapse_every` steps (steps count from 1)."""

@@ -120,8 +120,9 @@ class ModelConfig:
         if self.path is None and not self.random_init:
             raise ConfigError("model.path is required: a local Hugging Face directory such as Qwen2.5-0.5B-Instruct "
                               "(or set model.random_init=true for a randomly initialised model.preset)")
-        if self.path is not None and not Path(self.path).expanduser().is_dir():
-            raise ConfigError(f"model.path {self.path!r} is not a directory")
+        if self.path is not None and not (Path(self.path).expanduser().is_dir() or (
+                Path(self.path).expanduser().is_file() and str(self.path).lower().endswith(".gguf"))):
+            raise ConfigError(f"model.path {self.path!r} is neither a directory nor a .gguf file")
         _choice("model.dtype", self.dtype, ("float32", "bfloat16"))
         _choice("model.param_dtype", self.param_dtype, ("float32", "bfloat16"))
         if self.matmul_dtype is not None:

@@ -30,6 +30,7 @@ from flax import nnx
 import envs_jax
 from ragen_jax.models import Qwen2, Qwen2Config
 from ragen_jax.models.lora import LoRAParam
+from ragen_jax.models.gguf import is_gguf, resolve_model_path
 from ragen_jax.models.qwen2.weights import from_pretrained, read_config
 from ragen_jax.models.vocab_map import VocabMap
 from ragen_jax.rollout import Rollout, RolloutConfig, format_trajectory, rollout_metrics
@@ -221,6 +222,8 @@ def load_source(source: str | Path, config: Optional[Config] = None, *,
     if s.startswith("preset:"):
         return _load_preset(s[len("preset:"):], config, dtype)
     p = Path(s).expanduser()
+    if is_gguf(p):
+        p = Path(resolve_model_path(p))  # a .gguf checkpoint: its cached HF directory
     if not p.exists():
         raise EvalError(f"model directory {s} does not exist (give a run directory, a Hugging Face model "
                         "directory or preset:NAME)")

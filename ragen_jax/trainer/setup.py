@@ -21,6 +21,7 @@ import envs_jax
 from ragen_jax.models import Qwen2, Qwen2Config
 from ragen_jax.models.lora import LoRAParam, add_lora, is_peft_dir, load_peft_adapter, merged_state
 from ragen_jax.models.qwen2.sharding import make_mesh, param_shardings
+from ragen_jax.models.gguf import resolve_model_path
 from ragen_jax.models.qwen2.weights import from_pretrained
 from ragen_jax.models.vocab_map import VocabMap
 from ragen_jax.rollout.teachers import teacher_texts
@@ -86,8 +87,9 @@ def load_task_tokenizer(cfg: Config):
 
     m = cfg.model
     tok_files = ("tokenizer.json", "tokenizer_config.json")
-    if m.path is not None and any((Path(m.path) / f).exists() for f in tok_files):
-        return load_tokenizer(m.path)
+    path = resolve_model_path(m.path) if m.path is not None else None
+    if path is not None and any((Path(path) / f).exists() for f in tok_files):
+        return load_tokenizer(path)
     return load_tokenizer()
 
 
@@ -152,7 +154,7 @@ def build_policy(cfg: Config, vocab=None, mesh=None):
     if m.path is not None:
         if vocab is not None:
             raise ConfigError("model.vocab='task' needs a randomly initialised model (model.random_init=true)")
-        return _with_lora(cfg, from_pretrained(m.path, mesh=mesh, **overrides), mesh)
+        return _with_lora(cfg, from_pretrained(resolve_model_path(m.path), mesh=mesh, **overrides), mesh)
     if vocab is not None:
         overrides["vocab_size"] = vocab.size
     qcfg = Qwen2Config.from_preset(m.preset).replace(**overrides)

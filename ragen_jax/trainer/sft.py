@@ -115,13 +115,13 @@ def shared_prefix_length(tokens: np.ndarray, loss_mask: np.ndarray, length: np.n
     return max(0, min(p, int(length.min()) - 1))
 
 
-def unfold_turn_rows(tokens, loss_mask, length, turn_start, prefix_len: int, width: int):
+def unfold_turn_rows(tokens, loss_mask, length, turn_start, prefix_len: int, width: int, pad_id: int = ENDOFTEXT):
     """Single-turn demonstrations (prompt.context_window_mode="single_turn"): each taken turn of each
     episode becomes its own row, the shared prompt prefix followed by that turn's block (segment and
     answer, at most `width` tokens), which is exactly the context the policy answers that turn from.
     The blocks are the trainer's (`step.TurnBlocks.unfold`). Host arrays: tokens and loss_mask
     [N, T], length [N], turn_start [N, M] (-1: not taken) -> rows [R, prefix_len + width] (pad
-    ENDOFTEXT, mask False) and their lengths [R], episode-major, turns in order."""
+    pad_id, mask False) and their lengths [R], episode-major, turns in order."""
     t = tokens.shape[1]
     blocks = TurnBlocks(start=np.asarray(turn_start, np.int32), prefix=prefix_len, width=width)
     ids, ok, pos = jax.device_get(blocks.unfold(jnp.asarray(tokens), jnp.arange(t)[None, :] < length[:, None]))
@@ -129,7 +129,7 @@ def unfold_turn_rows(tokens, loss_mask, length, turn_start, prefix_len: int, wid
     mask = np.asarray(loss_mask)[np.repeat(np.arange(n), m)[:, None], np.minimum(pos.reshape(n * m, -1), t - 1)] & ok
     taken = ok.any(axis=1)
     prefix = np.broadcast_to(np.asarray(tokens[0, :prefix_len], np.int32), (int(taken.sum()), prefix_len))
-    rows = np.concatenate([prefix, np.where(ok, ids, ENDOFTEXT)[taken]], axis=1).astype(np.int32)
+    rows = np.concatenate([prefix, np.where(ok, ids, pad_id)[taken]], axis=1).astype(np.int32)
     rows_mask = np.concatenate([np.zeros(prefix.shape, bool), mask[taken]], axis=1)
     return rows, rows_mask, (prefix_len + ok.sum(axis=1)[taken]).astype(np.int32)
 
@@ -374,14 +374,14 @@ class SFTTrainer:
         tokens, loss_mask = np.asarray(traj.tokens)[keep].astype(np.int32), np.asarray(traj.loss_mask)[keep]
         if self.cfg.prompt.single_turn:  # one row per turn: the prefix and that turn only
             tokens, loss_mask, length = unfold_turn_rows(tokens, loss_mask, length, np.asarray(traj.turn_start)[keep],
-                                                         *turn_blocks(self.text_env))
+                                                         *turn_blocks(self.text_env), pad_id=self.text_env.pad_id)
             stats["demo/turn_rows"] = float(len(length))
             if len(length) < s.batch_size:
                 raise ConfigError(f"only {len(length)} demonstration turns, fewer than sft.batch_size={s.batch_size}; "
                                   "raise sft.num_demos")
         # Cut the time axis to the longest demo (rounded up to 64): no compute on the empty tail of max_context.
         t = int(min(tokens.shape[1], -(-int(length.max()) // 64) * 64))
-        tokens = np.pad(tokens, ((0, 0), (0, max(0, t - tokens.shape[1]))), constant_values=ENDOFTEXT)[:, :t]
+        tokens = np.pad(tokens, ((0, 0), (0, max(0, t - tokens.shape[1]))), constant_values=self.text_env.pad_id)[:, :t]
         loss_mask = np.pad(loss_mask, ((0, 0), (0, max(0, t - loss_mask.shape[1]))))[:, :t]
         p = shared_prefix_length(tokens, loss_mask, length) if s.shared_prefix else 0
         width = length_buckets(length - p, s.length_bucket, t - p, s.batch_size)

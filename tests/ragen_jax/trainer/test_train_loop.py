@@ -110,7 +110,7 @@ def test_bad_input_fails_before_anything_is_written(tmp_path, ppo_run):
         _cfg("--config.algo.eps_high=wide")
     with pytest.raises(ConfigError, match="fewer than algo.mini_batch_size"):
         _cfg("--config.algo.mini_batch_size=64")
-    with pytest.raises(ConfigError, match="is not a directory"):
+    with pytest.raises(ConfigError, match="is neither a directory nor a .gguf file"):
         load_config("sokoban.py", ["--config.model.path=/nonexistent/qwen"])
     with pytest.raises(ConfigError, match="model.path is required"):
         load_config("sokoban.py")

@@ -1,0 +1,359 @@
+"""GGUF checkpoints (llama.cpp's single-file format) as Hugging Face model directories.
+
+`resolve_model_path(path)` is the one hook the rest of the project calls: a directory is returned
+as it is; a `.gguf` file is converted once into a cached directory (config.json, model.safetensors
+in float32, tokenizer.json + tokenizer_config.json with the file's chat template and special
+tokens, generation_config.json) and that directory is returned. Everything downstream (weights.py,
+`load_tokenizer(dir)`, transformers) then reads an ordinary HF directory.
+
+Conversion facts (llama.cpp's `convert_hf_to_gguf.py` is the writer):
+- Tensors are dequantized to float32 with `gguf.quants.dequantize`; GGUF lists shapes innermost
+  first, so the HF shape is the reverse.
+- For `llama` files the converter permuted the rows of q and k (per head, the two rotary halves
+  interleaved); we undo it. `qwen2` / `qwen3` files are written unpermuted.
+- No `output.weight` means tied embeddings.
+- The tokenizer is rebuilt from `tokenizer.ggml.*`: byte-level BPE vocabulary and merges, the
+  pre-tokenizer that llama.cpp applies for `tokenizer.ggml.pre`, control tokens as special added
+  tokens, user-defined tokens as plain added tokens.
+
+The cache key is the file's resolved path, size and modification time plus the build recipe version,
+so a valid cache is never rebuilt; directories are written to a temporary name and renamed into place.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import shutil
+import sys
+import tempfile
+from pathlib import Path
+from typing import Callable
+
+import numpy as np
+
+SUPPORTED_ARCHITECTURES = ("llama", "qwen2", "qwen3")
+SUPPORTED_QUANTS = ("F32", "F16", "BF16", "Q8_0", "Q4_0", "Q4_1")
+# Bump when the conversion recipe changes: it is part of the cache key.
+GGUF_BUILD_VERSION = "1"
+# float32 shards of at most this size: a 7B model converts with a few GB of memory, not 30.
+MAX_SHARD_BYTES = 2 * 1024**3
+
+_HF_CLASS = {"llama": "LlamaForCausalLM", "qwen2": "Qwen2ForCausalLM", "qwen3": "Qwen3ForCausalLM"}
+
+# GGUF block tensor suffix -> HF name inside model.layers.N.
+_BLOCK_NAMES = {
+    "attn_norm.weight": "input_layernorm.weight",
+    "ffn_norm.weight": "post_attention_layernorm.weight",
+    "attn_q.weight": "self_attn.q_proj.weight",
+    "attn_k.weight": "self_attn.k_proj.weight",
+    "attn_v.weight": "self_attn.v_proj.weight",
+    "attn_output.weight": "self_attn.o_proj.weight",
+    "attn_q.bias": "self_attn.q_proj.bias",
+    "attn_k.bias": "self_attn.k_proj.bias",
+    "attn_v.bias": "self_attn.v_proj.bias",
+    "attn_q_norm.weight": "self_attn.q_norm.weight",
+    "attn_k_norm.weight": "self_attn.k_norm.weight",
+    "ffn_gate.weight": "mlp.gate_proj.weight",
+    "ffn_up.weight": "mlp.up_proj.weight",
+    "ffn_down.weight": "mlp.down_proj.weight",
+}
+_TOP_NAMES = {
+    "token_embd.weight": "model.embed_tokens.weight",
+    "output_norm.weight": "model.norm.weight",
+    "output.weight": "lm_head.weight",
+}
+
+# The pre-tokenizers llama.cpp (llama-vocab.cpp) applies per `tokenizer.ggml.pre`.
+GPT2_PATTERN = r"'s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+"
+LLAMA3_PATTERN = (r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}"
+                  r"| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+")
+QWEN2_PATTERN = (r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}"
+                 r"| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+")
+# pre name -> (split digits one by one first, regex of the ByteLevel step or a Split pattern, NFC)
+PRE_TOKENIZERS = {
+    **{name: ("digits", GPT2_PATTERN, False) for name in
+       ("smollm", "starcoder", "refact", "command-r", "codeshell", "exaone", "minerva")},
+    **{name: ("", GPT2_PATTERN, False) for name in ("gpt2", "mpt", "olmo", "jais", "default")},
+    **{name: ("", LLAMA3_PATTERN, False) for name in ("llama3", "llama-bpe", "llama-v3", "smaug-bpe", "dbrx")},
+    **{name: ("", QWEN2_PATTERN, True) for name in ("qwen2", "deepseek-r1-qwen", "stablelm2")},
+}
+_CONTROL, _USER_DEFINED = 3, 4
+
+
+def _field(reader, key: str, default=None):
+    f = reader.fields.get(key)
+    return default if f is None else f.contents()
+
+
+def _cache_root() -> Path:
+    root = os.environ.get("RAGEN_JAX_CACHE")
+    return (Path(root).expanduser() if root else Path("~/.cache/ragen_jax").expanduser()) / "gguf"
+
+
+def cache_dir_for(path: str | os.PathLike, cache_root: str | os.PathLike | None = None) -> Path:
+    """Where `path`'s converted directory lives (whether or not it exists yet)."""
+    p = Path(path).expanduser().resolve()
+    st = p.stat()
+    key = hashlib.sha256(f"{GGUF_BUILD_VERSION}|{p}|{st.st_size}|{st.st_mtime_ns}".encode()).hexdigest()[:16]
+    root = Path(cache_root).expanduser() if cache_root is not None else _cache_root()
+    return root / f"{p.stem}-{key}"
+
+
+def is_gguf(path: str | os.PathLike) -> bool:
+    p = Path(path).expanduser()
+    return p.is_file() and p.suffix.lower() == ".gguf"
+
+
+def resolve_model_path(path: str | os.PathLike, cache_root: str | os.PathLike | None = None,
+                       log: Callable[[str], None] | None = None) -> str:
+    """A model directory as it is; a `.gguf` file -> its converted HF directory (built once, cached)."""
+    p = Path(path).expanduser()
+    if p.is_dir():
+        return str(p)
+    if not p.exists():
+        raise FileNotFoundError(f"model path {str(path)!r} does not exist: give a Hugging Face model directory "
+                                "or a .gguf file")
+    if not is_gguf(p):
+        raise ValueError(f"model path {str(path)!r} is a file but not a .gguf checkpoint: give a Hugging Face "
+                         "model directory or a .gguf file")
+    return str(convert_gguf(p, cache_root=cache_root, log=log))
+
+
+def convert_gguf(path: str | os.PathLike, cache_root: str | os.PathLike | None = None,
+                 log: Callable[[str], None] | None = None, max_shard_bytes: int | None = None) -> Path:
+    """Convert a GGUF file into a cached HF directory and return it (no work when the cache is valid)."""
+    target = cache_dir_for(path, cache_root)
+    if (target / "config.json").is_file():
+        return target
+    log = log or (lambda msg: print(msg, file=sys.stderr, flush=True))
+    log(f"converting {path} to a Hugging Face directory in {target} (once; later runs reuse it)")
+    import gguf  # a GGUF-only dependency: imported where a file is actually read
+
+    reader = gguf.GGUFReader(str(path))
+    config, arch = hf_config(reader)
+    hf_names(reader, arch)  # every bad name or quantization fails here, before anything is written
+    target.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=target.name + ".tmp-", dir=target.parent))
+    try:
+        _write_dir(tmp, reader, config, arch, log, max_shard_bytes or MAX_SHARD_BYTES)
+        os.chmod(tmp, 0o755)  # mkdtemp makes it 0700; the cache may be shared
+        try:
+            os.rename(tmp, target)
+        except OSError:
+            if not (target / "config.json").is_file():  # another process finished first: same content
+                raise
+    finally:
+        if tmp.exists():
+            shutil.rmtree(tmp, ignore_errors=True)
+    log(f"converted {path}")
+    return target
+
+
+def _write_dir(out: Path, reader, config: dict, arch: str, log: Callable[[str], None], max_shard_bytes: int) -> None:
+    write_weights(out, reader, config, arch, max_shard_bytes, log=log)
+    (out / "config.json").write_text(json.dumps(config, indent=2) + "\n")
+    gen = {k: config[k] for k in ("bos_token_id", "eos_token_id", "pad_token_id") if config.get(k) is not None}
+    (out / "generation_config.json").write_text(json.dumps(gen, indent=2) + "\n")
+    gguf_tokenizer(reader).save_pretrained(str(out))
+
+
+# ----------------------------------------------------------------------------------------------
+# config and weights
+# ----------------------------------------------------------------------------------------------
+
+
+def architecture(reader) -> str:
+    arch = _field(reader, "general.architecture")
+    if arch not in SUPPORTED_ARCHITECTURES:
+        raise ValueError(f"GGUF architecture {arch!r} is not supported; supported: {', '.join(SUPPORTED_ARCHITECTURES)}")
+    return arch
+
+
+def hf_config(reader) -> tuple[dict, str]:
+    """(config.json dict, architecture) from the file's `{arch}.*` metadata."""
+    arch = architecture(reader)
+    a = lambda key, default=None: _field(reader, f"{arch}.{key}", default)  # noqa: E731
+    scaling = a("rope.scaling.type")
+    if (scaling not in (None, "none")) or any(t.name == "rope_freqs.weight" for t in reader.tensors):
+        raise ValueError(f"GGUF rope scaling ({scaling or 'rope_freqs tensor'}) is not supported; "
+                         "only plain rotary embeddings are")
+    names = {t.name for t in reader.tensors}
+    hidden, heads = int(a("embedding_length")), int(a("attention.head_count"))
+    embd = next(t for t in reader.tensors if t.name == "token_embd.weight")
+    cfg = {
+        "architectures": [_HF_CLASS[arch]],
+        "model_type": arch,
+        "hidden_size": hidden,
+        "intermediate_size": int(a("feed_forward_length")),
+        "num_hidden_layers": int(a("block_count")),
+        "num_attention_heads": heads,
+        "num_key_value_heads": int(a("attention.head_count_kv", heads)),
+        "head_dim": int(a("attention.key_length", hidden // heads)),
+        "rms_norm_eps": float(a("attention.layer_norm_rms_epsilon")),
+        "rope_theta": float(a("rope.freq_base", 10000.0)),
+        "max_position_embeddings": int(a("context_length", 2048)),
+        "vocab_size": int(embd.shape[-1]),
+        "tie_word_embeddings": "output.weight" not in names,
+        "hidden_act": "silu",
+        "torch_dtype": "float32",
+    }
+    if arch == "llama":
+        cfg.update(attention_bias=False, mlp_bias=False)
+    if arch == "qwen3":
+        cfg["attention_bias"] = False
+    for key in ("bos", "eos", "padding"):
+        v = _field(reader, f"tokenizer.ggml.{key}_token_id")
+        if v is not None:
+            cfg[("pad" if key == "padding" else key) + "_token_id"] = int(v)
+    return cfg, arch
+
+
+def unpermute_qk(w: np.ndarray, n_head: int) -> np.ndarray:
+    """Undo llama.cpp's q/k row permutation: per head, rows (half, pair) -> (pair, half)."""
+    rows = w.shape[0]
+    return w.reshape(n_head, rows // n_head // 2, 2, *w.shape[1:]).swapaxes(1, 2).reshape(w.shape)
+
+
+def dequantize_tensor(t) -> np.ndarray:
+    """float32 array in the HF shape (GGUF's shape reversed)."""
+    from gguf import quants
+
+    qtype = t.tensor_type.name
+    if qtype not in SUPPORTED_QUANTS:
+        raise ValueError(f"GGUF tensor {t.name} has quantization {qtype}, which is not supported; "
+                         f"supported: {', '.join(SUPPORTED_QUANTS)}")
+    shape = tuple(int(x) for x in reversed(list(t.shape)))
+    return np.ascontiguousarray(quants.dequantize(t.data, t.tensor_type).astype(np.float32).reshape(shape))
+
+
+def hf_names(reader, arch: str) -> list[str]:
+    """HF name of every tensor, in file order; checks names and quantizations before any work."""
+    names = []
+    for t in reader.tensors:
+        if t.tensor_type.name not in SUPPORTED_QUANTS:
+            dequantize_tensor(t)  # raises the one-sentence error
+        name = _TOP_NAMES.get(t.name)
+        if name is None and t.name.startswith("blk."):
+            _, layer, rest = t.name.split(".", 2)
+            if rest in _BLOCK_NAMES and layer.isdigit():
+                name = f"model.layers.{int(layer)}.{_BLOCK_NAMES[rest]}"
+        if name is None:
+            raise ValueError(f"GGUF tensor {t.name!r} has no Hugging Face counterpart for architecture {arch}")
+        names.append(name)
+    return names
+
+
+def hf_tensor(t, name: str, config: dict, arch: str) -> np.ndarray:
+    """One tensor as HF float32 (llama q/k rows unpermuted)."""
+    w = dequantize_tensor(t)
+    if arch == "llama" and name.endswith(("q_proj.weight", "k_proj.weight")):
+        w = unpermute_qk(w, config["num_attention_heads"] if "q_proj" in name else config["num_key_value_heads"])
+    return w
+
+
+def hf_state_dict(reader, config: dict, arch: str) -> dict[str, np.ndarray]:
+    """HF tensor name -> float32 array (the whole model in memory: for small files and tests)."""
+    return {name: hf_tensor(t, name, config, arch) for t, name in zip(reader.tensors, hf_names(reader, arch))}
+
+
+def write_weights(out: Path, reader, config: dict, arch: str, max_shard_bytes: int = MAX_SHARD_BYTES,
+                  log: Callable[[str], None] = lambda m: None) -> None:
+    """float32 safetensors, one shard at a time (memory stays near one shard, not the whole model):
+    `model.safetensors`, or `model-0000i-of-0000n.safetensors` + `model.safetensors.index.json`."""
+    from safetensors.numpy import save_file
+
+    names = hf_names(reader, arch)
+    sizes = [4 * int(np.prod([int(x) for x in t.shape])) for t in reader.tensors]
+    shards, cur, cur_bytes = [], [], 0
+    for i, n in enumerate(sizes):
+        if cur and cur_bytes + n > max_shard_bytes:
+            shards.append(cur)
+            cur, cur_bytes = [], 0
+        cur.append(i)
+        cur_bytes += n
+    shards.append(cur)
+    files = (["model.safetensors"] if len(shards) == 1 else
+             [f"model-{k + 1:05d}-of-{len(shards):05d}.safetensors" for k in range(len(shards))])
+    weight_map = {}
+    for k, (members, fname) in enumerate(zip(shards, files)):
+        tensors = {names[i]: hf_tensor(reader.tensors[i], names[i], config, arch) for i in members}
+        save_file(tensors, str(out / fname), metadata={"format": "pt"})
+        weight_map.update({name: fname for name in tensors})
+        log(f"  wrote {fname} ({k + 1}/{len(shards)})")
+    if len(shards) > 1:
+        index = {"metadata": {"total_size": int(sum(sizes))}, "weight_map": weight_map}
+        (out / "model.safetensors.index.json").write_text(json.dumps(index, indent=2) + "\n")
+
+
+# ----------------------------------------------------------------------------------------------
+# tokenizer
+# ----------------------------------------------------------------------------------------------
+
+
+def _pre_tokenizer(pre: str):
+    from tokenizers import Regex, normalizers, pre_tokenizers
+
+    if pre not in PRE_TOKENIZERS:
+        raise ValueError(f"GGUF pre-tokenizer {pre!r} is not supported; supported: {', '.join(sorted(PRE_TOKENIZERS))}")
+    digits, pattern, nfc = PRE_TOKENIZERS[pre]
+    steps = [pre_tokenizers.Digits(individual_digits=True)] if digits else []
+    if pattern == GPT2_PATTERN:
+        steps.append(pre_tokenizers.ByteLevel(add_prefix_space=False, trim_offsets=True, use_regex=True))
+    else:
+        steps += [pre_tokenizers.Split(Regex(pattern), behavior="isolated", invert=False),
+                  pre_tokenizers.ByteLevel(add_prefix_space=False, trim_offsets=False, use_regex=False)]
+    return pre_tokenizers.Sequence(steps), (normalizers.NFC() if nfc else None)
+
+
+def gguf_backend(reader):
+    """`tokenizers.Tokenizer` of a `tokenizer.ggml.model == "gpt2"` (byte-level BPE) file."""
+    from tokenizers import AddedToken, Tokenizer, decoders, processors
+    from tokenizers.models import BPE
+
+    model = _field(reader, "tokenizer.ggml.model")
+    if model != "gpt2":
+        raise ValueError(f"GGUF tokenizer model {model!r} is not supported; supported: gpt2 (byte-level BPE)")
+    tokens = list(_field(reader, "tokenizer.ggml.tokens"))
+    types = list(_field(reader, "tokenizer.ggml.token_type", [1] * len(tokens)))
+    merges = [tuple(m.split(" ", 1)) for m in _field(reader, "tokenizer.ggml.merges", [])]
+    tok = Tokenizer(BPE(vocab={t: i for i, t in enumerate(tokens)}, merges=merges, dropout=None, unk_token=None,
+                        continuing_subword_prefix="", end_of_word_suffix="", fuse_unk=False, byte_fallback=False))
+    tok.pre_tokenizer, normalizer = _pre_tokenizer(_field(reader, "tokenizer.ggml.pre", "default"))
+    if normalizer is not None:
+        tok.normalizer = normalizer
+    tok.decoder = decoders.ByteLevel()
+    tok.post_processor = processors.ByteLevel(trim_offsets=False)
+    added = [AddedToken(t, special=ty == _CONTROL, normalized=False) for t, ty in zip(tokens, types)
+             if ty in (_CONTROL, _USER_DEFINED)]
+    tok.add_tokens(added)  # already in the vocabulary: they keep their ids and are matched whole
+    return tok
+
+
+def gguf_tokenizer(reader):
+    """`transformers.PreTrainedTokenizerFast` with the file's special tokens and chat template."""
+    from transformers import PreTrainedTokenizerFast
+
+    backend = gguf_backend(reader)
+    tokens = _field(reader, "tokenizer.ggml.tokens")
+    special = {}
+    for name, key in (("bos_token", "bos"), ("eos_token", "eos"), ("unk_token", "unknown"), ("pad_token", "padding")):
+        i = _field(reader, f"tokenizer.ggml.{key}_token_id")
+        special[name] = None if i is None else tokens[int(i)]
+    arch = _field(reader, "general.architecture")
+    return PreTrainedTokenizerFast(
+        tokenizer_object=backend,
+        chat_template=_field(reader, "tokenizer.chat_template"),
+        model_max_length=int(_field(reader, f"{arch}.context_length", 2048)),
+        clean_up_tokenization_spaces=False,
+        add_bos_token=bool(_field(reader, "tokenizer.ggml.add_bos_token", False)),
+        **special,
+    )
+
+
+__all__ = [
+    "GGUF_BUILD_VERSION", "SUPPORTED_ARCHITECTURES", "SUPPORTED_QUANTS", "PRE_TOKENIZERS", "architecture",
+    "cache_dir_for", "convert_gguf", "dequantize_tensor", "gguf_backend", "gguf_tokenizer", "hf_config",
+    "hf_names", "hf_state_dict", "hf_tensor", "is_gguf", "resolve_model_path", "unpermute_qk", "write_weights",
+]
