@@ -479,7 +479,7 @@ def decode(
     # The token loop carries the cache in the layout its single-token steps read fastest (per-layer
     # buffers where the decode is unrolled, models/qwen2/model.py `decode_layout`); callers get it back
     # stacked.
-    c = _record(_initial_carry(decode_layout(cache, model.cfg), active, budget, n, rules, pick.logprob), *pick(first_logits, 0), rules)
+    c = _record(_initial_carry(decode_layout(cache, getattr(model, "cfg", None)), active, budget, n, rules, pick.logprob), *pick(first_logits, 0), rules)
     # A head cast to the matmul dtype (Qwen2Config.matmul_dtype) is made once, before the loop.
     head = model.head_weight() if getattr(getattr(model, "cfg", None), "matmul_dtype", None) else None
     c = jax.lax.while_loop(lambda c: jnp.any(c.pending), functools.partial(_feed_and_sample, model, pick, rules, head), c)
