@@ -22,21 +22,18 @@ from __future__ import annotations
 
 import argparse
 import json
-import sys
 import time
 from pathlib import Path
 
-if __package__ in (None, ""):  # run as a script
-    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-import jax  # noqa: E402
-import jax.numpy as jnp  # noqa: E402
-from flax import nnx  # noqa: E402
+import jax
+import jax.numpy as jnp
+from flax import nnx
 
-from bench._common import machine, write_result  # noqa: E402
-from ragen_jax.models import Qwen2, Qwen2Config  # noqa: E402
-from ragen_jax.models.attention import CHUNKED_MIN_SCORES, DEFAULT_BLOCK, attention  # noqa: E402
-from ragen_jax.trainer.step import program_memory, sequence_logprobs  # noqa: E402
+from bench.common import machine, write_result
+from ragen_jax.models import Qwen2, Qwen2Config
+from ragen_jax.models.attention import CHUNKED_MIN_SCORES, DEFAULT_BLOCK, attention
+from ragen_jax.trainer.step import program_memory, sequence_logprobs
 
 RESULTS = Path(__file__).resolve().parent / "results" / "attention.json"
 GIB = 2**30

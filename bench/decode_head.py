@@ -22,19 +22,16 @@ Usage: python -m bench.decode_head [--repeats 5] [--out bench/results/decode_hea
 from __future__ import annotations
 
 import argparse
-import sys
 import time
 from pathlib import Path
 
-if __package__ in (None, ""):  # run as a script
-    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-import jax  # noqa: E402
-import jax.numpy as jnp  # noqa: E402
-import numpy as np  # noqa: E402
+import jax
+import jax.numpy as jnp
+import numpy as np
 
-from bench._common import machine, write_result  # noqa: E402
-from ragen_jax.rollout.sampler import _select  # noqa: E402
+from bench.common import machine, write_result
+from ragen_jax.rollout.sampler import _select
 
 RESULTS = Path(__file__).resolve().parent / "results" / "decode_head.json"
 B, H, V, STEPS = 64, 64, 151_936, 64  # the tiny row of bench/sampler.py

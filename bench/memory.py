@@ -38,8 +38,6 @@ if "xla_force_host_platform_device_count" not in os.environ.get("XLA_FLAGS", "")
     # The multi-device rows need 8 devices; must be set before jax is imported.
     os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "") + " --xla_force_host_platform_device_count=8").strip()
 
-if __package__ in (None, ""):  # run as a script
-    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import json  # noqa: E402
 
@@ -48,7 +46,7 @@ import jax.numpy as jnp  # noqa: E402
 from flax import nnx  # noqa: E402
 from jax.sharding import NamedSharding, PartitionSpec  # noqa: E402
 
-from bench._common import machine, write_result  # noqa: E402
+from bench.common import machine, write_result  # noqa: E402
 
 RESULTS = Path(__file__).resolve().parent / "results" / "memory.json"
 GIB = 2**30

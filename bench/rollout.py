@@ -35,14 +35,12 @@ import sys
 import time
 from pathlib import Path
 
-if __package__ in (None, ""):  # run as a script
-    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import jax
 import numpy as np
 from flax import nnx
 
-from bench._common import machine, write_result  # noqa: E402
+from bench.common import machine, write_result
 
 RESULTS = Path(__file__).resolve().parent / "results" / "rollout.json"
 

@@ -44,16 +44,14 @@ import sys
 import time
 from pathlib import Path
 
-if __package__ in (None, ""):  # run as a script
-    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
-from bench._common import machine as common_machine  # noqa: E402
-from bench._common import write_result  # noqa: E402
+from bench.common import machine as common_machine
+from bench.common import write_result
 from ragen_jax.models import Qwen2, Qwen2Config
 from ragen_jax.models.qwen2.weights import hf_state_dict
 from ragen_jax.rollout import sampler

@@ -37,15 +37,13 @@ import tempfile
 import time
 from pathlib import Path
 
-if __package__ in (None, ""):  # run as a script
-    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
-from bench._common import machine, write_result
+from bench.common import machine, write_result
 
 RESULTS = Path(__file__).resolve().parent / "results" / "train_step.json"
 ENTROPY_COEF = 0.001

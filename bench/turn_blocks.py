@@ -21,18 +21,15 @@ from __future__ import annotations
 import argparse
 import copy
 import statistics
-import sys
 import tempfile
 import time
 from pathlib import Path
 
-if __package__ in (None, ""):  # run as a script
-    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import jax
 import numpy as np
 
-from bench._common import machine, write_result
+from bench.common import machine, write_result
 
 RESULTS = Path(__file__).resolve().parent / "results" / "turn_blocks.json"
 

@@ -22,8 +22,7 @@ ROOT = Path(__file__).resolve().parents[1]
 DEMO = ROOT / "launch" / "demo.py"
 EVAL_STATES = 8
 
-sys.path.insert(0, str(ROOT / "launch"))
-import demo  # noqa: E402
+from ragen_jax.recipes import demo  # noqa: E402
 
 
 @pytest.fixture(scope="module")

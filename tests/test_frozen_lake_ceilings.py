@@ -7,17 +7,13 @@ gives; the uniform policy's value is the plain-Python reference's (tests/envs_ja
 
 from __future__ import annotations
 
-import sys
-from pathlib import Path
 
 import jax
 import numpy as np
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT / "scripts"))
-import frozen_lake_ceilings as fc  # noqa: E402
-from envs_jax.frozen_lake import rows_from_state  # noqa: E402
-from tests.envs_jax import ref_frozen_lake as ref  # noqa: E402
+from scripts import frozen_lake_ceilings as fc
+from envs_jax.frozen_lake import rows_from_state
+from tests.envs_jax import ref_frozen_lake as ref
 
 
 def test_views_against_the_teacher_and_the_reference():

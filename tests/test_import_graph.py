@@ -18,6 +18,7 @@ STAGES = {
     "ragen_jax.rollout": 3,  # sampler, compiled rollout, teachers, rollout metrics
     "ragen_jax.algorithms": 4,  # advantages, losses, filters: pure functions
     "ragen_jax.trainer": 5,  # config, run setup, RL/SFT trainers, evaluation, checkpoints, logging
+    "ragen_jax.recipes": 6,  # whole experiments (the CPU demo) used by launch/, scripts/, bench/
 }
 
 
