@@ -3,7 +3,7 @@
 Memory rows: the gradient wrt all parameters of the trainer's token log-prob loss
 (`step.sequence_logprobs`, no [B, T, V] logits) for the qwen2.5-0.5b preset with bf16 compute and
 float32 parameters, at B rows x 3,600 tokens, compiled for the local backend from ABSTRACT parameters
-(`nnx.eval_shape`: nothing allocated), read from XLA's `memory_analysis` (`step.program_memory`:
+(`nnx.eval_shape`: nothing allocated), read from XLA's `memory_analysis` (`trainer/memory.py program_memory`:
 peak = arguments + outputs - aliased + temporaries). Every attention implementation that runs here
 x remat off / "full" / "dots".
 
@@ -33,7 +33,8 @@ from flax import nnx
 from bench.common import machine, write_result
 from ragen_jax.models import Qwen2, Qwen2Config
 from ragen_jax.models.attention import CHUNKED_MIN_SCORES, DEFAULT_BLOCK, attention
-from ragen_jax.trainer.step import program_memory, sequence_logprobs
+from ragen_jax.trainer.memory import program_memory
+from ragen_jax.trainer.step import sequence_logprobs
 
 RESULTS = Path(__file__).resolve().parent / "results" / "attention.json"
 GIB = 2**30

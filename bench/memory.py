@@ -1,7 +1,7 @@
 """Peak device memory of the compiled rollout, prepare and update programs of a config, per device.
 
 Each row builds the three programs of one training iteration exactly as the RL Trainer does
-(`step.aot_compile`: the same jitted functions, shardings and donation) from ABSTRACT parameters
+(`trainer/memory.py aot_compile`: the same jitted functions, shardings and donation) from ABSTRACT parameters
 (`nnx.eval_shape` + the mesh's `param_shardings`: nothing is allocated), compiles them for the local
 backend and reads XLA's `memory_analysis`. Per program and per device:
 
@@ -81,7 +81,7 @@ SETTINGS = {
 
 
 def row_config(name: str, setting: str):
-    from ragen_jax.trainer.config import load_config
+    from ragen_jax.experiment.config import load_config
 
     preset, estimator, fsdp, _, lora_rank = ROWS[name]
     s = SETTINGS[setting]
@@ -102,7 +102,7 @@ def abstract_programs(cfg, donate: bool):
     from ragen_jax.models.lora import CRITIC_TRAINABLE, POLICY_TRAINABLE, add_lora
     from ragen_jax.rollout import Rollout
     from ragen_jax.trainer.optim import make_optimizer
-    from ragen_jax.trainer.setup import build_mesh, build_text_envs, load_task_tokenizer
+    from ragen_jax.experiment.build import build_mesh, build_text_envs, load_task_tokenizer
     from ragen_jax.trainer.step import StepPrograms, TrainState
 
     m = cfg.model
@@ -154,7 +154,8 @@ def abstract_programs(cfg, donate: bool):
 
 
 def measure(name: str, setting: str) -> dict:
-    from ragen_jax.trainer.step import aot_compile, effective_micro_batch
+    from ragen_jax.trainer.memory import aot_compile
+    from ragen_jax.trainer.step import effective_micro_batch
 
     cfg = row_config(name, setting)
     s = SETTINGS[setting]

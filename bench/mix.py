@@ -31,8 +31,8 @@ def run(shape: str, groups: int, group_size: int, turns: int, max_new: int, repe
     from ragen_jax.models import Qwen2, Qwen2Config
     from ragen_jax.rollout import Rollout, RolloutConfig, group_seeds_for_iteration
     from ragen_jax.text.tokenizer import load_tokenizer
-    from ragen_jax.trainer.config import Config
-    from ragen_jax.trainer.setup import build_text_envs, build_vocab
+    from ragen_jax.experiment.config import Config
+    from ragen_jax.experiment.build import build_text_envs, build_vocab
 
     if groups % 2:
         raise SystemExit(f"--groups must be even (half of them each env in the mix), got {groups}")

@@ -58,10 +58,10 @@ def build(shape: str, vocab: str, groups: int, group_size: int, turns: int, max_
           max_context: int | None = None, seed: int = 0, matmul_dtype: str | None = None,
           decode_unroll: bool = True):
     """(model, text_env, Rollout) for Sokoban with random weights; `vocab` 'full' or 'task'."""
-    from ragen_jax.trainer.config import Config
+    from ragen_jax.experiment.config import Config
     from ragen_jax.models import Qwen2, Qwen2Config
     from ragen_jax.rollout import Rollout, RolloutConfig
-    from ragen_jax.trainer.setup import build_text_envs, build_vocab
+    from ragen_jax.experiment.build import build_text_envs, build_vocab
 
     if shape not in _presets():
         raise ValueError(f"unknown shape {shape!r}; valid: {', '.join(_presets())}")

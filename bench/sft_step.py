@@ -48,7 +48,7 @@ VARIANTS = {
 
 
 def bench_variant(config: str, overrides: list[str], demos: int, steps: int, workdir: Path) -> dict:
-    from ragen_jax.trainer.config import load_config
+    from ragen_jax.experiment.config import load_config
     from ragen_jax.trainer.sft import SFTTrainer
 
     cfg = load_config(config, [f"sft.num_demos={demos}", *overrides])

@@ -102,7 +102,7 @@ def model_flops_per_token(cfg, t: int) -> dict:
 
 def build_programs(model, k: int, mini_batch: int, micro_batch: int = 0, lora_rank: int = 0):
     from ragen_jax.models.lora import LoRAParam, add_lora
-    from ragen_jax.trainer.config import Config
+    from ragen_jax.experiment.config import Config
     from ragen_jax.trainer.optim import make_optimizer
     from ragen_jax.trainer.step import StepPrograms, TrainState
 

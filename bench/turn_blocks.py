@@ -43,7 +43,7 @@ def _timed(fn, *args):
 def measure(family: str, init_from: str | None, repeats: int, overrides: list[str]) -> dict:
     from launch.demo import FROZEN_LAKE_CONFIG, SOKOBAN_CONFIG
     from ragen_jax.rollout import group_seeds_for_iteration
-    from ragen_jax.trainer.config import load_config
+    from ragen_jax.experiment.config import load_config
     from ragen_jax.trainer.rl import Trainer
 
     over = list(overrides)
@@ -59,7 +59,7 @@ def measure(family: str, init_from: str | None, repeats: int, overrides: list[st
         seeds = group_seeds_for_iteration(0, cfg.rollout.num_groups, cfg.train.seed_base)
         traj = jax.block_until_ready(t.rollout(t.actor_params, jax.random.fold_in(t.state.key, 1), seeds))
         start = np.asarray(traj.turn_start)
-        frozen = t._frozen_args
+        frozen = t.frozen_args
         steps, mem, compile_s = {}, {}, {}
         for skip in (True, False):
             programs = copy.copy(t.programs)

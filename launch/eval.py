@@ -54,14 +54,14 @@ def parse_args(argv=None):
     p.add_argument("--all-devices", action="store_true",
                    help="spread the episodes over all devices (always so with several processes); num-states x "
                         "rollouts-per-state must then be a multiple of the device count")
-    from ragen_jax.trainer.cli import add_cluster_args  # here: `--help` stays free of jax imports otherwise
+    from ragen_jax.experiment.cli import add_cluster_args  # here: `--help` stays free of jax imports otherwise
 
     add_cluster_args(p)
     return p.parse_args(argv)
 
 
 def _err(msg) -> int:
-    from ragen_jax.trainer.cli import fail  # one line, exit 2; with several processes this process ends here
+    from ragen_jax.experiment.cli import fail  # one line, exit 2; with several processes this process ends here
 
     return fail(ValueError(str(msg)), 2)
 
@@ -69,14 +69,15 @@ def _err(msg) -> int:
 def main(argv=None) -> int:
     args = parse_args(argv)
     # Project imports follow the cluster join: importing the environments starts JAX's backend.
-    from ragen_jax.trainer.cli import start_from_args
-    from ragen_jax.trainer.distributed import ClusterError
+    from ragen_jax.experiment.cli import start_from_args
+    from ragen_jax.infra.distributed import ClusterError
 
     try:  # join the cluster (if any) first: importing the environments creates JAX's backend
         start_from_args(args)
     except ClusterError as e:
         return _err(e)
-    from ragen_jax.trainer.evaluation import DEFAULT_SUITE, EvalError, check_env_names
+    from ragen_jax.evaluation.policies import EvalError
+    from ragen_jax.evaluation.suite import DEFAULT_SUITE, check_env_names
 
     try:  # cheap checks first: a typo must not cost a model load
         envs = check_env_names(args.envs.split(",") if args.envs else DEFAULT_SUITE)
@@ -91,7 +92,8 @@ def main(argv=None) -> int:
     from absl import logging as absl_logging
 
     absl_logging.set_verbosity(absl_logging.ERROR)  # orbax's restore chatter
-    from ragen_jax.trainer.evaluation import evaluate, format_table, load_source, write_eval_json
+    from ragen_jax.evaluation.policies import load_source
+    from ragen_jax.evaluation.suite import evaluate, format_table, write_eval_json
 
     try:
         loaded, run_cfg = load_source(args.model, dtype=args.dtype)

@@ -25,7 +25,7 @@ if __name__ == "__main__":  # before jax is imported: glibc malloc huge pages (w
 
     use_transparent_hugepages()
 
-from ragen_jax.trainer.cli import run_config_job  # noqa: E402
+from ragen_jax.experiment.cli import run_config_job  # noqa: E402
 
 
 def _job(cfg, args):

@@ -114,7 +114,7 @@ def test_publish_copies_the_results(quick_run):
 
 
 def test_configs_and_bad_arguments(capsys):
-    from ragen_jax.trainer.config import load_config
+    from ragen_jax.experiment.config import load_config
 
     for name, quick in ((demo.SOKOBAN_CONFIG, demo.QUICK_SOKOBAN), (demo.BANDIT_CONFIG, demo.QUICK_BANDIT),
                         (demo.FROZEN_LAKE_CONFIG, demo.QUICK_FROZEN_LAKE)):

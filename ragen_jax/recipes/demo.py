@@ -17,7 +17,7 @@ configs/demo_cpu_frozen_lake.py) that reads and writes through the real Qwen2.5 
    demonstrations (one action per turn), then RL; success after each stage on the same seeds.
 
 Each RL stage is compared with its warm start pairwise (same states, same sampling key): states
-that flipped each way and an exact McNemar p-value (ragen_jax/trainer/paired.py), in the targets.
+that flipped each way and an exact McNemar p-value (ragen_jax/evaluation/paired.py), in the targets.
 
 Writes <workdir>/eval.json ({"results": {stage: {env: metrics}}, "settings": ...}), curves_*.png
 (per stage, from its metrics.jsonl), demo_summary.json (seconds per stage, total, peak RSS) and
@@ -43,11 +43,11 @@ from pathlib import Path
 import jax
 from absl import logging as absl_logging
 
-from ragen_jax.trainer.config import ConfigError, load_config
-from ragen_jax.trainer.distributed import RunDirBusy, RunLock
-from ragen_jax.trainer.evaluation import evaluate, format_table, write_eval_json
-from ragen_jax.trainer.logger import plot_curves
-from ragen_jax.trainer.paired import paired_change
+from ragen_jax.experiment.config import ConfigError, load_config
+from ragen_jax.infra.distributed import RunDirBusy, RunLock
+from ragen_jax.evaluation.suite import evaluate, format_table, write_eval_json
+from ragen_jax.infra.logger import plot_curves
+from ragen_jax.evaluation.paired import paired_change
 from ragen_jax.trainer.rl import Trainer
 from ragen_jax.trainer.sft import SFTTrainer
 
@@ -237,7 +237,7 @@ def check_targets(results: dict) -> dict:
 
     A gain is a paired comparison: both stages were evaluated on the same states with the same
     sampling key, so it reports the states that flipped each way and an exact McNemar p-value
-    (ragen_jax/trainer/paired.py) rather than an independent-samples standard error.
+    (ragen_jax/evaluation/paired.py) rather than an independent-samples standard error.
     """
     out = {}
     for label, goal in TARGETS.items():

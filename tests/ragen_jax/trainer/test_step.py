@@ -29,7 +29,7 @@ from flax import nnx
 
 from ragen_jax.models import Qwen2, Qwen2Config, critic_from_policy
 from ragen_jax.rollout import Trajectories
-from ragen_jax.trainer.config import Config, load_config
+from ragen_jax.experiment.config import Config, load_config
 from ragen_jax.trainer.rl import Trainer
 from ragen_jax.trainer.step import StepPrograms, TrainState
 
@@ -419,7 +419,7 @@ def test_rollout_logprobs_equal_trainer_old_logprobs_at_temperature(tmp_path):
     cfg = load_config("tiny_cpu.py", over)
     tr = Trainer(cfg, tmp_path, quiet=True)
     traj = tr.rollout(tr.state.actor, jax.random.PRNGKey(0), np.arange(2, dtype=np.int32))
-    batch, _ = tr._prepare(tr.state.actor, tr.state.critic, tr.ref, traj)
+    batch, _ = tr.prepare_fn(tr.state.actor, tr.state.critic, tr.ref, traj)
     m = np.asarray(batch.mask)
     assert m.sum() >= 8
     rec = np.asarray(traj.logprobs)[:, 1:][m]  # filter_ratio 1 keeps the rows in order
