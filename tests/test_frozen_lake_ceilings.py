@@ -26,7 +26,7 @@ def test_views_against_the_teacher_and_the_reference():
     rows = [rows_from_state(jax.tree.map(lambda x: x[i], test)) for i in range(60)]
     assert abs(res["uniform"] - np.mean([ref.policy_value(r, None, fc.K) for r in rows])) < 1e-5
     train = fc.maps(3, 400)
-    table, _, _, ks, live = fc._grids(train)
+    table, _, _, ks, live = fc.grids(train)
     mask = np.broadcast_to(live & (ks >= 1), table.shape)
     common = int(np.bincount(table[mask], minlength=4).argmax())
     want = np.mean([ref.policy_value(r, lambda cell, k: common, fc.K) for r in rows])
