@@ -66,6 +66,31 @@ def _err(msg) -> int:
     return fail(ValueError(str(msg)), 2)
 
 
+def _write_results(args, envs, results, run_cfg, prompt, max_context, mesh) -> int:
+    """Print the transcripts and write eval.json (process 0)."""
+    import dataclasses
+
+    import jax
+
+    from ragen_jax.evaluation.suite import write_eval_json
+
+    for name, m in results.items():
+        for i, text in enumerate(m.get("transcripts", ())):
+            print(f"\n===== {name} transcript {i} =====\n{text}")
+    if args.out is not None:
+        out = args.out
+    else:
+        out = os.path.join(args.model, "eval.json") if run_cfg is not None else "eval.json"
+    settings = dict(model=args.model, envs=list(envs), num_states=args.num_states, seed_start=args.seed_start,
+                    rollouts_per_state=args.rollouts_per_state, temperature=args.temperature, greedy=args.greedy,
+                    seed=args.seed, max_context=max_context, prompt=dataclasses.asdict(prompt),
+                    device=str(jax.devices()[0].platform), processes=jax.process_count(),
+                    devices=jax.device_count() if mesh is not None else 1)
+    path = write_eval_json(results, out, settings)
+    print(f"wrote {path}", file=sys.stderr)
+    return 0
+
+
 def main(argv=None) -> int:
     args = parse_args(argv)
     # Project imports follow the cluster join: importing the environments starts JAX's backend.
@@ -93,7 +118,7 @@ def main(argv=None) -> int:
 
     absl_logging.set_verbosity(absl_logging.ERROR)  # orbax's restore chatter
     from ragen_jax.evaluation.policies import load_source
-    from ragen_jax.evaluation.suite import evaluate, format_table, write_eval_json
+    from ragen_jax.evaluation.suite import evaluate, format_table
 
     try:
         loaded, run_cfg = load_source(args.model, dtype=args.dtype)
@@ -145,21 +170,7 @@ def main(argv=None) -> int:
         return 0
 
     print(format_table(results))
-    for name, m in results.items():
-        for i, text in enumerate(m.get("transcripts", ())):
-            print(f"\n===== {name} transcript {i} =====\n{text}")
-    if args.out is not None:
-        out = args.out
-    else:
-        out = os.path.join(args.model, "eval.json") if run_cfg is not None else "eval.json"
-    settings = dict(model=args.model, envs=list(envs), num_states=args.num_states, seed_start=args.seed_start,
-                    rollouts_per_state=args.rollouts_per_state, temperature=args.temperature, greedy=args.greedy,
-                    seed=args.seed, max_context=max_context, prompt=dataclasses.asdict(prompt),
-                    device=str(jax.devices()[0].platform), processes=jax.process_count(),
-                    devices=jax.device_count() if mesh is not None else 1)
-    path = write_eval_json(results, out, settings)
-    print(f"wrote {path}", file=sys.stderr)
-    return 0
+    return _write_results(args, envs, results, run_cfg, prompt, max_context, mesh)
 
 
 if __name__ == "__main__":

@@ -244,14 +244,14 @@ def test_no_private_name_is_reached_from_outside():
 
 def test_the_checker_sees_each_kind_of_violation():
     # Each check above must be able to fail: planted violations of every rule are found.
-    src = ("import sys\nfrom ragen_jax.trainer.config import Config\nfrom ragen_jax.rollout.sampler import _select\n"
+    src = ("import sys\nfrom ragen_jax.trainer.rl import Trainer\nfrom ragen_jax.rollout.sampler import _select\n"
            "sys.path.insert(0, '..')\ndef f(trainer):\n    from ragen_jax.models import Qwen2\n"
            "    return trainer._print, self._print\n")
     tree = ast.parse(src)
     found = [(t, line, top) for t, line, top, _ in project_imports(tree, "ragen_jax.text.render")]
-    assert ("ragen_jax.trainer.config", 2, True) in found
+    assert ("ragen_jax.trainer.rl", 2, True) in found
     assert ("ragen_jax.models", 6, False) in found
-    assert _stage("ragen_jax.trainer.config") > _stage("ragen_jax.text.render")
+    assert _stage("ragen_jax.trainer.rl") > _stage("ragen_jax.text.render")
     assert stage_violations({"ragen_jax.text.render": {"ragen_jax.trainer.rl"}, "bench.x": {"launch.demo"}}) == [
         "ragen_jax.text.render (stage 1) imports ragen_jax.trainer.rl (stage 8)"]
     assert stage_violations({"launch.demo": {"bench.common"}}) != []

@@ -267,6 +267,22 @@ def format_target(label: str, t: dict) -> str:
     return line
 
 
+def print_report(results: dict, summary: dict, n_states: int) -> None:
+    """The results table of every stage, the time per stage and the targets (demo_summary.json's)."""
+    for stage, res in results.items():
+        print(f"\n== {stage} ({n_states} fixed states, temperature {EVAL_TEMPERATURE}) ==")
+        print(format_table(res))
+    print("\n== time ==")
+    for stage, t in summary["stages"].items():
+        print(f"{stage:14s} train {t['train_s']:7.1f} s ({t['train_cpu_s']:7.1f} CPU s)   "
+              f"eval {t['eval_s']:6.1f} s ({t['eval_cpu_s']:6.1f} CPU s)")
+    print(f"{'total':14s} {summary['total_s']:7.1f} s ({summary['total_cpu_s']:.1f} CPU s)   peak RSS {summary['peak_rss_mb']:.0f} MiB")
+    if summary["targets"]:
+        print("\n== targets ==")
+        for label, t in summary["targets"].items():
+            print(format_target(label, t))
+
+
 def main(argv=None) -> int:
     args, over = parse_args(argv)
     if args.skip_bandit and args.skip_sokoban and args.skip_frozen_lake:
@@ -331,18 +347,7 @@ def main(argv=None) -> int:
     with open(os.path.join(args.workdir, "demo_summary.json"), "w") as f:
         json.dump(summary, f, indent=2)
 
-    for stage, res in results.items():
-        print(f"\n== {stage} ({n_states} fixed states, temperature {EVAL_TEMPERATURE}) ==")
-        print(format_table(res))
-    print("\n== time ==")
-    for stage, t in summary["stages"].items():
-        print(f"{stage:14s} train {t['train_s']:7.1f} s ({t['train_cpu_s']:7.1f} CPU s)   "
-              f"eval {t['eval_s']:6.1f} s ({t['eval_cpu_s']:6.1f} CPU s)")
-    print(f"{'total':14s} {total:7.1f} s ({summary['total_cpu_s']:.1f} CPU s)   peak RSS {summary['peak_rss_mb']:.0f} MiB")
-    if targets:
-        print("\n== targets ==")
-        for label, t in targets.items():
-            print(format_target(label, t))
+    print_report(results, summary, n_states)
     log(f"wrote {eval_path}, demo_summary.json and {len(curves)} curve PNGs in {args.workdir}")
     if args.publish is not None:
         try:

@@ -280,12 +280,28 @@ class StepPrograms:
                                      t.tokens, valid, ts)
         values = jnp.where(mask, values, 0.0)
 
+        advantages, returns, metrics = self._advantages(t, f, mask, old_logp, ref_logp, values)
+        batch = Batch(tokens=t.tokens, valid=valid, mask=mask, old_logp=old_logp, ref_logp=ref_logp,
+                      values=values, advantages=advantages, returns=returns, row_weight=f.row_weight,
+                      turn_start=ts if self.turn_blocks is not None else None)
+        metrics.update(f.metrics)
+        metrics.update({
+            "critic/values_mean": adv_lib.masked_mean(values, mask),
+            "critic/returns_mean": adv_lib.masked_mean(returns, mask),
+            "actor/advantages_mean": adv_lib.masked_mean(advantages, mask),
+            "actor/advantages_abs_mean": adv_lib.masked_mean(jnp.abs(advantages), mask),
+        })
+        return batch, metrics
+
+    def _advantages(self, t, f, mask, old_logp, ref_logp, values):
+        """(advantages, returns, metrics) of the kept rows `t` of filter result `f`."""
+        a, n = self.cfg.algo, self.cfg.rollout.group_size
+        metrics = {}
         # Trajectory scores normalised within each initial-state group (identity for PPO), placed
         # on the last sampled token (or per turn). Turn ends move to target coordinates (index - 1).
         scores = adv_lib.normalize_rewards(t.reward, n, a.reward_norm)
         turn_end = jnp.where(t.turn_end >= 1, t.turn_end - 1, -1)
         tok_rewards = adv_lib.token_rewards(mask, turn_end, t.turn_reward, scores, mode=a.reward_placement)
-        metrics = {}
         if self.use_ref and a.kl_in_reward:
             tok_rewards, klm = loss_lib.kl_in_reward(tok_rewards, old_logp, ref_logp, mask, a.kl_coef, a.kl_type)
             metrics.update({f"actor/{k_}": v for k_, v in klm.items()})
@@ -302,17 +318,7 @@ class StepPrograms:
             scale = filter_lib.loss_scale(f.kept_fraction, a.filter_loss_scaling)
             advantages = advantages * scale
             metrics["actor/filter_loss_scale"] = scale
-        batch = Batch(tokens=t.tokens, valid=valid, mask=mask, old_logp=old_logp, ref_logp=ref_logp,
-                      values=values, advantages=advantages, returns=returns, row_weight=f.row_weight,
-                      turn_start=ts if self.turn_blocks is not None else None)
-        metrics.update(f.metrics)
-        metrics.update({
-            "critic/values_mean": adv_lib.masked_mean(values, mask),
-            "critic/returns_mean": adv_lib.masked_mean(returns, mask),
-            "actor/advantages_mean": adv_lib.masked_mean(advantages, mask),
-            "actor/advantages_abs_mean": adv_lib.masked_mean(jnp.abs(advantages), mask),
-        })
-        return batch, metrics
+        return advantages, returns, metrics
 
     # -- update: epochs x mini-batches ---------------------------------------------------------
     def _actor_loss(self, params, mb: Batch, norms, frozen=None):
