@@ -14,7 +14,7 @@ in one process (the machines are shared: compare the ratio, not the seconds acro
 
 Each variant first runs one step per batch width (compilation, excluded), then `--steps` timed
 steps over the epoch's own batch order. The loss of a batch is the same in every variant
-(tests/ragen_jax/sft/test_sft.py checks it); only the padding and the repeated prefix go. Kernel
+(tests/ragen_jax/trainer/test_sft.py checks it); only the padding and the repeated prefix go. Kernel
 time and minor page faults per step (getrusage over the timed steps) show the allocator's cost.
 
 Usage: python -m bench.sft_step [--config demo_cpu.py] [--demos 512] [--steps 24] [--quick]

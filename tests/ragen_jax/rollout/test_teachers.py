@@ -86,7 +86,7 @@ def test_every_teacher_kind_has_a_teacher(tok):
 
 # ------------------------------------------------------------------------------------ Sokoban
 def test_sokoban_demos_replay_to_bfs_optimal_solutions(tok):
-    # The demo rollout of tests/ragen_jax/sft/test_sft.py (same shapes and mesh: one compilation).
+    # The demo rollout of tests/ragen_jax/trainer/test_sft.py (same shapes and mesh: one compilation).
     te = _te(tok, "Sokoban", max_turns=2, max_response_tokens=32)
     teacher = get_teacher("Sokoban", te)
     seeds = np.arange(50000, 50008)
