@@ -348,7 +348,7 @@ def _est_gigpo(token_rewards, loss_mask, values, turn_end, *, group_size, turn_r
                gigpo_weight=1.0, gigpo_norm="std", gigpo_gamma=0.95, **_):
     if turn_end is None or turn_reward is None or state_key is None:
         raise ValueError("the 'gigpo' estimator needs turn_end, turn_reward and state_key (per-turn observation keys)")
-    _check_group_size(loss_mask.shape[0], group_size)
+    check_group_size(loss_mask.shape[0], group_size)
     adv, ret, metrics = gigpo_lib.gigpo(token_rewards, loss_mask, turn_end, turn_reward, state_key, group_size,
                                         step_weight=gigpo_weight, norm=gigpo_norm, gamma=gigpo_gamma, eps=STD_EPS)
     return (adv, ret), metrics
