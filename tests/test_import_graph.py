@@ -263,3 +263,44 @@ def test_the_checker_sees_each_kind_of_violation():
         "m:3 imports ragen_jax.rollout.sampler._select", "m:7 reaches trainer._print"]
     assert private_reaches(ast.parse("from bench._common import x\n"), "bench.y") == [
         "bench.y:1 imports the private module bench._common"]
+
+
+# Functions the 80-line rule still finds in code other work owns (the model families are being
+# rewritten elsewhere); each entry must still be needed.
+PENDING_LONG = {("ragen_jax.models.qwen2.model", "decoder_stack")}
+MAX_FUNCTION_LINES = 80
+MAX_FOLDER_SHARE = 0.20  # of the package lines (ragen_jax + envs_jax)
+
+
+def long_functions(tree: ast.AST, module: str) -> list[tuple[str, str]]:
+    return [(module, n.name) for n in ast.walk(tree) if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef))
+            and n.end_lineno - n.lineno + 1 > MAX_FUNCTION_LINES]
+
+
+def folder_shares() -> dict[str, float]:
+    """Each package folder's lines (its subpackages included) over all lines of ragen_jax + envs_jax."""
+    lines = {m: len(SOURCES[m].splitlines()) for m in MODULES if m.split(".")[0] in LIBRARIES}
+    total = sum(lines.values())
+    folders = {m for m in PACKAGES if m.split(".")[0] in LIBRARIES and m != "ragen_jax"}
+    return {f: sum(n for m, n in lines.items() if m == f or m.startswith(f + ".")) / total for f in folders}
+
+
+def test_no_function_over_80_lines_outside_bench():
+    found = {hit for m, t in TREES.items() if not m.startswith("bench") for hit in long_functions(t, m)}
+    assert found - PENDING_LONG == set()
+    assert PENDING_LONG <= found, "no longer too long: drop from PENDING_LONG"
+
+
+def test_no_folder_holds_more_than_a_fifth_of_the_package():
+    shares = folder_shares()
+    assert {"envs_jax", "ragen_jax.trainer", "ragen_jax.models"} <= set(shares)
+    assert {f: round(s, 3) for f, s in shares.items() if s > MAX_FOLDER_SHARE} == {}
+
+
+def test_the_layout_checks_see_violations():
+    body = "\n".join(f"    x{i} = {i}" for i in range(MAX_FUNCTION_LINES))
+    assert long_functions(ast.parse(f"def f():\n{body}\n"), "m") == [("m", "f")]
+    assert long_functions(ast.parse(f"def f():\n{body[:body.rindex(chr(10))]}\n"), "m") == []
+    # The stage folders partition the package (only ragen_jax/__init__.py and runtime.py sit outside).
+    stages = sum(s for f, s in folder_shares().items() if f == "envs_jax" or f.count(".") == 1 and f.startswith("ragen_jax"))
+    assert 0.97 < stages < 1.0
