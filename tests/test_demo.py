@@ -18,11 +18,12 @@ from pathlib import Path
 
 import pytest
 
+from ragen_jax.recipes import demo
+
 ROOT = Path(__file__).resolve().parents[1]
 DEMO = ROOT / "launch" / "demo.py"
 EVAL_STATES = 8
 
-from ragen_jax.recipes import demo  # noqa: E402
 
 
 @pytest.fixture(scope="module")
