@@ -3,7 +3,7 @@
 Memory rows: the gradient wrt all parameters of the trainer's token log-prob loss
 (`step.sequence_logprobs`, no [B, T, V] logits) for the qwen2.5-0.5b preset with bf16 compute and
 float32 parameters, at B rows x 3,600 tokens, compiled for the local backend from ABSTRACT parameters
-(`nnx.eval_shape`: nothing allocated), read from XLA's `memory_analysis` (`step.program_memory`:
+(`nnx.eval_shape`: nothing allocated), read from XLA's `memory_analysis` (`trainer/memory.py program_memory`:
 peak = arguments + outputs - aliased + temporaries). Every attention implementation that runs here
 x remat off / "full" / "dots".
 
@@ -22,21 +22,19 @@ from __future__ import annotations
 
 import argparse
 import json
-import sys
 import time
 from pathlib import Path
 
-if __package__ in (None, ""):  # run as a script
-    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-import jax  # noqa: E402
-import jax.numpy as jnp  # noqa: E402
-from flax import nnx  # noqa: E402
+import jax
+import jax.numpy as jnp
+from flax import nnx
 
-from bench._common import machine, write_result  # noqa: E402
-from ragen_jax.models import Qwen2, Qwen2Config  # noqa: E402
-from ragen_jax.models.attention import CHUNKED_MIN_SCORES, DEFAULT_BLOCK, attention  # noqa: E402
-from ragen_jax.trainer.step import program_memory, sequence_logprobs  # noqa: E402
+from bench.common import machine, write_result
+from ragen_jax.models import Qwen2, Qwen2Config
+from ragen_jax.models.attention import CHUNKED_MIN_SCORES, DEFAULT_BLOCK, attention
+from ragen_jax.trainer.memory import program_memory
+from ragen_jax.trainer.step import sequence_logprobs
 
 RESULTS = Path(__file__).resolve().parent / "results" / "attention.json"
 GIB = 2**30

@@ -8,9 +8,9 @@ a token embedding back (so no step can be skipped or sliced away), in float32 an
 
   max      the head plus one max over the vocabulary: the cheapest full read of the logits
   lse      the head plus a logsumexp (what the log-prob of the chosen token needs)
-  select   the head plus the sampler's greedy `_select` (first argmax, then one exp pass for the
+  select   the head plus the sampler's greedy `select_token` (first argmax, then one exp pass for the
            chosen token's log-prob): what `sampler.generate(greedy=True)` does per step
-  argmax   the head plus greedy `_select(logprob=False)` (the first argmax only, no exp):
+  argmax   the head plus greedy `select_token(logprob=False)` (the first argmax only, no exp):
            what `sampler.generate(greedy=True, logprobs=False)` does per step
 
 Rows report the best of --repeats calls (and the median), ms per step, and the head's GFLOP/s at
@@ -22,19 +22,16 @@ Usage: python -m bench.decode_head [--repeats 5] [--out bench/results/decode_hea
 from __future__ import annotations
 
 import argparse
-import sys
 import time
 from pathlib import Path
 
-if __package__ in (None, ""):  # run as a script
-    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-import jax  # noqa: E402
-import jax.numpy as jnp  # noqa: E402
-import numpy as np  # noqa: E402
+import jax
+import jax.numpy as jnp
+import numpy as np
 
-from bench._common import machine, write_result  # noqa: E402
-from ragen_jax.rollout.sampler import _select  # noqa: E402
+from bench.common import machine, write_result
+from ragen_jax.rollout.sampler import select_token
 
 RESULTS = Path(__file__).resolve().parent / "results" / "decode_head.json"
 B, H, V, STEPS = 64, 64, 151_936, 64  # the tiny row of bench/sampler.py
@@ -44,8 +41,8 @@ f32 = jnp.float32
 REDUCTIONS = {
     "max": lambda lg, t: jnp.max(lg, axis=1),
     "lse": lambda lg, t: jax.nn.logsumexp(lg, axis=1),
-    "select": lambda lg, t: _select(lg, None, t, greedy=True)[1],
-    "argmax": lambda lg, t: _select(lg, None, t, greedy=True, logprob=False)[0].astype(f32) * 1e-3,
+    "select": lambda lg, t: select_token(lg, None, t, greedy=True)[1],
+    "argmax": lambda lg, t: select_token(lg, None, t, greedy=True, logprob=False)[0].astype(f32) * 1e-3,
 }
 
 

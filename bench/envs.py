@@ -30,12 +30,9 @@ import os
 import platform
 import random
 import statistics
-import sys
 import time
 from pathlib import Path
 
-if __package__ in (None, ""):  # run as a script: make `bench` and the packages importable
-    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import jax
 import jax.numpy as jnp

@@ -236,7 +236,7 @@ def decode_bytes_per_step(mcfg, batch: int, context: int, weight_bytes: int, cac
 
 
 def part_iteration(sz: dict, env: dict, rehearsal: bool) -> dict:
-    from ragen_jax.trainer.config import load_config
+    from ragen_jax.experiment.config import load_config
     from ragen_jax.trainer.rl import Trainer
 
     over = ["model.random_init=true", f"model.preset={sz['preset']}", "train.val_every=0", "train.iterations=1",
@@ -336,7 +336,7 @@ def _fill(sds, key):
 
 def part_fit_3b(sz: dict) -> dict:
     from bench.memory import row_config
-    from ragen_jax.trainer.config import load_config
+    from ragen_jax.experiment.config import load_config
     from ragen_jax.trainer.export import abstract_inputs, abstract_programs
     from ragen_jax.trainer.step import program_memory
 

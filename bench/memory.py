@@ -1,7 +1,7 @@
 """Peak device memory of the compiled rollout, prepare and update programs of a config, per device.
 
 Each row builds the three programs of one training iteration exactly as the RL Trainer does
-(`step.aot_compile`: the same jitted functions, shardings and donation) from ABSTRACT parameters
+(`trainer/memory.py aot_compile`: the same jitted functions, shardings and donation) from ABSTRACT parameters
 (`nnx.eval_shape` + the mesh's `param_shardings`: nothing is allocated), compiles them for the local
 backend and reads XLA's `memory_analysis`. Per program and per device:
 
@@ -38,16 +38,13 @@ if "xla_force_host_platform_device_count" not in os.environ.get("XLA_FLAGS", "")
     # The multi-device rows need 8 devices; must be set before jax is imported.
     os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "") + " --xla_force_host_platform_device_count=8").strip()
 
-if __package__ in (None, ""):  # run as a script
-    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
 import json  # noqa: E402
 
 import jax  # noqa: E402
 import jax.numpy as jnp  # noqa: E402
 from jax.sharding import NamedSharding, PartitionSpec  # noqa: E402
 
-from bench._common import machine, write_result  # noqa: E402
+from bench.common import machine, write_result  # noqa: E402
 from ragen_jax.trainer.export import abstract_programs  # noqa: E402  (the Trainer's programs, abstract)
 
 RESULTS = Path(__file__).resolve().parent / "results" / "memory.json"
@@ -83,7 +80,7 @@ SETTINGS = {
 
 
 def row_config(name: str, setting: str):
-    from ragen_jax.trainer.config import load_config
+    from ragen_jax.experiment.config import load_config
 
     preset, estimator, fsdp, _, lora_rank = ROWS[name]
     s = SETTINGS[setting]
@@ -98,7 +95,8 @@ def row_config(name: str, setting: str):
 
 
 def measure(name: str, setting: str) -> dict:
-    from ragen_jax.trainer.step import aot_compile, effective_micro_batch
+    from ragen_jax.trainer.memory import aot_compile
+    from ragen_jax.trainer.step import effective_micro_batch
 
     cfg = row_config(name, setting)
     s = SETTINGS[setting]

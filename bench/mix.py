@@ -14,18 +14,15 @@ from __future__ import annotations
 
 import argparse
 import statistics
-import sys
 import time
 from pathlib import Path
 
-if __package__ in (None, ""):  # run as a script
-    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import jax
 import numpy as np
 from flax import nnx
 
-from bench._common import machine, write_result  # noqa: E402
+from bench.common import machine, write_result
 
 RESULTS = Path(__file__).resolve().parent / "results" / "mix.json"
 
@@ -34,8 +31,8 @@ def run(shape: str, groups: int, group_size: int, turns: int, max_new: int, repe
     from ragen_jax.models import Qwen2, Qwen2Config
     from ragen_jax.rollout import Rollout, RolloutConfig, group_seeds_for_iteration
     from ragen_jax.text.tokenizer import load_tokenizer
-    from ragen_jax.trainer.config import Config
-    from ragen_jax.trainer.setup import build_text_envs, build_vocab
+    from ragen_jax.experiment.config import Config
+    from ragen_jax.experiment.build import build_text_envs, build_vocab
 
     if groups % 2:
         raise SystemExit(f"--groups must be even (half of them each env in the mix), got {groups}")

@@ -35,14 +35,12 @@ import sys
 import time
 from pathlib import Path
 
-if __package__ in (None, ""):  # run as a script
-    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import jax
 import numpy as np
 from flax import nnx
 
-from bench._common import machine, write_result  # noqa: E402
+from bench.common import machine, write_result
 
 RESULTS = Path(__file__).resolve().parent / "results" / "rollout.json"
 
@@ -60,10 +58,10 @@ def build(shape: str, vocab: str, groups: int, group_size: int, turns: int, max_
           max_context: int | None = None, seed: int = 0, matmul_dtype: str | None = None,
           decode_unroll: bool = True):
     """(model, text_env, Rollout) for Sokoban with random weights; `vocab` 'full' or 'task'."""
-    from ragen_jax.trainer.config import Config
+    from ragen_jax.experiment.config import Config
     from ragen_jax.models import Qwen2, Qwen2Config
     from ragen_jax.rollout import Rollout, RolloutConfig
-    from ragen_jax.trainer.setup import build_text_envs, build_vocab
+    from ragen_jax.experiment.build import build_text_envs, build_vocab
 
     if shape not in _presets():
         raise ValueError(f"unknown shape {shape!r}; valid: {', '.join(_presets())}")

@@ -44,16 +44,14 @@ import sys
 import time
 from pathlib import Path
 
-if __package__ in (None, ""):  # run as a script
-    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
-from bench._common import machine as common_machine  # noqa: E402
-from bench._common import write_result  # noqa: E402
+from bench.common import machine as common_machine
+from bench.common import write_result
 from ragen_jax.models import Qwen2, Qwen2Config
 from ragen_jax.models.qwen2.weights import hf_state_dict
 from ragen_jax.rollout import sampler
@@ -244,7 +242,7 @@ def bench_row(name, batch, args, model, peers: dict, before: bool, bw_gbs: float
         cfg = model.cfg.replace(decode_unroll=unroll, matmul_dtype=matmul_dtype or model.cfg.matmul_dtype)
         gd = nnx.split(nnx.eval_shape(lambda: Qwen2(cfg, nnx.Rngs(0))))[0]
         statics = (n, args.prompt_len + n, 0, True, False, (), 151643, None, logprobs)
-        fn = jax.jit(lambda st, tk, vd, key: sampler._generate_impl(
+        fn = jax.jit(lambda st, tk, vd, key: sampler.generate_impl(
             st, tk, vd, key, jnp.float32(1.0), jnp.float32(1.0), None, graphdef=gd, statics=statics))
         return fn.lower(state, tokens, valid, jax.random.key(0)).compile()
 
@@ -317,8 +315,8 @@ def bench_row(name, batch, args, model, peers: dict, before: bool, bw_gbs: float
     }
     tg = targets_for(name)
     row["targets"] = {"min_ratio": tg,
-                      "met": _targets_met(row, tg, [o for o in OURS if o in fns], lambda o, p: p),
-                      "met_like_for_like": _targets_met(row, tg, [o for o in OURS if o in fns], same_work_peer)}
+                      "met": targets_met(row, tg, [o for o in OURS if o in fns], lambda o, p: p),
+                      "met_like_for_like": targets_met(row, tg, [o for o in OURS if o in fns], same_work_peer)}
     return row
 
 
@@ -331,7 +329,7 @@ def same_work_peer(ours: str, peer: str):
     return f"{peer}_lp" if f"{peer}_lp" in PEER_NAMES else None
 
 
-def _targets_met(row: dict, tg: dict, ours_sides, peer_of) -> dict:
+def targets_met(row: dict, tg: dict, ours_sides, peer_of) -> dict:
     """For each of our sides and each target, whether this run met it (None: the peer was not
     measured). `peer_of(ours, peer)` names the peer side to compare with; "best_peer" takes the
     fastest of the measured sides it allows."""

@@ -14,7 +14,7 @@ in one process (the machines are shared: compare the ratio, not the seconds acro
 
 Each variant first runs one step per batch width (compilation, excluded), then `--steps` timed
 steps over the epoch's own batch order. The loss of a batch is the same in every variant
-(tests/ragen_jax/sft/test_sft.py checks it); only the padding and the repeated prefix go. Kernel
+(tests/ragen_jax/trainer/test_sft.py checks it); only the padding and the repeated prefix go. Kernel
 time and minor page faults per step (getrusage over the timed steps) show the allocator's cost.
 
 Usage: python -m bench.sft_step [--config demo_cpu.py] [--demos 512] [--steps 24] [--quick]
@@ -34,12 +34,10 @@ import tempfile
 import time
 from pathlib import Path
 
-if __package__ in (None, ""):  # run as a script
-    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import numpy as np
 
-from bench._common import machine, write_result
+from bench.common import machine, write_result
 
 RESULTS = Path(__file__).resolve().parent / "results" / "sft_step.json"
 VARIANTS = {
@@ -50,7 +48,7 @@ VARIANTS = {
 
 
 def bench_variant(config: str, overrides: list[str], demos: int, steps: int, workdir: Path) -> dict:
-    from ragen_jax.trainer.config import load_config
+    from ragen_jax.experiment.config import load_config
     from ragen_jax.trainer.sft import SFTTrainer
 
     cfg = load_config(config, [f"sft.num_demos={demos}", *overrides])

@@ -2,7 +2,7 @@
 
 Difficulty = BFS-optimal solution length (env.solve) of the room reset from seed i (i = 0..n-1).
 Reference: RAGEN's host-side generator measured on a 2-core CPU (ragen-behaviour.md section 9).
-Usage: python bench/sokoban_difficulty.py [--small 500] [--large 100] [--out bench/results/sokoban_difficulty.json]
+Usage: python -m bench.sokoban_difficulty [--small 500] [--large 100] [--out bench/results/sokoban_difficulty.json]
 """
 
 from __future__ import annotations

@@ -37,15 +37,13 @@ import tempfile
 import time
 from pathlib import Path
 
-if __package__ in (None, ""):  # run as a script
-    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
-from bench._common import machine, write_result
+from bench.common import machine, write_result
 
 RESULTS = Path(__file__).resolve().parent / "results" / "train_step.json"
 ENTROPY_COEF = 0.001
@@ -104,7 +102,7 @@ def model_flops_per_token(cfg, t: int) -> dict:
 
 def build_programs(model, k: int, mini_batch: int, micro_batch: int = 0, lora_rank: int = 0):
     from ragen_jax.models.lora import LoRAParam, add_lora
-    from ragen_jax.trainer.config import Config
+    from ragen_jax.experiment.config import Config
     from ragen_jax.trainer.optim import make_optimizer
     from ragen_jax.trainer.step import StepPrograms, TrainState
 

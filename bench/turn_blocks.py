@@ -21,18 +21,15 @@ from __future__ import annotations
 import argparse
 import copy
 import statistics
-import sys
 import tempfile
 import time
 from pathlib import Path
 
-if __package__ in (None, ""):  # run as a script
-    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import jax
 import numpy as np
 
-from bench._common import machine, write_result
+from bench.common import machine, write_result
 
 RESULTS = Path(__file__).resolve().parent / "results" / "turn_blocks.json"
 
@@ -44,9 +41,9 @@ def _timed(fn, *args):
 
 
 def measure(family: str, init_from: str | None, repeats: int, overrides: list[str]) -> dict:
-    from launch.demo import FROZEN_LAKE_CONFIG, SOKOBAN_CONFIG
+    from ragen_jax.recipes.demo import FROZEN_LAKE_CONFIG, SOKOBAN_CONFIG
     from ragen_jax.rollout import group_seeds_for_iteration
-    from ragen_jax.trainer.config import load_config
+    from ragen_jax.experiment.config import load_config
     from ragen_jax.trainer.rl import Trainer
 
     over = list(overrides)
@@ -62,7 +59,7 @@ def measure(family: str, init_from: str | None, repeats: int, overrides: list[st
         seeds = group_seeds_for_iteration(0, cfg.rollout.num_groups, cfg.train.seed_base)
         traj = jax.block_until_ready(t.rollout(t.actor_params, jax.random.fold_in(t.state.key, 1), seeds))
         start = np.asarray(traj.turn_start)
-        frozen = t._frozen_args
+        frozen = t.frozen_args
         steps, mem, compile_s = {}, {}, {}
         for skip in (True, False):
             programs = copy.copy(t.programs)

@@ -1,6 +1,6 @@
 """StarPO-S on the bi-arm Bandit (single turn, single action), validated also on the test arm names."""
 
-from ragen_jax.trainer.config import Config
+from ragen_jax.experiment.config import Config
 
 
 def get_config() -> Config:

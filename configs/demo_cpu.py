@@ -3,10 +3,10 @@
 Stage 1 (launch/sft.py semantics): supervised warm start on BFS-solver demonstrations.
 Stage 2 (launch/tpu_train.py semantics, `model.init_from` = the SFT run): StarPO-S RL.
 launch/demo.py sets `model.init_from` for stage 2 and shrinks everything further under --quick.
-Every value that differs from the reference default (ragen_jax/trainer/config.py) is set here, with why.
+Every value that differs from the reference default (ragen_jax/experiment/config.py) is set here, with why.
 """
 
-from ragen_jax.trainer.config import Config
+from ragen_jax.experiment.config import Config
 
 
 def get_config() -> Config:

@@ -5,7 +5,7 @@ it learns the answer format, not which arm to prefer. RL (GRPO, single turn) mus
 that the high-risk arm has the higher expected value (0.25 vs 0.1) from noisy rewards.
 """
 
-from ragen_jax.trainer.config import Config
+from ragen_jax.experiment.config import Config
 
 
 def get_config() -> Config:

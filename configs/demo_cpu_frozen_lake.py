@@ -4,10 +4,10 @@
 every action succeeds about 49% of the time, a random one about 22% (tests/envs_jax/test_frozen_lake.py).
 Stage 1 warm-starts on the value-iteration teacher's demonstrations (one action per turn,
 ragen_jax/rollout/teachers.py), kept short on purpose; stage 2 is StarPO-S RL from that export.
-Every value that differs from the reference default (ragen_jax/trainer/config.py) is set here, with why.
+Every value that differs from the reference default (ragen_jax/experiment/config.py) is set here, with why.
 """
 
-from ragen_jax.trainer.config import Config
+from ragen_jax.experiment.config import Config
 
 
 def get_config() -> Config:

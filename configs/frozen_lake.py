@@ -1,6 +1,6 @@
 """StarPO-S on FrozenLake with Qwen2.5-0.5B-Instruct (reference defaults)."""
 
-from ragen_jax.trainer.config import Config
+from ragen_jax.experiment.config import Config
 
 
 def get_config() -> Config:

@@ -8,7 +8,7 @@ batch's train/*, and validation runs the `env.val_set` list (each env with its n
 Learns nothing in a few iterations; it exercises the mix end to end on a CPU (and in CI).
 """
 
-from ragen_jax.trainer.config import Config
+from ragen_jax.experiment.config import Config
 
 
 def get_config() -> Config:

@@ -4,7 +4,7 @@
         --config.model.path=/path/to/Qwen2.5-0.5B-Instruct
 """
 
-from ragen_jax.trainer.config import Config
+from ragen_jax.experiment.config import Config
 
 
 def get_config() -> Config:

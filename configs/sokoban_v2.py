@@ -20,7 +20,7 @@ Where each setting comes from (RAGEN repository, mll-lab-nu/RAGEN):
   RAGEN's trainer; here train.stop_* (off by default elsewhere).
 """
 
-from ragen_jax.trainer.config import Config
+from ragen_jax.experiment.config import Config
 
 
 def get_config() -> Config:

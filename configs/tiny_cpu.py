@@ -4,7 +4,7 @@ Learns nothing in a few iterations; it exists to exercise every part (rollout, f
 critic, checkpoints, TensorBoard) quickly, in CI and on a laptop.
 """
 
-from ragen_jax.trainer.config import Config
+from ragen_jax.experiment.config import Config
 
 
 def get_config() -> Config:

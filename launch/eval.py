@@ -22,7 +22,6 @@ import os
 import sys
 import time
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 if __name__ == "__main__":  # before jax is imported: glibc malloc huge pages (why and when: ragen_jax/runtime.py)
     from ragen_jax.runtime import use_transparent_hugepages
 
@@ -55,29 +54,55 @@ def parse_args(argv=None):
     p.add_argument("--all-devices", action="store_true",
                    help="spread the episodes over all devices (always so with several processes); num-states x "
                         "rollouts-per-state must then be a multiple of the device count")
-    from ragen_jax.trainer.cli import add_cluster_args  # here: `--help` stays free of jax imports otherwise
+    from ragen_jax.experiment.cli import add_cluster_args  # here: `--help` stays free of jax imports otherwise
 
     add_cluster_args(p)
     return p.parse_args(argv)
 
 
 def _err(msg) -> int:
-    from ragen_jax.trainer.cli import fail  # one line, exit 2; with several processes this process ends here
+    from ragen_jax.experiment.cli import fail  # one line, exit 2; with several processes this process ends here
 
     return fail(ValueError(str(msg)), 2)
+
+
+def _write_results(args, envs, results, run_cfg, prompt, max_context, mesh) -> int:
+    """Print the transcripts and write eval.json (process 0)."""
+    import dataclasses
+
+    import jax
+
+    from ragen_jax.evaluation.suite import write_eval_json
+
+    for name, m in results.items():
+        for i, text in enumerate(m.get("transcripts", ())):
+            print(f"\n===== {name} transcript {i} =====\n{text}")
+    if args.out is not None:
+        out = args.out
+    else:
+        out = os.path.join(args.model, "eval.json") if run_cfg is not None else "eval.json"
+    settings = dict(model=args.model, envs=list(envs), num_states=args.num_states, seed_start=args.seed_start,
+                    rollouts_per_state=args.rollouts_per_state, temperature=args.temperature, greedy=args.greedy,
+                    seed=args.seed, max_context=max_context, prompt=dataclasses.asdict(prompt),
+                    device=str(jax.devices()[0].platform), processes=jax.process_count(),
+                    devices=jax.device_count() if mesh is not None else 1)
+    path = write_eval_json(results, out, settings)
+    print(f"wrote {path}", file=sys.stderr)
+    return 0
 
 
 def main(argv=None) -> int:
     args = parse_args(argv)
     # Project imports follow the cluster join: importing the environments starts JAX's backend.
-    from ragen_jax.trainer.cli import start_from_args
-    from ragen_jax.trainer.distributed import ClusterError
+    from ragen_jax.experiment.cli import start_from_args
+    from ragen_jax.infra.distributed import ClusterError
 
     try:  # join the cluster (if any) first: importing the environments creates JAX's backend
         start_from_args(args)
     except ClusterError as e:
         return _err(e)
-    from ragen_jax.trainer.evaluation import DEFAULT_SUITE, EvalError, check_env_names
+    from ragen_jax.evaluation.policies import EvalError
+    from ragen_jax.evaluation.suite import DEFAULT_SUITE, check_env_names
 
     try:  # cheap checks first: a typo must not cost a model load
         envs = check_env_names(args.envs.split(",") if args.envs else DEFAULT_SUITE)
@@ -93,7 +118,8 @@ def main(argv=None) -> int:
     from absl import logging as absl_logging
 
     absl_logging.set_verbosity(absl_logging.ERROR)  # orbax's restore chatter
-    from ragen_jax.trainer.evaluation import evaluate, format_table, load_source, write_eval_json
+    from ragen_jax.evaluation.policies import load_source
+    from ragen_jax.evaluation.suite import evaluate, format_table
 
     try:
         loaded, run_cfg = load_source(args.model, dtype=args.dtype)
@@ -145,21 +171,7 @@ def main(argv=None) -> int:
         return 0
 
     print(format_table(results))
-    for name, m in results.items():
-        for i, text in enumerate(m.get("transcripts", ())):
-            print(f"\n===== {name} transcript {i} =====\n{text}")
-    if args.out is not None:
-        out = args.out
-    else:
-        out = os.path.join(args.model, "eval.json") if run_cfg is not None else "eval.json"
-    settings = dict(model=args.model, envs=list(envs), num_states=args.num_states, seed_start=args.seed_start,
-                    rollouts_per_state=args.rollouts_per_state, temperature=args.temperature, greedy=args.greedy,
-                    seed=args.seed, max_context=max_context, prompt=dataclasses.asdict(prompt),
-                    device=str(jax.devices()[0].platform), processes=jax.process_count(),
-                    devices=jax.device_count() if mesh is not None else 1)
-    path = write_eval_json(results, out, settings)
-    print(f"wrote {path}", file=sys.stderr)
-    return 0
+    return _write_results(args, envs, results, run_cfg, prompt, max_context, mesh)
 
 
 if __name__ == "__main__":

@@ -14,16 +14,15 @@ import argparse
 import os
 import sys
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-import jax  # noqa: E402  (after the path: run from a checkout without installing)
-import numpy as np  # noqa: E402
-from flax import nnx  # noqa: E402
+import jax
+import numpy as np
+from flax import nnx
 
-from ragen_jax.models import PRESETS, Qwen2, Qwen2Config, from_pretrained  # noqa: E402
-from ragen_jax.models.gguf import is_gguf, resolve_model_path  # noqa: E402
-from ragen_jax.rollout import sampler  # noqa: E402
-from ragen_jax.text.tokenizer import DEFAULT_SYSTEM_PROMPT, load_tokenizer, token_bytes_table  # noqa: E402
+from ragen_jax.models import PRESETS, Qwen2, Qwen2Config, from_pretrained
+from ragen_jax.models.gguf import is_gguf, resolve_model_path
+from ragen_jax.rollout import sampler
+from ragen_jax.text.tokenizer import DEFAULT_SYSTEM_PROMPT, load_tokenizer, token_bytes_table
 
 _DEFAULT_SYSTEM = None  # use the tokenizer module's default system prompt
 

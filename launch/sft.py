@@ -15,16 +15,14 @@ with the cluster flags of launch/tpu_train.py where no cluster manager provides 
 
 from __future__ import annotations
 
-import os
 import sys
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 if __name__ == "__main__":  # before jax is imported: glibc malloc huge pages (why and when: ragen_jax/runtime.py)
     from ragen_jax.runtime import use_transparent_hugepages
 
     use_transparent_hugepages()
 
-from ragen_jax.trainer.cli import run_config_job  # noqa: E402
+from ragen_jax.experiment.cli import run_config_job  # noqa: E402
 
 
 def _job(cfg, args):

@@ -25,7 +25,7 @@ THP_SETTING = "/sys/kernel/mm/transparent_hugepage/enabled"
 OPT_OUT = "RAGEN_JAX_HUGEPAGES"
 
 
-def _glibc_at_least(major: int, minor: int) -> bool:
+def glibc_at_least(major: int, minor: int) -> bool:
     lib, version = platform.libc_ver()
     if lib != "glibc":
         return False
@@ -55,7 +55,7 @@ def hugepage_env(environ=None) -> dict | None:
     tunables = env.get("GLIBC_TUNABLES", "")
     if "glibc.malloc.hugetlb" in tunables:  # already set (by us or the user): never loops
         return None
-    if _thp_mode() != "madvise" or not _glibc_at_least(2, 35):
+    if _thp_mode() != "madvise" or not glibc_at_least(2, 35):
         return None
     env["GLIBC_TUNABLES"] = f"{tunables}:{TUNABLE}" if tunables else TUNABLE
     return env

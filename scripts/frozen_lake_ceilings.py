@@ -20,16 +20,14 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import sys
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-import jax  # noqa: E402
-import jax.numpy as jnp  # noqa: E402
-import numpy as np  # noqa: E402
+import jax
+import jax.numpy as jnp
+import numpy as np
 
-import envs_jax  # noqa: E402
+import envs_jax
 
 ENV, PARAMS = envs_jax.make("FrozenLake")
 N = PARAMS.size
@@ -77,7 +75,7 @@ _solve = jax.jit(jax.vmap(ENV.solve, in_axes=(0, None)), static_argnums=1)
 _success = jax.jit(jax.vmap(ENV.policy_success, in_axes=(0, 0, None)), static_argnums=2)
 
 
-def _grids(state):
+def grids(state):
     """(teacher table [M, K+1, N2], neighbours [M, 1, N2], goal offset [M, 1, N2], actions left
     [1, K+1, 1], non-terminal mask [M, 1, N2]) as numpy."""
     table = np.asarray(_solve(state, PARAMS)[0])
@@ -88,8 +86,8 @@ def _grids(state):
 
 def ceilings(train_maps: int = 6000, test_maps: int = 4000, seed: int = 0) -> dict:
     train, test = maps(seed, train_maps), maps(seed + 1, test_maps)
-    t_table, t_near, t_goal, ks, t_live = _grids(train)
-    e_table, e_near, e_goal, _, e_live = _grids(test)
+    t_table, t_near, t_goal, ks, t_live = grids(train)
+    e_table, e_near, e_goal, _, e_live = grids(test)
     # Every non-terminal (map, cell, actions left) of the training maps is counted.
     rows = np.broadcast_to(t_live & (ks >= 1), t_table.shape)
     acts = t_table[rows]

@@ -11,15 +11,13 @@ Usage: python scripts/parity_gpu.py [--json out.json]
 import argparse
 import json
 import os
-import sys
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
-sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
-from ragen_jax.models import KVCache, forward, from_pretrained, logits_fn  # noqa: E402
+from ragen_jax.models import KVCache, forward, from_pretrained, logits_fn
 
 FIXTURES = os.path.join(os.path.dirname(__file__), "..", "tests", "fixtures")
 PARITY_FIXTURES = ("qwen2_tied", "qwen2_untied", "qwen2_gqa3", "llama_untied", "llama_bias", "qwen3_untied")

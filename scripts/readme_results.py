@@ -405,7 +405,7 @@ def demo_section(root: Path) -> list[str]:
                        f"{_num(t.get('target'), '.2f')} | {res} | " + " | ".join(paired) + " |")
         out += ["", "A gain is RL's change over its warm start on the same states with the same sampling key: "
                 "the states that flipped each way, and the exact McNemar p-value (two-sided binomial test on "
-                "the flipped states, `ragen_jax/trainer/paired.py`).", ""]
+                "the flipped states, `ragen_jax/evaluation/paired.py`).", ""]
 
     # Only the curves that were published: a name in the summary whose PNG is missing would be a broken image.
     pngs = [Path(c).name for c in summary.get("curves") or []]

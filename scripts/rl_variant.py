@@ -8,7 +8,7 @@ demo config plus the given overrides) and evaluates the policy on the demo's fix
 seeds, temperature and sampling key as launch/demo.py's StageEvaluator; `--temperatures` adds
 evaluations at other sampling temperatures, e.g. the training rollouts' 1.0) before RL and after each
 iteration count in --eval-at, each compared with the warm start pairwise (flips and exact McNemar
-p, ragen_jax/trainer/paired.py). The warm start's evaluation is cached in
+p, ragen_jax/evaluation/paired.py). The warm start's evaluation is cached in
 <out>/../<family>_before.json (<family>_before_T<t>.json at other temperatures), keyed by the SFT
 run (its path and export time), the number of states and the temperature, the only things its
 outcome depends on besides the fixed eval settings, so variants of one warm start evaluate it once.
@@ -27,19 +27,18 @@ import os
 import sys
 import time
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 if __name__ == "__main__":
     from ragen_jax.runtime import use_transparent_hugepages
 
     use_transparent_hugepages()
 
-from absl import logging as absl_logging  # noqa: E402
+from absl import logging as absl_logging
 
-from launch.demo import (EVAL_STATES, EVAL_TEMPERATURE, FROZEN_LAKE_CONFIG, FROZEN_LAKE_EVAL_ENVS, SOKOBAN_CONFIG,  # noqa: E402
+from ragen_jax.recipes.demo import (EVAL_STATES, EVAL_TEMPERATURE, FROZEN_LAKE_CONFIG, FROZEN_LAKE_EVAL_ENVS, SOKOBAN_CONFIG,
                          SOKOBAN_EVAL_ENVS, StageEvaluator)
-from ragen_jax.trainer.config import load_config  # noqa: E402
-from ragen_jax.trainer.paired import paired_change  # noqa: E402
-from ragen_jax.trainer.rl import Trainer  # noqa: E402
+from ragen_jax.experiment.config import load_config
+from ragen_jax.evaluation.paired import paired_change
+from ragen_jax.trainer.rl import Trainer
 
 FAMILIES = {"sokoban": (SOKOBAN_CONFIG, SOKOBAN_EVAL_ENVS[0]),
             "frozen_lake": (FROZEN_LAKE_CONFIG, FROZEN_LAKE_EVAL_ENVS[0])}

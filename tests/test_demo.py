@@ -18,12 +18,12 @@ from pathlib import Path
 
 import pytest
 
+from ragen_jax.recipes import demo
+
 ROOT = Path(__file__).resolve().parents[1]
 DEMO = ROOT / "launch" / "demo.py"
 EVAL_STATES = 8
 
-sys.path.insert(0, str(ROOT / "launch"))
-import demo  # noqa: E402
 
 
 @pytest.fixture(scope="module")
@@ -115,7 +115,7 @@ def test_publish_copies_the_results(quick_run):
 
 
 def test_configs_and_bad_arguments(capsys):
-    from ragen_jax.trainer.config import load_config
+    from ragen_jax.experiment.config import load_config
 
     for name, quick in ((demo.SOKOBAN_CONFIG, demo.QUICK_SOKOBAN), (demo.BANDIT_CONFIG, demo.QUICK_BANDIT),
                         (demo.FROZEN_LAKE_CONFIG, demo.QUICK_FROZEN_LAKE)):

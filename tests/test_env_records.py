@@ -17,9 +17,9 @@ from envs_jax.frozen_lake import FrozenLake, FrozenLakeParams
 from ragen_jax.rollout.teachers import FrozenLakeTeacher, get_teacher, teacher_texts
 from ragen_jax.text import PromptConfig, TextEnv
 from ragen_jax.text.tokenizer import load_tokenizer
-from ragen_jax.trainer.config import ConfigError, load_config
-from ragen_jax.trainer.evaluation import check_env_names, evaluate
-from ragen_jax.trainer.setup import build_text_envs, prompt_for_env
+from ragen_jax.experiment.build import build_text_envs, prompt_for_env
+from ragen_jax.experiment.config import ConfigError, load_config
+from ragen_jax.evaluation.suite import check_env_names, evaluate
 
 POND_THOUGHT = " I walk around the water."
 

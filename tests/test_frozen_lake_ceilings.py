@@ -7,17 +7,13 @@ gives; the uniform policy's value is the plain-Python reference's (tests/envs_ja
 
 from __future__ import annotations
 
-import sys
-from pathlib import Path
 
 import jax
 import numpy as np
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT / "scripts"))
-import frozen_lake_ceilings as fc  # noqa: E402
-from envs_jax.frozen_lake import rows_from_state  # noqa: E402
-from tests.envs_jax import ref_frozen_lake as ref  # noqa: E402
+from scripts import frozen_lake_ceilings as fc
+from envs_jax.frozen_lake import rows_from_state
+from tests.envs_jax import ref_frozen_lake as ref
 
 
 def test_views_against_the_teacher_and_the_reference():
@@ -30,7 +26,7 @@ def test_views_against_the_teacher_and_the_reference():
     rows = [rows_from_state(jax.tree.map(lambda x: x[i], test)) for i in range(60)]
     assert abs(res["uniform"] - np.mean([ref.policy_value(r, None, fc.K) for r in rows])) < 1e-5
     train = fc.maps(3, 400)
-    table, _, _, ks, live = fc._grids(train)
+    table, _, _, ks, live = fc.grids(train)
     mask = np.broadcast_to(live & (ks >= 1), table.shape)
     common = int(np.bincount(table[mask], minlength=4).argmax())
     want = np.mean([ref.policy_value(r, lambda cell, k: common, fc.K) for r in rows])

@@ -7,16 +7,12 @@ expected markdown rows typed out by hand from those numbers (the truth the rende
 from __future__ import annotations
 
 import json
-import sys
 from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT / "scripts"))
-sys.path.insert(0, str(ROOT / "launch"))
-import demo  # noqa: E402  (module import only: jax is imported inside main, not at the top)
-import readme_results  # noqa: E402
+from ragen_jax.recipes import demo
+from scripts import readme_results
 
 EVAL = {
     "settings": {"quick": False, "num_states": 256, "seed_start": 123, "temperature": 0.5, "rollouts_per_state": 1,

@@ -5,14 +5,10 @@ rejects `a=1 --out X b=2`, which the experiments in docs/demo.md were first type
 from __future__ import annotations
 
 import os
-import sys
-from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT / "scripts"))
-import rl_variant  # noqa: E402
+from scripts import rl_variant
 
 
 @pytest.fixture

@@ -1,4 +1,5 @@
-"""Training math: advantages, losses, the StarPO-S rollout filter (pure jnp functions)."""
+"""Stage 4, training math: advantages, losses, the StarPO-S rollout filter, collapse metrics (pure jnp
+functions; the names below are the public API)."""
 
 from ragen_jax.algorithms.advantages import (
     ESTIMATORS, NEEDS_CRITIC, NORMALIZATIONS, TOKEN_REWARD_MODES, bilevel_gae, compute_advantages, drgrpo,

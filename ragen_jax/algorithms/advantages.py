@@ -32,14 +32,14 @@ from ragen_jax.algorithms import gigpo as gigpo_lib
 STD_EPS = 1e-6  # reference: zero-std threshold and the `std + eps` divisor
 
 
-def _check_group_size(batch: int, group_size: int) -> None:
+def check_group_size(batch: int, group_size: int) -> None:
     if not isinstance(group_size, int) or isinstance(group_size, bool) or group_size < 1:
         raise ValueError(f"group_size must be a positive integer, got {group_size!r}")
     if batch % group_size:
         raise ValueError(f"batch size {batch} is not a multiple of group_size {group_size}")
 
 
-def _lookup(registry: dict, kind: str, name: str):
+def lookup_choice(registry: dict, kind: str, name: str):
     if name not in registry:
         raise ValueError(f"unknown {kind} {name!r}; valid: {', '.join(sorted(registry))}")
     return registry[name]
@@ -138,7 +138,7 @@ NORMALIZATIONS: dict[str, Callable[[jax.Array, int], jax.Array]] = {
 
 
 def get_normalization(name: str) -> Callable[[jax.Array, int], jax.Array]:
-    return _lookup(NORMALIZATIONS, "reward normalization", name)
+    return lookup_choice(NORMALIZATIONS, "reward normalization", name)
 
 
 def normalize_rewards(reward: jax.Array, group_size: int, method: str = "identity") -> jax.Array:
@@ -148,7 +148,7 @@ def normalize_rewards(reward: jax.Array, group_size: int, method: str = "identit
     (std_g = sample std);  asym_clip: mean_std clamped to [-1, 3]. group_size 1: unchanged.
     """
     fn = get_normalization(method)
-    _check_group_size(reward.shape[0], group_size)
+    check_group_size(reward.shape[0], group_size)
     return fn(reward.astype(jnp.float32), group_size)
 
 
@@ -287,7 +287,7 @@ def grpo(token_rewards: jax.Array, loss_mask: jax.Array, group_size: int,
     s = sum of the row's masked token rewards; A = (s - mean_g) / (std_g + eps) (sample std),
     broadcast over the row's sampled tokens. Group size 1: A = s.
     """
-    _check_group_size(loss_mask.shape[0], group_size)
+    check_group_size(loss_mask.shape[0], group_size)
     s = _scores(token_rewards, loss_mask)
     if group_size > 1:
         g = s.reshape(-1, group_size)
@@ -301,7 +301,7 @@ def drgrpo(token_rewards: jax.Array, loss_mask: jax.Array, group_size: int) -> t
     (Dr. GRPO also drops the per-sequence length normalisation: pair it with loss aggregation
     `seq-mean-token-sum` or a constant token normaliser.)
     """
-    _check_group_size(loss_mask.shape[0], group_size)
+    check_group_size(loss_mask.shape[0], group_size)
     s = _scores(token_rewards, loss_mask)
     if group_size > 1:
         g = s.reshape(-1, group_size)
@@ -311,7 +311,7 @@ def drgrpo(token_rewards: jax.Array, loss_mask: jax.Array, group_size: int) -> t
 
 def rloo(token_rewards: jax.Array, loss_mask: jax.Array, group_size: int) -> tuple[jax.Array, jax.Array]:
     """RLOO: A_i = s_i - mean_{j != i} s_j = N / (N - 1) * (s_i - mean_g); group size 1: A = s."""
-    _check_group_size(loss_mask.shape[0], group_size)
+    check_group_size(loss_mask.shape[0], group_size)
     s = _scores(token_rewards, loss_mask)
     n = group_size
     if n > 1:
@@ -348,7 +348,7 @@ def _est_gigpo(token_rewards, loss_mask, values, turn_end, *, group_size, turn_r
                gigpo_weight=1.0, gigpo_norm="std", gigpo_gamma=0.95, **_):
     if turn_end is None or turn_reward is None or state_key is None:
         raise ValueError("the 'gigpo' estimator needs turn_end, turn_reward and state_key (per-turn observation keys)")
-    _check_group_size(loss_mask.shape[0], group_size)
+    check_group_size(loss_mask.shape[0], group_size)
     adv, ret, metrics = gigpo_lib.gigpo(token_rewards, loss_mask, turn_end, turn_reward, state_key, group_size,
                                         step_weight=gigpo_weight, norm=gigpo_norm, gamma=gigpo_gamma, eps=STD_EPS)
     return (adv, ret), metrics
@@ -377,7 +377,7 @@ SOFT_REWEIGHT_ESTIMATORS = frozenset({"grpo"})
 
 
 def get_estimator(name: str) -> Callable:
-    return _lookup(ESTIMATORS, "advantage estimator", name)
+    return lookup_choice(ESTIMATORS, "advantage estimator", name)
 
 
 def compute_advantages(estimator: str, token_rewards: jax.Array, loss_mask: jax.Array, *,

@@ -64,7 +64,7 @@ import jax
 import jax.numpy as jnp
 from flax import struct
 
-from ragen_jax.algorithms.advantages import _check_group_size, group_std
+from ragen_jax.algorithms.advantages import check_group_size, group_std
 
 FILTER_SELECT = ("largest", "smallest")
 FILTER_ROUNDING = ("floor", "ceil")
@@ -75,7 +75,7 @@ SELECTION_EPS = 0.01  # RAGEN rollout_filter_selection_eps: linear top-p thresho
 
 # ----------------------------------------------------------------------------------- registries
 def _grouped(x: jax.Array, n: int) -> jax.Array:
-    _check_group_size(x.shape[0], n)
+    check_group_size(x.shape[0], n)
     return x.astype(jnp.float32).reshape(-1, n)
 
 

@@ -12,7 +12,7 @@ from typing import Callable
 import jax
 import jax.numpy as jnp
 
-from ragen_jax.algorithms.advantages import _lookup, masked_mean
+from ragen_jax.algorithms.advantages import lookup_choice, masked_mean
 
 
 # ----------------------------------------------------------------------------- aggregation
@@ -166,7 +166,7 @@ KL_ESTIMATORS: dict[str, Callable[[jax.Array, jax.Array], jax.Array]] = {
 
 
 def get_kl_estimator(name: str) -> Callable[[jax.Array, jax.Array], jax.Array]:
-    return _lookup(KL_ESTIMATORS, "KL estimator", name)
+    return lookup_choice(KL_ESTIMATORS, "KL estimator", name)
 
 
 def kl_penalty(logp: jax.Array, ref_logp: jax.Array, kind: str = "k3") -> jax.Array:

@@ -484,7 +484,7 @@ class Rollout:
 
 def turn_blocks(text_env) -> tuple[int, int]:
     """(prefix length, block width) of single-turn records: what the trainer needs to score each turn
-    behind the prompt prefix alone (trainer/step.py `TurnBlocks`). A block is one turn's segment
+    behind the prompt prefix alone (trainer/turn_blocks.py `TurnBlocks`). A block is one turn's segment
     and its answer."""
     return len(text_env.prefix_ids), int(text_env.max_segment_len) + int(text_env.config.max_response_tokens)
 

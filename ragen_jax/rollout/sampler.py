@@ -139,7 +139,7 @@ def _chunk_sizes(batch: int, vocab: int, c1: int | None, c2: int | None):
     return c1, c2
 
 
-def _select(logits, key, temperature, *, greedy: bool, logprob: bool = True, c1: int | None = None,
+def select_token(logits, key, temperature, *, greedy: bool, logprob: bool = True, c1: int | None = None,
             c2: int | None = None):
     """Greedy or exact categorical choice from softmax(logits / temperature); (token, logprob).
 
@@ -217,14 +217,14 @@ def _first_argmax(logits, c2: int):
     return (j * c2 + k).astype(jnp.int32)
 
 
-def _sample(logits, key, temperature, top_p, *, greedy: bool, top_k: int, use_top_p: bool, logprob: bool = True):
+def sample_token(logits, key, temperature, top_p, *, greedy: bool, top_k: int, use_top_p: bool, logprob: bool = True):
     """One token per row from [B,V] logits; returns (token [B] int32, logprob [B] f32 or None).
 
     The log-prob is None when `logprob` is off: only the greedy path saves work by it, but every
     path returns None then, so the output does not depend on the sampling mode.
     """
     if greedy or (top_k == 0 and not use_top_p):
-        tok, logp = _select(logits, key, temperature, greedy=greedy, logprob=logprob)
+        tok, logp = select_token(logits, key, temperature, greedy=greedy, logprob=logprob)
         return tok, (logp if logprob else None)
     scaled = logits.astype(jnp.float32) / temperature
     if top_k > 0:
@@ -261,7 +261,7 @@ def _nucleus_mask(sorted_vals, top_p):
 # stop strings
 
 
-def _stop_string_step(window, tok, stop: StopTable):
+def stop_string_step(window, tok, stop: StopTable):
     """Append token bytes to each row's rolling byte window; report rows that completed a stop string.
 
     window: [B, Smax-1] int32, the row's most recent bytes right-aligned (filler _NO_BYTE).
@@ -332,7 +332,7 @@ class _Picker:
 
     def __call__(self, logits, step):
         """(token [B] int32, logprob [B] f32 or None) from next-token logits [B, V]."""
-        tok, logp = _sample(logits, jax.random.fold_in(self.key, step), self.temperature, self.top_p,
+        tok, logp = sample_token(logits, jax.random.fold_in(self.key, step), self.temperature, self.top_p,
                             greedy=self.greedy, top_k=self.top_k, use_top_p=self.use_top_p, logprob=self.logprob)
         return (tok if self.output_ids is None else self.output_ids(tok)), logp
 
@@ -379,7 +379,7 @@ def _record(c: _Carry, tok, logp, rules: _StopRules) -> _Carry:
         hit_eos = jnp.zeros_like(live)
     window = c.window
     if rules.table is not None:
-        window, hit_str = _stop_string_step(c.window, tok, rules.table)
+        window, hit_str = stop_string_step(c.window, tok, rules.table)
         hit_str = live & hit_str
         window = jnp.where(live[:, None], window, c.window)
     else:
@@ -501,7 +501,7 @@ def _make_cache(model, batch: int, max_len: int, dtype):
     return KVCache.init(cfg, batch=batch, max_len=max_len, dtype=dtype)
 
 
-def _generate_impl(state, tokens, valid, key, temperature, top_p, stop_table, *, graphdef, statics):
+def generate_impl(state, tokens, valid, key, temperature, top_p, stop_table, *, graphdef, statics):
     (max_new_tokens, cache_len, top_k, greedy, use_top_p, stop_ids, pad_id, cache_dtype, logprobs) = statics
     model = nnx.merge(graphdef, state)
     cache = _make_cache(model, tokens.shape[0], cache_len, cache_dtype)
@@ -586,7 +586,7 @@ def generate(
     with _GENERATE_LOCK:
         fn = _GENERATE_FNS.get(fn_key)
         if fn is None:
-            fn = jax.jit(functools.partial(_generate_impl, graphdef=graphdef, statics=statics))
+            fn = jax.jit(functools.partial(generate_impl, graphdef=graphdef, statics=statics))
             _GENERATE_FNS[fn_key] = fn
     return fn(
         state,

@@ -1,4 +1,4 @@
-"""The in-graph text layer: conversation texts, per-turn token segments rendered inside jit, parsing.
+"""Stage 1, the in-graph text layer: conversation texts, per-turn token segments rendered inside jit, parsing.
 
 `TextEnv(env, params, tokenizer, PromptConfig(...))` is the entry point (see text_env.py for the
 segment contract with the rollout).

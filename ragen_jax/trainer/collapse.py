@@ -1,5 +1,8 @@
-"""Reasoning-collapse diagnostics in the RL Trainer: pick (prompt, reasoning) pairs, score every
-reasoning under every prompt in one compiled pass, and reduce with `algorithms.collapse`.
+"""Collapse watch of the RL Trainer: the reasoning-collapse probe (`CollapseProbe`), the Echo-Trap
+early warning (`EchoTrapMonitor`) and RAGEN-2's early stops (`EarlyStops`).
+
+The probe picks (prompt, reasoning) pairs, scores every reasoning under every prompt in one
+compiled pass, and reduces with `algorithms.collapse`.
 
 Every `train.collapse_every` iterations and at iteration 1 (RAGEN-2 collapse_detection: step 1,
 then every compute_freq steps), on the rollout batch BEFORE the filter and with the policy that
@@ -31,6 +34,7 @@ from __future__ import annotations
 import functools
 import math
 import weakref
+from collections import deque
 
 import jax
 import jax.numpy as jnp
@@ -42,7 +46,7 @@ from ragen_jax.models.qwen2.sharding import batch_sharding
 from ragen_jax.text.tokenizer import ENDOFTEXT as PAD_ID
 from ragen_jax.text.tokenizer import chat_ids
 from ragen_jax.text.tokenizer import token_bytes_table
-from ragen_jax.trainer.step import _in_minibatches, effective_micro_batch, sequence_logprobs
+from ragen_jax.trainer.step import effective_micro_batch, in_minibatches, sequence_logprobs
 
 CLOSE_THINK = b"</think>"
 _PIECES: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
@@ -157,7 +161,7 @@ def cross_logprobs(graphdef, params, tokens, plan: dict, *, width: int, block: i
     if sharding is not None:
         ids, valid = jax.lax.with_sharding_constraint((ids, valid), (sharding, sharding))
     fn = functools.partial(sequence_logprobs, graphdef, params, vocab=vocab, temperature=temperature, inference=True)
-    logp, _ = _in_minibatches(lambda x, v: fn(x, v), ids.shape[0], block, ids, valid)
+    logp, _ = in_minibatches(lambda x, v: fn(x, v), ids.shape[0], block, ids, valid)
     # Target column c holds token c + 1: z's tokens are positions [x_len, x_len + z_len).
     m, p = plan["row"].shape[0], plan["rep"].shape[0]
     c = jnp.arange(width - 1)[None, None, :] + 1
@@ -166,7 +170,7 @@ def cross_logprobs(graphdef, params, tokens, plan: dict, *, width: int, block: i
     return jnp.sum(jnp.where(target, logp[:r].reshape(m, p, width - 1), 0.0), axis=-1)
 
 
-def _metrics_program(graphdef, params, tokens, plan, **kw):
+def metrics_program(graphdef, params, tokens, plan, **kw):
     logp = cross_logprobs(graphdef, params, tokens, plan, **kw)
     return collapse_metrics(logp, plan["z_len"], plan["col"], plan["row_valid"], plan["col_valid"],
                             plan["same_prompt"])
@@ -196,7 +200,7 @@ class CollapseProbe:
         temperature = 1.0 if cfg.rollout.greedy else float(cfg.rollout.temperature)
         sharding = batch_sharding(mesh, 2) if mesh is not None else None
         self._program = jax.jit(functools.partial(
-            _metrics_program, graphdef, width=self.width, block=self.block, pad_rows=self.pad_rows,
+            metrics_program, graphdef, width=self.width, block=self.block, pad_rows=self.pad_rows,
             temperature=temperature, vocab=vocab, sharding=sharding, pad_id=chat_ids(tokenizer).pad))
 
     def due(self, step: int) -> bool:
@@ -225,6 +229,36 @@ class CollapseProbe:
         out = self._program(actor, traj.tokens, {k: put(v) for k, v in plan.items()})
         metrics.update({k: float(v) for k, v in jax.device_get(out).items()})
         return metrics
+
+
+class EchoTrapMonitor:
+    """Early warning of the Echo Trap (behaviour spec section 6).
+
+    The paper's collapse is preceded by falling in-group reward std and falling token entropy while
+    the mean reward still looks fine. Each is compared with its best value in a sliding window: the
+    warning fires when both have dropped by at least `drop` (relative) while the reward has not
+    dropped below its windowed best by more than `drop`. `score` (logged every iteration) is the
+    smaller of the two relative drops: 0 = healthy, towards 1 = collapsing diversity.
+    """
+
+    def __init__(self, window: int = 10, drop: float = 0.3):
+        self.window, self.drop = window, drop
+        self.std, self.ent, self.rew = (deque(maxlen=window) for _ in range(3))
+
+    def update(self, in_group_std: float, entropy: float, reward: float) -> tuple[float, bool]:
+        self.std.append(in_group_std)
+        self.ent.append(entropy)
+        self.rew.append(reward)
+        if len(self.std) < 3:
+            return 0.0, False
+
+        def rel_drop(hist):
+            best = max(hist)
+            return 0.0 if best <= 1e-12 else max(0.0, (best - hist[-1]) / best)
+
+        score = min(rel_drop(self.std), rel_drop(self.ent))
+        reward_ok = rel_drop(self.rew) < self.drop if max(self.rew) > 0 else True
+        return score, bool(score >= self.drop and reward_ok)
 
 
 class EarlyStops:
@@ -292,5 +326,5 @@ class EarlyStops:
         return None
 
 
-__all__ = ["CollapseProbe", "EarlyStops", "build_rows", "cross_logprobs", "reasoning_span", "reasoning_spans", "sample_pairs",
+__all__ = ["CollapseProbe", "EarlyStops", "EchoTrapMonitor", "build_rows", "cross_logprobs", "reasoning_span", "reasoning_spans", "sample_pairs",
            "token_pieces"]

@@ -31,9 +31,9 @@ from ragen_jax.models import Qwen2, Qwen2Config, critic_from_policy, param_shard
 from ragen_jax.models.lora import CRITIC_TRAINABLE, POLICY_TRAINABLE, add_lora
 from ragen_jax.rollout import Rollout
 from ragen_jax.rollout.rollout import turn_blocks
-from ragen_jax.trainer.config import Config, ConfigError
+from ragen_jax.experiment.config import Config, ConfigError
 from ragen_jax.trainer.optim import make_optimizer
-from ragen_jax.trainer.setup import build_mesh, build_text_envs, build_vocab, load_task_tokenizer
+from ragen_jax.experiment.build import build_mesh, build_text_envs, build_vocab, load_task_tokenizer
 from ragen_jax.trainer.step import StepPrograms, TrainState, full_params
 
 # `jax.export` platform names (a GPU backend is "cuda" or "rocm" there, "gpu" in jax.default_backend()).
@@ -129,7 +129,7 @@ def check_platform(platform: str) -> None:
 def export_programs(rollout, prepare_jit, update_jit, state: TrainState, ref, key, group_seeds, *, platform: str,
                     mesh, frozen=None, programs=PROGRAMS) -> dict:
     """{name: jax.export.Exported} of the rollout, prepare and update programs named in `programs`, for
-    `platform`, each one's inputs being the previous one's outputs (as `step.aot_compile`, without
+    `platform`, each one's inputs being the previous one's outputs (as `memory.aot_compile`, without
     compiling). A program not named is only traced for its output shapes (`jax.eval_shape`), which is
     cheaper than lowering it. `state`, `ref`, `frozen`: arrays or ShapeDtypeStructs with shardings on
     `mesh`."""

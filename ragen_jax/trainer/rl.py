@@ -10,7 +10,6 @@ is compiled or written.
 
 from __future__ import annotations
 
-import json
 import time
 from pathlib import Path
 
@@ -18,27 +17,24 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 from flax import nnx
-from jax.sharding import NamedSharding, PartitionSpec
 from tqdm import tqdm
 
 from ragen_jax.models import critic_from_policy
-from ragen_jax.models.lora import CRITIC_TRAINABLE, POLICY_TRAINABLE
-from ragen_jax.models.qwen2.sharding import param_shardings
+from ragen_jax.models.lora import CRITIC_TRAINABLE
 from ragen_jax.rollout import Rollout, format_trajectory, group_seeds_for_iteration, rollout_metrics
-from ragen_jax.rollout.rollout import turn_blocks
 from ragen_jax.rollout.metrics import host_copy, mix_metrics
-from ragen_jax.trainer.checkpoint import Checkpointer, save_lora_exports, save_policy, save_run_files
-from ragen_jax.trainer.collapse import CollapseProbe, EarlyStops
-from ragen_jax.trainer.config import Config, ConfigError
-from ragen_jax.trainer.distributed import on_primary, run_path
-from ragen_jax.trainer.evaluation import log_validation, validate_run
+from ragen_jax.rollout.rollout import turn_blocks
+from ragen_jax.infra.checkpoint import save_lora_exports, save_policy
+from ragen_jax.infra.logger import Logger
+from ragen_jax.experiment.assembly import RunAssembly, abstract
+from ragen_jax.experiment.build import without_remat
+from ragen_jax.experiment.config import Config, ConfigError
+from ragen_jax.evaluation.suite import log_validation, validate_run
+from ragen_jax.trainer.collapse import CollapseProbe, EarlyStops, EchoTrapMonitor
 from ragen_jax.trainer.export import PROGRAMS, export_programs
-from ragen_jax.trainer.logger import EchoTrapMonitor, Logger
+from ragen_jax.trainer.memory import aot_compile, check_memory_fits, device_memory_limit
 from ragen_jax.trainer.optim import make_optimizer
-from ragen_jax.trainer.setup import (build_mesh, build_policy, build_text_envs, build_vocab, check_run_dir_config,
-                                     init_policy_params, load_task_tokenizer, without_remat)
-from ragen_jax.trainer.step import (StepPrograms, TrainState, aot_compile, check_batch_fits_mesh, check_memory_fits,
-                                    critic_frozen, device_memory_limit, full_params)
+from ragen_jax.trainer.step import StepPrograms, TrainState, check_batch_fits_mesh, critic_frozen, full_params
 
 # Config keys that may change when a run is resumed (everything else must match the saved run).
 RESUMABLE_CHANGES = ("train.iterations", "train.val_every", "train.save_every", "train.log_samples",
@@ -49,78 +45,52 @@ RESUMABLE_CHANGES = ("train.iterations", "train.val_every", "train.save_every", 
                      "model.remat", "model.remat_policy", "model.attention", "algo.micro_batch_size")
 
 
-class Trainer:
+class Trainer(RunAssembly):
+    RESUMABLE_CHANGES = RESUMABLE_CHANGES
     # True: each iteration waits for `prepare` before the update and reports the two apart
     # (timing/prepare_s, timing/only_update_s; bench/gpu_check.py). timing/update_s is both.
     sync_phases: bool = False
 
     def __init__(self, cfg: Config, workdir: str | Path, *, quiet: bool = False, devices=None):
-        self.cfg = cfg.validate()
-        self.workdir = run_path(workdir)  # a bucket URL stays one; a local path becomes absolute
-        self.quiet = quiet
-        self.lora = cfg.model.lora_rank > 0
-        self._check_workdir()
-
-        self.mesh = build_mesh(cfg, devices)
-        self.n_batch_shards = self.mesh.shape["data"] * self.mesh.shape["fsdp"]
-        check_batch_fits_mesh(cfg, self.n_batch_shards)
-
-        self.tokenizer = load_task_tokenizer(cfg)
-        self.text_envs = build_text_envs(cfg, self.tokenizer)
-        self.text_env = self.text_envs[cfg.env.train_key]  # a MixedTextEnv with env.mix
-        self.vocab = build_vocab(cfg, self.text_envs, self.tokenizer)
-        policy = build_policy(cfg, self.vocab, mesh=self.mesh)  # parameters placed on the mesh as they load
-        self.policy_graph, actor = nnx.split(policy)
-        self.policy = policy
         if cfg.model.critic == "shared":
             raise ConfigError("model.critic='shared' is not supported yet; use 'separate' (the reference default)")
-
-        def put(tree):
-            return jax.device_put(tree, param_shardings(tree, self.mesh)) if tree else tree
-
-        actor = init_policy_params(cfg, self.policy_graph, put(actor), self.mesh)  # e.g. the SFT warm start
+        super().__init__(cfg, workdir, quiet=quiet, devices=devices,
+                         check_shards=lambda n: check_batch_fits_mesh(cfg, n))
+        cfg = self.cfg
         critic_graph, critic = None, {}
         if cfg.model.critic == "separate" and cfg.algo.adv_estimator == "gae":
             # The critic's trunk starts from the actor's weights, cloned on the mesh: nnx.clone shares the
             # (immutable) sharded arrays, jnp.copy then gives the critic its own buffers shard by shard
             # (the update donates both models, so they may not share one). With LoRA it keeps only its
             # trained part (a copy of the actor's adapters + value head): its frozen trunk is the actor's.
-            critic_model = critic_from_policy(nnx.merge(self.policy_graph, actor), nnx.Rngs(cfg.train.seed + 1))
+            critic_model = critic_from_policy(nnx.merge(self.policy_graph, self.initial_params),
+                                              nnx.Rngs(cfg.train.seed + 1))
             critic_graph, critic = nnx.split(critic_model)
             if self.lora:
                 critic = nnx.split_state(critic, CRITIC_TRAINABLE, ...)[0]
-            critic = jax.tree.map(jnp.copy, put(critic))
-        # LoRA: the actor trains its adapters; the frozen base (shared with the critic and the reference)
-        # is an argument of the programs that is never donated, and sampling applies the adapters on the
-        # fly (model.py `_dense`), the same computation as the trainer's log-probs.
-        self.frozen = None
-        if self.lora:
-            actor, self.frozen = nnx.split_state(actor, POLICY_TRAINABLE, ...)
-        self._frozen_args = () if self.frozen is None else (self.frozen,)
+            critic = jax.tree.map(jnp.copy, self.put(critic))
+        # LoRA: the actor trains its adapters; sampling applies them on the fly (model.py `_dense`),
+        # the same computation as the trainer's log-probs.
+        actor = self.take_trainable()
         # The frozen initial policy: a copy, because the update donates (overwrites) the actor's arrays
         # (with LoRA, of the initial adapters: the base is frozen anyway).
         self.ref = jax.tree.map(jnp.copy, actor) if cfg.algo.kl_coef > 0 else None
-        # The module keeps only the graph and shapes (rollouts and validation take the parameters as
-        # arguments): holding its initial arrays would keep a second, unsharded copy of the model.
-        nnx.update(policy, jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype),
-                                        full_params(actor, self.frozen)))
         actor_opt = make_optimizer(cfg.optim.actor_lr, cfg.optim)
         critic_opt = make_optimizer(cfg.optim.critic_lr, cfg.optim)
-        replicated = NamedSharding(self.mesh, PartitionSpec())
         state = TrainState(
-            iteration=jax.device_put(jnp.zeros((), jnp.int32), replicated),
-            key=jax.device_put(jax.random.PRNGKey(cfg.train.seed), replicated),
+            iteration=self.replicated(jnp.zeros((), jnp.int32)),
+            key=self.replicated(jax.random.PRNGKey(cfg.train.seed)),
             actor=actor,
-            actor_opt=put(actor_opt.init(actor)),
+            actor_opt=self.put(actor_opt.init(actor)),
             critic=critic,
-            critic_opt=put(critic_opt.init(critic)) if critic_graph is not None else {},
-            skipped_updates=jax.device_put(jnp.zeros((), jnp.int32), replicated),
+            critic_opt=self.put(critic_opt.init(critic)) if critic_graph is not None else {},
+            skipped_updates=self.replicated(jnp.zeros((), jnp.int32)),
         )
-        self._critic_graph, self._opts = critic_graph, (actor_opt, critic_opt)
+        self.critic_graph, self.optimizers = critic_graph, (actor_opt, critic_opt)
         self._build_programs(state, self.policy_graph, critic_graph)
 
         # Rollouts: training (P x N) and validation (val_size states x 1, lower temperature).
-        self.rollout = Rollout(policy, self.text_env, cfg.rollout, mesh=self.mesh, vocab=self.vocab)
+        self.rollout = Rollout(self.policy, self.text_env, cfg.rollout, mesh=self.mesh, vocab=self.vocab)
         for name, size in cfg.env.validation_set(cfg.train.val_size) if cfg.train.val_every > 0 else ():
             if size % self.n_batch_shards:
                 raise ConfigError(f"the validation size {size} of {name} (train.val_size or env.val_set) is not "
@@ -133,28 +103,23 @@ class Trainer:
         limit = device_memory_limit(cfg, self.mesh.devices.flat[0])
         if limit is not None:
             self.memory = self._fit_memory(state, limit)
-        self.ckpt = Checkpointer(self.workdir / "checkpoints", keep=cfg.train.keep_checkpoints)
-        self.state = state
-        latest = self.ckpt.latest_step()
-        if latest is not None:
-            self.state, _ = self.ckpt.restore(latest, state)  # raises CheckpointError naming the path
+        self.restore_or_start(state)
         self.echo = EchoTrapMonitor()
         # RAGEN-2 reasoning-collapse diagnostics (its program compiles on first use) and early stops.
         self.collapse = (CollapseProbe(cfg, self.policy_graph, self.tokenizer, self.text_envs, vocab=self.vocab,
                                        mesh=self.mesh) if cfg.train.collapse_every else None)
         self.stops = EarlyStops(cfg.train)
-        self.logger = None
 
     def _build_programs(self, state: TrainState, policy_graph, critic_graph) -> None:
         blocks = turn_blocks(self.text_env) if self.cfg.prompt.single_turn else None
-        self.programs = StepPrograms(self.cfg, policy_graph, critic_graph, *self._opts, vocab=self.vocab,
+        self.programs = StepPrograms(self.cfg, policy_graph, critic_graph, *self.optimizers, vocab=self.vocab,
                                      turn_blocks=blocks, batch_shards=self.n_batch_shards)
         state_shardings = jax.tree.map(lambda x: x.sharding, state)
-        self._prepare = jax.jit(self.programs.prepare)
+        self.prepare_fn = jax.jit(self.programs.prepare)
         # The update donates the train state: parameters and optimizer state exist once, updated in place.
         # The prepare pass donates nothing: none of its outputs has the shape of an input (the
         # trajectories are P*N rows, the batch the kept K), and the host reads the trajectories later.
-        self._update = jax.jit(self.programs.update, out_shardings=(state_shardings, None), donate_argnums=(0,))
+        self.update_fn = jax.jit(self.programs.update, out_shardings=(state_shardings, None), donate_argnums=(0,))
 
     def _fit_memory(self, state: TrainState, limit: int) -> dict:
         """`_check_memory`, deciding `model.remat=None` (auto) by memory first: remat makes the backward
@@ -163,34 +128,33 @@ class Trainer:
         m = self.cfg.model
         if m.remat is not None or not m.use_remat:  # set by the user, or a "tiny" model (never remat)
             return self._check_memory(state, limit)
-        abstract = lambda tree: jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype), tree)  # noqa: E731
         actor_like = abstract(full_params(state.actor, self.frozen))
         critic_like = (abstract(full_params(state.critic, critic_frozen(self.frozen)))
-                       if self._critic_graph is not None else None)
+                       if self.critic_graph is not None else None)
         self._build_programs(state, without_remat(self.policy_graph, actor_like),
-                             without_remat(self._critic_graph, critic_like))
+                             without_remat(self.critic_graph, critic_like))
         try:
             usage = self._check_memory(state, limit)
             self.remat = False
-            self._print("model.remat unset: off (every program fits the device without it)")
+            self.note("model.remat unset: off (every program fits the device without it)")
             return usage
         except ConfigError:  # too big without remat: the default programs (remat on), checked again
-            self._build_programs(state, self.policy_graph, self._critic_graph)
+            self._build_programs(state, self.policy_graph, self.critic_graph)
             usage = self._check_memory(state, limit)
-            self._print("model.remat unset: on (the update does not fit the device without it)")
+            self.note("model.remat unset: on (the update does not fit the device without it)")
             return usage
 
     def _check_memory(self, state: TrainState, limit: int) -> dict:
         """AOT-compile the rollout, prepare and update programs for the run's shapes and shardings,
-        raise ConfigError (`step.check_memory_fits`) when one needs more than `limit` bytes per device,
+        raise ConfigError (`memory.check_memory_fits`) when one needs more than `limit` bytes per device,
         and run the three programs with these executables (no second compilation). Returns the usage."""
         r = self.cfg.rollout
         seeds = jnp.asarray(group_seeds_for_iteration(0, r.num_groups, self.cfg.train.seed_base), jnp.int32)
-        compiled, usage = aot_compile(self.rollout, self._prepare, self._update, state, self.ref,
+        compiled, usage = aot_compile(self.rollout, self.prepare_fn, self.update_fn, state, self.ref,
                                       jax.random.fold_in(state.key, 1), seeds, frozen=self.frozen)
         check_memory_fits(self.cfg, usage, limit)
         self.rollout.use_compiled(compiled["rollout"])
-        self._prepare, self._update = compiled["prepare"], compiled["update"]
+        self.prepare_fn, self.update_fn = compiled["prepare"], compiled["update"]
         return usage
 
     def export_for(self, platform: str, programs=PROGRAMS) -> dict:
@@ -198,19 +162,13 @@ class Trainer:
         donation and parameter shapes) lowered for `platform` ("tpu", "cuda"...) from any machine
         (trainer/export.py). Before `train()`, and not after the memory check swapped in executables."""
         r = self.cfg.rollout
-        if not hasattr(self._update, "trace"):
+        if not hasattr(self.update_fn, "trace"):
             raise ConfigError("Trainer.export_for needs the jitted programs, but this Trainer runs AOT-compiled ones "
                               "(train.device_memory_gib or a device memory limit); export before setting one")
         seeds = jnp.asarray(group_seeds_for_iteration(0, r.num_groups, self.cfg.train.seed_base), jnp.int32)
-        return export_programs(self.rollout, self._prepare, self._update, self.state, self.ref,
+        return export_programs(self.rollout, self.prepare_fn, self.update_fn, self.state, self.ref,
                                jax.random.fold_in(self.state.key, 1), seeds, platform=platform, mesh=self.mesh,
                                frozen=self.frozen, programs=programs)
-
-    # ------------------------------------------------------------------------------------------
-    def _check_workdir(self):
-        # Decided by process 0 and raised on every process (a host with another view of the disk
-        # must not go its own way while the others wait in a collective).
-        on_primary(lambda: check_run_dir_config(self.workdir, self.cfg, RESUMABLE_CHANGES))
 
     @property
     def iteration(self) -> int:
@@ -247,11 +205,11 @@ class Trainer:
             cmetrics = self.collapse.probe(self.actor_params, traj, host, i + 1)
             cmetrics["timing/collapse_s"] = time.perf_counter() - tc
         t1 = time.perf_counter()
-        batch, pmetrics = self._prepare(self.state.actor, self.state.critic, self.ref, traj, *self._frozen_args)
+        batch, pmetrics = self.prepare_fn(self.state.actor, self.state.critic, self.ref, traj, *self.frozen_args)
         if self.sync_phases:  # measurement only: waiting here costs the overlap of the update's dispatch
             jax.block_until_ready(batch)
             t_prepared = time.perf_counter()
-        self.state, umetrics = self._update(self.state, batch, *self._frozen_args)
+        self.state, umetrics = self.update_fn(self.state, batch, *self.frozen_args)
         if self.sync_phases:
             jax.block_until_ready(self.state.iteration)
             t_updated = time.perf_counter()
@@ -281,27 +239,23 @@ class Trainer:
         metrics["echo_trap/score"] = score
         metrics["echo_trap/warning"] = float(warn)
         if warn:
-            self._print(f"[echo-trap warning] iteration {i + 1}: in-group reward std and policy entropy have both "
+            self.note(f"[echo-trap warning] iteration {i + 1}: in-group reward std and policy entropy have both "
                         f"fallen by >= {self.echo.drop:.0%} of their recent best while reward has not: the policy "
                         "may be collapsing into a repetitive template (consider a lower filter ratio or clip-higher)")
         self._last_traj = host
         return metrics
 
-    def _print(self, msg):
-        if not self.quiet and jax.process_index() == 0:
-            tqdm.write(msg)
-
     def train(self) -> list[dict]:
         cfg = self.cfg
-        self._save_run_files(self.workdir)  # process 0
+        self.save_run_files(self.workdir)  # process 0
         self.logger = Logger(self.workdir)
         history = []
         start = self.iteration
         if start >= cfg.train.iterations:
-            self._print(f"nothing to do: {self.workdir} already finished {start} iterations")
+            self.note(f"nothing to do: {self.workdir} already finished {start} iterations")
             return history
         if start > 0:
-            self._print(f"resuming {self.workdir} from iteration {start}")
+            self.note(f"resuming {self.workdir} from iteration {start}")
         if cfg.train.val_every > 0 and start == 0:
             self._log_validation(0)
         bar = tqdm(range(start, cfg.train.iterations), initial=start, total=cfg.train.iterations,
@@ -327,7 +281,7 @@ class Trainer:
                     self.save()
                 if stop:
                     self.logger.scalars(step, {f"early_stopped/{self.stops.rule}": 1.0})
-                    self._print(f"[early stop] iteration {step}: {stop}; saving and stopping")
+                    self.note(f"[early stop] iteration {step}: {stop}; saving and stopping")
                     if not saved:
                         self.save()
                     break
@@ -341,9 +295,6 @@ class Trainer:
     def _log_validation(self, step):
         return log_validation(self, step)
 
-    def _save_run_files(self, workdir):
-        save_run_files(workdir, json.loads(json.dumps(self.cfg.to_dict(), default=str)), self.vocab)
-
     def export(self, workdir=None):
         """`<run>/policy` (merged with LoRA) and, with LoRA, `<run>/adapter` (PEFT layout). `workdir`:
         the current policy exported elsewhere instead, with the run files (config, task vocabulary)
@@ -351,7 +302,7 @@ class Trainer:
         if workdir is None:
             workdir = self.workdir
         else:
-            self._save_run_files(workdir)
+            self.save_run_files(workdir)
         if self.lora:
             save_lora_exports(workdir, self.policy_graph, self.state.actor, self.frozen, self.cfg.model.path)
         else:

@@ -50,23 +50,20 @@ from flax import nnx, struct
 from jax.sharding import NamedSharding, PartitionSpec
 from tqdm import tqdm
 
-from ragen_jax.algorithms import losses as loss_lib
-from ragen_jax.models.lora import POLICY_TRAINABLE
-from ragen_jax.models.qwen2.sharding import param_shardings
+from ragen_jax.text.tokenizer import ENDOFTEXT
 from ragen_jax.rollout import Rollout, rollout_metrics
 from ragen_jax.rollout.metrics import host_copy
 from ragen_jax.rollout.rollout import turn_blocks
 from ragen_jax.rollout.teachers import get_teacher
-from ragen_jax.text.tokenizer import ENDOFTEXT
-from ragen_jax.trainer.checkpoint import Checkpointer, save_lora_exports, save_policy, save_run_files
-from ragen_jax.trainer.config import Config, ConfigError
-from ragen_jax.trainer.distributed import on_primary, run_path
-from ragen_jax.trainer.evaluation import log_validation, validate_run
-from ragen_jax.trainer.logger import Logger
+from ragen_jax.algorithms import losses as loss_lib
+from ragen_jax.infra.checkpoint import save_lora_exports, save_policy
+from ragen_jax.infra.logger import Logger
+from ragen_jax.experiment.assembly import RunAssembly
+from ragen_jax.experiment.config import Config, ConfigError
+from ragen_jax.evaluation.suite import log_validation, validate_run
 from ragen_jax.trainer.optim import make_optimizer
-from ragen_jax.trainer.setup import (build_mesh, build_policy, build_text_envs, build_vocab, check_run_dir_config,
-                                     init_policy_params, load_task_tokenizer)
-from ragen_jax.trainer.step import TurnBlocks, accumulated_value_and_grad, effective_micro_batch, full_params
+from ragen_jax.trainer.step import accumulated_value_and_grad, effective_micro_batch, full_params
+from ragen_jax.trainer.turn_blocks import TurnBlocks
 
 # Config keys that may change when an SFT run is resumed (everything else must match the saved run).
 RESUMABLE_CHANGES = ("sft.epochs", "sft.save_every", "train.val_every", "train.keep_checkpoints",
@@ -119,7 +116,7 @@ def unfold_turn_rows(tokens, loss_mask, length, turn_start, prefix_len: int, wid
     """Single-turn demonstrations (prompt.context_window_mode="single_turn"): each taken turn of each
     episode becomes its own row, the shared prompt prefix followed by that turn's block (segment and
     answer, at most `width` tokens), which is exactly the context the policy answers that turn from.
-    The blocks are the trainer's (`step.TurnBlocks.unfold`). Host arrays: tokens and loss_mask
+    The blocks are the trainer's (`turn_blocks.TurnBlocks.unfold`). Host arrays: tokens and loss_mask
     [N, T], length [N], turn_start [N, M] (-1: not taken) -> rows [R, prefix_len + width] (pad
     pad_id, mask False) and their lengths [R], episode-major, turns in order."""
     t = tokens.shape[1]
@@ -230,7 +227,7 @@ def balance_arm_choices(high: np.ndarray, high_prob: float) -> np.ndarray:
 
 
 # ----------------------------------------------------------------------------------- trainer
-class SFTTrainer:
+class SFTTrainer(RunAssembly):
     """Args:
       cfg: the experiment config (`cfg.sft` drives this trainer; model/env/prompt/rollout/mesh as RL).
       workdir: run directory (checkpoints/, tb/, metrics.jsonl, demos.json, policy/).
@@ -240,97 +237,60 @@ class SFTTrainer:
         "success" or "all".
     """
 
+    RESUMABLE_CHANGES = RESUMABLE_CHANGES
+
     def __init__(self, cfg: Config, workdir: str | Path, *, quiet: bool = False, devices=None,
                  demo_chunk: int = 256, demo_filter: str = "auto"):
-        self.cfg = cfg.validate()
-        self.workdir = run_path(workdir)  # a bucket URL stays one; a local path becomes absolute
-        self.quiet = quiet
         if demo_filter not in DEMO_FILTERS:
             raise ConfigError(f"demo_filter={demo_filter!r} is not valid; choose one of {', '.join(DEMO_FILTERS)}")
         if not isinstance(demo_chunk, int) or demo_chunk < 1:
             raise ConfigError(f"demo_chunk must be a positive integer, got {demo_chunk!r}")
-        self._check_workdir()
-
-        self.mesh = build_mesh(cfg, devices)
-        self.n_shards = self.mesh.shape["data"] * self.mesh.shape["fsdp"]
-        if cfg.sft.batch_size % self.n_shards:
-            raise ConfigError(f"sft.batch_size = {cfg.sft.batch_size} is not divisible by the {self.n_shards} devices "
-                              "of the mesh's data x fsdp axes; change sft.batch_size or mesh.data/mesh.fsdp")
         self.micro_batch = effective_micro_batch(cfg.sft.batch_size, cfg.sft.micro_batch_size)
-        if self.micro_batch % self.n_shards:
-            raise ConfigError(f"sft.micro_batch_size = {self.micro_batch} is not divisible by the {self.n_shards} "
-                              "devices of the mesh's data x fsdp axes; change sft.micro_batch_size or mesh.data/mesh.fsdp")
-        if cfg.train.val_every > 0 and cfg.train.val_size % self.n_shards:
-            raise ConfigError(f"train.val_size={cfg.train.val_size} is not divisible by the {self.n_shards} "
-                              "data-parallel devices of the mesh")
-
-        self.tokenizer = load_task_tokenizer(cfg)
-        self.text_envs = build_text_envs(cfg, self.tokenizer)
-        self.text_env = self.text_envs[cfg.env.name]
-        self.vocab = build_vocab(cfg, self.text_envs, self.tokenizer)
-        policy = build_policy(cfg, self.vocab)
+        super().__init__(cfg, workdir, quiet=quiet, devices=devices, train_env=cfg.env.name,
+                         check_shards=self._check_shards, build_on_mesh=False)
+        cfg = self.cfg
         self.teacher = get_teacher(cfg.env.name, self.text_env, high_prob=cfg.sft.bandit_high_prob)
         self.demo_filter = demo_filter
         self.keep_only_successful = (self.teacher.keep_only_successful if demo_filter == "auto"
                                      else demo_filter == "success")
         # Demo chunks: a multiple of the data-parallel devices (the rollout shards its batch).
         chunk = min(demo_chunk, cfg.sft.num_demos)
-        self.demo_chunk = -(-chunk // self.n_shards) * self.n_shards
+        self.demo_chunk = -(-chunk // self.n_batch_shards) * self.n_batch_shards
         demo_cfg = dataclasses.replace(cfg.rollout, num_groups=self.demo_chunk, group_size=1, groups_per_pass=0)  # teacher: no sampling
-        self.demo_rollout = Rollout(None, self.text_env, demo_cfg,
-            mesh=self.mesh, teacher=self.teacher)
+        self.demo_rollout = Rollout(None, self.text_env, demo_cfg, mesh=self.mesh, teacher=self.teacher)
 
-        self.graphdef, params = nnx.split(policy)
-        params = jax.device_put(params, param_shardings(params, self.mesh))
-        params = init_policy_params(cfg, self.graphdef, params, self.mesh)
-        # The module keeps only the graph and shapes (the step donates the parameters; holding the
-        # initial arrays would keep a second, unsharded copy of the model).
-        nnx.update(policy, jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype), params))
-        # LoRA: the adapters train; the frozen base is a step argument that is never donated.
-        self.lora = cfg.model.lora_rank > 0
-        self.frozen = None
-        if self.lora:
-            params, self.frozen = nnx.split_state(params, POLICY_TRAINABLE, ...)
-        self._frozen_args = () if self.frozen is None else (self.frozen,)
+        params = self.take_trainable()
         # The schedule is fixed before the demos exist, so it plans for all of them (an upper bound).
         planned = cfg.sft.epochs * max(1, cfg.sft.num_demos // cfg.sft.batch_size)
         self.tx = make_optimizer(cfg.sft.lr, cfg.optim,
                                  decay_steps=planned if cfg.sft.lr_schedule == "cosine" else None)
-        opt_state = self.tx.init(params)
-        opt_state = jax.device_put(opt_state, param_shardings(opt_state, self.mesh))
-        replicated = NamedSharding(self.mesh, PartitionSpec())
-        state = SFTState(step=jax.device_put(jnp.zeros((), jnp.int32), replicated), params=params,
-                         opt_state=opt_state)
+        state = SFTState(step=self.replicated(jnp.zeros((), jnp.int32)), params=params,
+                         opt_state=self.put(self.tx.init(params)))
         self.batch_sharding = NamedSharding(self.mesh, PartitionSpec(BATCH_AXES))
         state_shardings = jax.tree.map(lambda x: x.sharding, state)
         self.trace_count = 0
         # The state is donated: parameters and optimizer state exist once on the devices, updated in place.
-        self._step = jax.jit(self._train_step, out_shardings=(state_shardings, None), donate_argnums=(0,))
-        self._loss = jax.jit(functools.partial(sft_loss, self.graphdef, vocab=self.vocab))
-
-        self.policy = policy
+        self.step_fn = jax.jit(self.step_body, out_shardings=(state_shardings, None), donate_argnums=(0,))
+        self.loss_fn = jax.jit(functools.partial(sft_loss, self.policy_graph, vocab=self.vocab))
         self.validates = cfg.train.val_every > 0
-
-        self.ckpt = Checkpointer(self.workdir / "checkpoints", keep=cfg.train.keep_checkpoints)
-        self.state = state
-        latest = self.ckpt.latest_step()
-        if latest is not None:
-            self.state, _ = self.ckpt.restore(latest, state)  # raises CheckpointError naming the path
+        self.restore_or_start(state)
         self.demos: Demos | None = None
         self._epoch_batches: dict = {}
         self._prefix_dev = None
         self._steps_per_epoch = 0
         self.demo_stats: dict = {}
-        self.logger = None
 
-    # ------------------------------------------------------------------------------------------
-    def _check_workdir(self):
-        # Decided by process 0 and raised on every process (see rl.Trainer._check_workdir).
-        on_primary(lambda: check_run_dir_config(self.workdir, self.cfg, RESUMABLE_CHANGES))
-
-    def _print(self, msg):
-        if not self.quiet and jax.process_index() == 0:
-            tqdm.write(msg)
+    def _check_shards(self, n: int) -> None:
+        cfg = self.cfg
+        if cfg.sft.batch_size % n:
+            raise ConfigError(f"sft.batch_size = {cfg.sft.batch_size} is not divisible by the {n} devices "
+                              "of the mesh's data x fsdp axes; change sft.batch_size or mesh.data/mesh.fsdp")
+        if self.micro_batch % n:
+            raise ConfigError(f"sft.micro_batch_size = {self.micro_batch} is not divisible by the {n} "
+                              "devices of the mesh's data x fsdp axes; change sft.micro_batch_size or mesh.data/mesh.fsdp")
+        if cfg.train.val_every > 0 and cfg.train.val_size % n:
+            raise ConfigError(f"train.val_size={cfg.train.val_size} is not divisible by the {n} "
+                              "data-parallel devices of the mesh")
 
     @property
     def step(self) -> int:
@@ -396,12 +356,12 @@ class SFTTrainer:
         return self.demos
 
     # -- the compiled step -----------------------------------------------------------------------
-    def _train_step(self, state: SFTState, prefix, tokens, loss_mask, length, frozen=None):
+    def step_body(self, state: SFTState, prefix, tokens, loss_mask, length, frozen=None):
         self.trace_count += 1  # runs only while tracing: counts compilations (one per batch width)
         norm = jnp.maximum(jnp.sum(sft_target_mask(loss_mask, length)), 1.0)  # the whole batch's tokens
 
         def loss_fn(p, rows):
-            return sft_loss(self.graphdef, full_params(p, frozen), prefix, *rows, self.vocab, norm=norm)
+            return sft_loss(self.policy_graph, full_params(p, frozen), prefix, *rows, self.vocab, norm=norm)
 
         n_micro = tokens.shape[0] // self.micro_batch
         (loss, m), grads = accumulated_value_and_grad(loss_fn, state.params, (tokens, loss_mask, length), n_micro)
@@ -423,12 +383,12 @@ class SFTTrainer:
 
     def train_step(self, idx) -> dict:
         """One optimizer step on demo rows `idx` (length sft.batch_size); returns host metrics."""
-        self.state, m = self._step(self.state, *self.put_batch(np.asarray(idx)), *self._frozen_args)
+        self.state, m = self.step_fn(self.state, *self.put_batch(np.asarray(idx)), *self.frozen_args)
         return {k: float(v) for k, v in host_copy(m).items()}
 
     def loss(self, idx) -> tuple[float, dict]:
         """The SFT loss and metrics of demo rows `idx` at the current parameters (no update)."""
-        loss, m = self._loss(self.params, *self.put_batch(np.asarray(idx)))
+        loss, m = self.loss_fn(self.params, *self.put_batch(np.asarray(idx)))
         return float(loss), {k: float(v) for k, v in host_copy(m).items()}
 
     @property
@@ -464,7 +424,7 @@ class SFTTrainer:
         """Run (or resume) the SFT; `max_steps` stops early after that many steps of this call
         (without the final export), as an interruption would. Returns the per-step metrics."""
         cfg = self.cfg
-        save_run_files(self.workdir, json.loads(json.dumps(cfg.to_dict(), default=str)), self.vocab)  # process 0
+        self.save_run_files()  # process 0
         self.logger = Logger(self.workdir)
         history = []
         try:
@@ -476,12 +436,12 @@ class SFTTrainer:
             if jax.process_index() == 0:
                 (self.workdir / "demos.json").write_text(json.dumps(self.demo_stats, indent=2, sort_keys=True))
             d = self.demo_stats
-            self._print(f"demos: {int(d['demo/num_kept'])}/{int(d['demo/num_generated'])} kept, success "
+            self.note(f"demos: {int(d['demo/num_kept'])}/{int(d['demo/num_generated'])} kept, success "
                         f"{d['demo/success']:.3f}, reward {d['demo/reward_mean']:.3f}, actions "
                         f"{d['demo/num_actions']:.2f}, turns {d['demo/num_turns']:.2f}")
             total = cfg.sft.epochs * self.steps_per_epoch()
             if start > 0:
-                self._print(f"resuming {self.workdir} from step {start}")
+                self.note(f"resuming {self.workdir} from step {start}")
             if self.validates and start == 0:
                 history.append({"step": 0, **self._log_validation(0)})
             end = total if max_steps is None else min(total, start + max_steps)
@@ -503,7 +463,7 @@ class SFTTrainer:
                     history.append({"step": total, **self._log_validation(total)})
                 # Every process takes part: it is a collective save.
                 if self.lora:
-                    save_lora_exports(self.workdir, self.graphdef, self.state.params, self.frozen, cfg.model.path)
+                    save_lora_exports(self.workdir, self.policy_graph, self.state.params, self.frozen, cfg.model.path)
                 else:
                     save_policy(self.workdir, self.state.params)
         finally:

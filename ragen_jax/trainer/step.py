@@ -30,8 +30,9 @@ import jax.numpy as jnp
 import optax
 from flax import nnx, struct
 
-from ragen_jax.trainer.config import Config, ConfigError
+from ragen_jax.experiment.config import Config, ConfigError
 from ragen_jax.trainer.optim import lr_at
+from ragen_jax.trainer.turn_blocks import TurnBlocks, fold_columns, over_taken_blocks
 from ragen_jax.algorithms import advantages as adv_lib
 from ragen_jax.algorithms import filters as filter_lib
 from ragen_jax.algorithms import losses as loss_lib
@@ -78,107 +79,6 @@ def critic_frozen(frozen):
 
 
 # ----------------------------------------------------------------------------------- forward helpers
-@struct.dataclass
-class TurnBlocks:
-    """How single-turn records are scored (PromptConfig.context_window_mode="single_turn"): every
-    turn of a row was generated seeing only the shared prompt prefix and its own block (segment +
-    answer), so the trainer runs each block as its own row behind the prefix, whose keys and values
-    are computed once. `start` [K, M]: each turn's block position in the record, -1 for turns not
-    taken (`Trajectories.turn_start`). Static: the prefix length P (the same ids begin every row) and
-    the block width W (the longest segment + the answer budget)."""
-
-    start: jax.Array
-    prefix: int = struct.field(pytree_node=False)
-    width: int = struct.field(pytree_node=False)
-    # Skip the block rows of turns never taken (`over_taken_blocks`). Episodes end early (at the
-    # goal, a hole, a solved room), so a large share of the K x M blocks is padding; off only to
-    # compare against the plain pass over every block.
-    skip_untaken: bool = struct.field(pytree_node=False, default=True)
-    shards: int = struct.field(pytree_node=False, default=1)  # the rows' data-parallel shards
-
-    @property
-    def num_chunks(self) -> int:
-        """Chunks `over_taken_blocks` cuts the K x M block rows into: one per turn slot (K rows
-        each, the plain pass's batch when M = 1); 1 (no skipping) when `skip_untaken` is off."""
-        return self.start.shape[1] if self.skip_untaken else 1
-
-    def unfold(self, tokens, valid):
-        """[K, T] records -> (block ids [K*M, W], block valid [K*M, W], absolute position of every
-        block token [K, M, W], T for slots past the block's end)."""
-        k, t = tokens.shape
-        start = self.start
-        length = jnp.sum(valid, axis=1, dtype=jnp.int32)
-        # Turns are taken in order: a block ends where the next taken turn starts, else at the end.
-        nxt = jnp.concatenate([start[:, 1:], jnp.full((k, 1), -1, start.dtype)], axis=1)
-        stop = jnp.where(nxt >= 0, nxt, length[:, None])
-        n = jnp.where(start >= 0, jnp.clip(stop - start, 0, self.width), 0)
-        j = jnp.arange(self.width, dtype=jnp.int32)
-        ok = j < n[..., None]
-        pos = jnp.where(ok, start[..., None] + j, t)
-        ids = tokens[jnp.arange(k)[:, None, None], jnp.minimum(pos, t - 1)]
-        m = start.shape[1]
-        return ids.reshape(k * m, self.width), ok.reshape(k * m, self.width), pos
-
-
-def over_taken_blocks(fn, ids, ok, n_chunks: int, shards: int = 1):
-    """`fn(ids [c, W], ok [c, W]) -> tree of [c, ...]` over all block rows [B, W], computing only the
-    chunks that hold a taken block (one with a valid slot). The rows are cut into `shards` contiguous
-    parts (the batch's data-parallel shards: each device keeps its own rows, so the chunks stay
-    partitioned as the plain pass is); within each part the taken rows move to the front (stable),
-    and the parts are cut into `n_chunks` chunks; a `lax.scan` walks the chunks with a `lax.cond` that
-    skips a chunk past every part's last taken row (zeros out; XLA runs only the branch taken, also in
-    the backward pass). Outputs come back in the original row order. Exact: a row is computed as in
-    the plain pass (rows do not interact) and a skipped row's outputs are never read (`_fold_columns`
-    drops every slot of an untaken block)."""
-    b = ids.shape[0]
-    if n_chunks <= 1 or b % (n_chunks * shards):
-        return fn(ids, ok)
-    per = b // shards
-    c = per // n_chunks  # rows of one chunk in each part
-    taken = jnp.any(ok, axis=1).reshape(shards, per)
-    order = jnp.argsort(~taken, axis=1, stable=True)  # [shards, per], indices within the part
-    n_taken = jnp.max(jnp.sum(taken, axis=1, dtype=jnp.int32))
-
-    def chunked(a):  # [B, ...] -> [n_chunks, shards * c, ...] in the taken-first order of each part
-        a = jnp.take_along_axis(a.reshape((shards, per) + a.shape[1:]),
-                                order.reshape((shards, per) + (1,) * (a.ndim - 1)), axis=1)
-        a = a.reshape((shards, n_chunks, c) + a.shape[2:]).swapaxes(0, 1)
-        return a.reshape((n_chunks, shards * c) + a.shape[3:])
-
-    xs = (chunked(ids), chunked(ok))
-    shapes = jax.eval_shape(fn, xs[0][0], xs[1][0])
-
-    def skip(i, o):
-        return jax.tree.map(lambda s: jnp.zeros(s.shape, s.dtype), shapes)
-
-    def body(_, x):
-        i, ids_c, ok_c = x
-        return None, jax.lax.cond(i * c < n_taken, fn, skip, ids_c, ok_c)
-
-    _, out = jax.lax.scan(body, None, (jnp.arange(n_chunks, dtype=jnp.int32),) + xs)
-    inverse = jnp.argsort(order, axis=1)
-
-    def unchunked(a):  # inverse of `chunked`
-        a = a.reshape((n_chunks, shards, c) + a.shape[2:]).swapaxes(0, 1).reshape((shards, per) + a.shape[2:])
-        a = jnp.take_along_axis(a, inverse.reshape((shards, per) + (1,) * (a.ndim - 2)), axis=1)
-        return a.reshape((b,) + a.shape[2:])
-
-    return jax.tree.map(unchunked, out)
-
-
-def _fold_columns(per_block, pos, shift: int, width: int):
-    """Per-block-row values [K*M, W - shift] back onto record columns [K, width]: block slot j lands
-    on column pos[j + shift] - shift. Targets use shift 1 (column t is about token t+1, computed at
-    slot j from the block's token j+1); values shift 0. Slots past a block's end sit at position T
-    and are dropped. Columns outside every block stay 0 (they are never sampled tokens: a block's
-    first token is its segment's)."""
-    k, m, _ = pos.shape
-    vals = per_block.reshape(k, m, -1)
-    cols = pos[:, :, shift:] - shift
-    out = jnp.zeros((k, width), vals.dtype)
-    return out.at[jnp.arange(k)[:, None, None], cols].set(vals, mode="drop")
-
-
 def sequence_logprobs(graphdef, params, tokens, valid, chunk: int = 128, vocab=None, temperature: float = 1.0,
                       inference: bool = False, blocks: TurnBlocks | None = None):
     """Per-target log-probs and entropies [K, T-1], never materialising [K, T, V] logits.
@@ -207,7 +107,7 @@ def sequence_logprobs(graphdef, params, tokens, valid, chunk: int = 128, vocab=N
 
     logp, ent = over_taken_blocks(score, ids, ok, blocks.num_chunks, blocks.shards)
     width = tokens.shape[1] - 1
-    return _fold_columns(logp, pos, 1, width), _fold_columns(ent, pos, 1, width)
+    return fold_columns(logp, pos, 1, width), fold_columns(ent, pos, 1, width)
 
 
 def sequence_values(graphdef, params, tokens, valid, vocab=None, inference: bool = False,
@@ -221,7 +121,7 @@ def sequence_values(graphdef, params, tokens, valid, vocab=None, inference: bool
     shared = critic.prefix_kv(to_model(tokens[0, :blocks.prefix]))
     v = over_taken_blocks(lambda i, o: critic(i, o, inference=inference, prefix=shared).astype(jnp.float32),
                           ids, ok, blocks.num_chunks, blocks.shards)
-    return _fold_columns(v, pos, 0, tokens.shape[1] - 1)
+    return fold_columns(v, pos, 0, tokens.shape[1] - 1)
 
 
 def effective_micro_batch(mini_batch_size: int, micro_batch_size: int) -> int:
@@ -241,7 +141,7 @@ def join_rows(tree):
     return jax.tree.map(lambda a: a.swapaxes(0, 1).reshape((a.shape[0] * a.shape[1],) + a.shape[2:]), tree)
 
 
-def _in_minibatches(fn, n_rows: int, mb: int, *arrays):
+def in_minibatches(fn, n_rows: int, mb: int, *arrays):
     """Apply `fn` to row blocks of `mb` (bounds activation memory of the no-grad passes)."""
     if mb >= n_rows:
         return fn(*arrays)
@@ -323,7 +223,7 @@ class StepPrograms:
 
     def _per_rows(self, fn):
         """`fn(tokens, valid, blocks=...)` as a function of row arrays (tokens, valid, turn_start), the
-        form `_in_minibatches` splits."""
+        form `in_minibatches` splits."""
         return lambda x, v, ts: fn(x, v, blocks=self._blocks(ts))
 
     # -- prepare: filter + no-grad passes + advantages --------------------------------------
@@ -349,7 +249,7 @@ class StepPrograms:
         if spec.input_name == "entropy":
             b, t_all = traj.tokens.shape
             valid_all = jnp.arange(t_all)[None, :] < traj.length[:, None]
-            all_logp, all_ent = _in_minibatches(self._per_rows(logp_fn), b,
+            all_logp, all_ent = in_minibatches(self._per_rows(logp_fn), b,
                                                 min(micro, b), traj.tokens, valid_all, ts_all)
             m_all = traj.loss_mask[:, 1:].astype(jnp.float32)
             inputs["entropy"] = jnp.sum(all_ent * m_all, -1) / jnp.maximum(jnp.sum(m_all, -1), 1.0)
@@ -362,7 +262,7 @@ class StepPrograms:
         mb = min(micro, k)
 
         if all_logp is None:
-            old_logp, _ = _in_minibatches(self._per_rows(logp_fn), k, mb,
+            old_logp, _ = in_minibatches(self._per_rows(logp_fn), k, mb,
                                           t.tokens, valid, ts)
         else:
             old_logp = jnp.take(all_logp, f.rows, axis=0)
@@ -370,22 +270,38 @@ class StepPrograms:
         if self.use_ref:
             ref_fn = functools.partial(sequence_logprobs, self.actor_graph, full_params(ref, frozen), vocab=self.vocab,
                                        temperature=self.temperature, inference=True)
-            ref_logp, _ = _in_minibatches(self._per_rows(ref_fn), k, mb,
+            ref_logp, _ = in_minibatches(self._per_rows(ref_fn), k, mb,
                                           t.tokens, valid, ts)
         values = jnp.zeros_like(old_logp)
         if self.has_critic:
             val_fn = functools.partial(sequence_values, self.critic_graph, full_params(critic, critic_frozen(frozen)),
                                        vocab=self.vocab, inference=True)
-            values = _in_minibatches(self._per_rows(val_fn), k, mb,
+            values = in_minibatches(self._per_rows(val_fn), k, mb,
                                      t.tokens, valid, ts)
         values = jnp.where(mask, values, 0.0)
 
+        advantages, returns, metrics = self._advantages(t, f, mask, old_logp, ref_logp, values)
+        batch = Batch(tokens=t.tokens, valid=valid, mask=mask, old_logp=old_logp, ref_logp=ref_logp,
+                      values=values, advantages=advantages, returns=returns, row_weight=f.row_weight,
+                      turn_start=ts if self.turn_blocks is not None else None)
+        metrics.update(f.metrics)
+        metrics.update({
+            "critic/values_mean": adv_lib.masked_mean(values, mask),
+            "critic/returns_mean": adv_lib.masked_mean(returns, mask),
+            "actor/advantages_mean": adv_lib.masked_mean(advantages, mask),
+            "actor/advantages_abs_mean": adv_lib.masked_mean(jnp.abs(advantages), mask),
+        })
+        return batch, metrics
+
+    def _advantages(self, t, f, mask, old_logp, ref_logp, values):
+        """(advantages, returns, metrics) of the kept rows `t` of filter result `f`."""
+        a, n = self.cfg.algo, self.cfg.rollout.group_size
+        metrics = {}
         # Trajectory scores normalised within each initial-state group (identity for PPO), placed
         # on the last sampled token (or per turn). Turn ends move to target coordinates (index - 1).
         scores = adv_lib.normalize_rewards(t.reward, n, a.reward_norm)
         turn_end = jnp.where(t.turn_end >= 1, t.turn_end - 1, -1)
         tok_rewards = adv_lib.token_rewards(mask, turn_end, t.turn_reward, scores, mode=a.reward_placement)
-        metrics = {}
         if self.use_ref and a.kl_in_reward:
             tok_rewards, klm = loss_lib.kl_in_reward(tok_rewards, old_logp, ref_logp, mask, a.kl_coef, a.kl_type)
             metrics.update({f"actor/{k_}": v for k_, v in klm.items()})
@@ -402,17 +318,7 @@ class StepPrograms:
             scale = filter_lib.loss_scale(f.kept_fraction, a.filter_loss_scaling)
             advantages = advantages * scale
             metrics["actor/filter_loss_scale"] = scale
-        batch = Batch(tokens=t.tokens, valid=valid, mask=mask, old_logp=old_logp, ref_logp=ref_logp,
-                      values=values, advantages=advantages, returns=returns, row_weight=f.row_weight,
-                      turn_start=ts if self.turn_blocks is not None else None)
-        metrics.update(f.metrics)
-        metrics.update({
-            "critic/values_mean": adv_lib.masked_mean(values, mask),
-            "critic/returns_mean": adv_lib.masked_mean(returns, mask),
-            "actor/advantages_mean": adv_lib.masked_mean(advantages, mask),
-            "actor/advantages_abs_mean": adv_lib.masked_mean(jnp.abs(advantages), mask),
-        })
-        return batch, metrics
+        return advantages, returns, metrics
 
     # -- update: epochs x mini-batches ---------------------------------------------------------
     def _actor_loss(self, params, mb: Batch, norms, frozen=None):
@@ -532,114 +438,6 @@ class StepPrograms:
         return new_state, metrics
 
 
-# ----------------------------------------------------------------------------------- memory
-GIB = 2**30
-
-
-def program_memory(compiled) -> dict:
-    """Bytes per device of one compiled program (`jax.jit(f).lower(...).compile()`), from XLA's
-    memory_analysis. peak = arguments + outputs - aliased + temporaries: the inputs and outputs are
-    all alive at the end of the program, except outputs written into donated inputs (aliased,
-    counted once), and the temporaries are XLA's peak scratch allocation. Generated code is left out."""
-    m = compiled.memory_analysis()
-    out = {"argument_bytes": int(m.argument_size_in_bytes), "output_bytes": int(m.output_size_in_bytes),
-           "alias_bytes": int(m.alias_size_in_bytes), "temp_bytes": int(m.temp_size_in_bytes)}
-    out["peak_bytes"] = out["argument_bytes"] + out["output_bytes"] - out["alias_bytes"] + out["temp_bytes"]
-    return out
-
-
-def bytes_per_device(tree) -> int:
-    """Bytes the arrays (or ShapeDtypeStructs with a sharding) of `tree` take on one device: each
-    array's shard shape (its whole shape when it has no sharding) times its item size."""
-    total = 0
-    for x in jax.tree.leaves(tree):
-        sharding = getattr(x, "sharding", None)
-        shape = sharding.shard_shape(x.shape) if sharding is not None else x.shape
-        n = 1
-        for d in shape:
-            n *= int(d)
-        total += n * jnp.dtype(x.dtype).itemsize
-    return total
-
-
-def device_memory_limit(cfg: Config, device) -> int | None:
-    """The bytes the programs must fit in: `train.device_memory_gib` when set, else the device's own
-    `bytes_limit` (GPU/TPU); None where neither exists (CPU): no check."""
-    if cfg.train.device_memory_gib:
-        return int(cfg.train.device_memory_gib * GIB)
-    try:
-        stats = device.memory_stats()
-    except Exception:  # noqa: BLE001  backends without memory stats raise (or return None)
-        stats = None
-    limit = (stats or {}).get("bytes_limit")
-    return int(limit) if limit else None
-
-
-def _abstract(tree):
-    """ShapeDtypeStructs carrying each array's sharding (ShapeDtypeStructs pass through)."""
-    return jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=getattr(x, "sharding", None)), tree)
-
-
-def _outputs(compiled):
-    return jax.tree.map(lambda i, sh: jax.ShapeDtypeStruct(i.shape, i.dtype, sharding=sh),
-                        compiled.out_info, compiled.output_shardings)
-
-
-def aot_compile(rollout, prepare_jit, update_jit, state: TrainState, ref, key, group_seeds, frozen=None):
-    """Compile the three programs of one iteration ahead of time for the shapes and shardings of
-    `state`, `ref` and the LoRA base `frozen` (arrays, or ShapeDtypeStructs with shardings: nothing
-    is allocated), each one's inputs being the previous one's outputs. Returns ({name: compiled}, {name: (program_memory,
-    resident bytes per device)}), the resident bytes being the train state (and reference policy,
-    and the trajectories during the update) that stay on the device while the program runs without
-    being among its arguments (the input of `check_memory_fits`)."""
-    st, ref, frozen = _abstract(state), _abstract(ref), _abstract(frozen)
-    compiled_rollout = rollout.lower(full_params(st.actor, frozen), key, group_seeds).compile()
-    traj = _outputs(compiled_rollout)
-    if frozen is None:  # the full-training programs take no frozen argument
-        prepare = prepare_jit.lower(st.actor, st.critic, ref, traj).compile()
-        batch = _outputs(prepare)[0]
-        update = update_jit.lower(st, batch).compile()
-    else:
-        prepare = prepare_jit.lower(st.actor, st.critic, ref, traj, frozen).compile()
-        batch = _outputs(prepare)[0]
-        update = update_jit.lower(st, batch, frozen).compile()
-    ref_bytes = bytes_per_device(ref) if ref is not None else 0
-    # The LoRA base is among every program's arguments (the rollout's actor = base + adapters, the
-    # `frozen` argument of prepare and update): counted in their peaks, never as resident.
-    usage = {
-        "rollout": (program_memory(compiled_rollout), bytes_per_device((st.actor_opt, st.critic, st.critic_opt)) + ref_bytes),
-        "prepare": (program_memory(prepare), bytes_per_device((st.actor_opt, st.critic_opt))),
-        "update": (program_memory(update), ref_bytes + bytes_per_device(traj)),
-    }
-    return {"rollout": compiled_rollout, "prepare": prepare, "update": update}, usage
-
-
-def _size(n: int) -> str:
-    return f"{n / GIB:.2f} GiB" if n >= GIB // 10 else f"{n / 2**20:.1f} MiB"
-
-
-def check_memory_fits(cfg: Config, usage: dict, limit: int) -> None:
-    """Raise ConfigError when a program does not fit. `usage`: program name -> (program_memory dict,
-    bytes per device of what stays resident while it runs without being one of its arguments, e.g.
-    the optimizer state during the rollout). Needed = peak + resident."""
-    for name, (mem, resident) in usage.items():
-        need = mem["peak_bytes"] + resident
-        if need > limit:
-            a = cfg.algo
-            micro = effective_micro_batch(a.mini_batch_size, a.micro_batch_size)
-            if name == "rollout":  # its largest buffer is the KV cache of all P x N rows
-                knobs = (f"generate fewer groups at a time with rollout.groups_per_pass (now "
-                         f"{cfg.rollout.groups_per_pass or cfg.rollout.num_groups} of {cfg.rollout.num_groups})")
-            else:
-                knobs = (f"lower algo.micro_batch_size (now {micro}), set model.remat=true (now "
-                         f"{str(cfg.model.use_remat).lower()})")
-            raise ConfigError(
-                f"the compiled {name} program needs {_size(need)} per device ({_size(mem['peak_bytes'])} "
-                f"of arguments + outputs - donated + temporaries, plus {_size(resident)} of training state "
-                f"held between programs) but the device has {_size(limit)}; {knobs} or shard the parameters over "
-                f"more devices with mesh.fsdp (now {cfg.mesh.fsdp})")
-
-
 def check_batch_fits_mesh(cfg: Config, n_batch_shards: int) -> None:
     r, a = cfg.rollout, cfg.algo
     b = r.num_groups * r.group_size
@@ -652,7 +450,6 @@ def check_batch_fits_mesh(cfg: Config, n_batch_shards: int) -> None:
                               "data x fsdp axes; change the batch settings or mesh.data/mesh.fsdp")
 
 
-__all__ = ["Batch", "GIB", "StepPrograms", "TrainState", "accumulated_value_and_grad", "aot_compile", "bytes_per_device",
-           "check_batch_fits_mesh", "check_memory_fits", "critic_frozen", "device_memory_limit", "effective_micro_batch",
-           "full_params", "join_rows",
-           "loss_norms", "program_memory", "sequence_logprobs", "sequence_values", "split_rows", "TurnBlocks"]
+__all__ = ["Batch", "GIB", "StepPrograms", "TrainState", "accumulated_value_and_grad", "check_batch_fits_mesh", "critic_frozen",
+           "effective_micro_batch", "full_params", "in_minibatches", "join_rows", "loss_norms", "sequence_logprobs",
+           "sequence_values", "split_rows"]

@@ -162,7 +162,7 @@ def transition_probs(action, slip=None, success_rate=None):
     return [((action - 1) % 4, slip / 2), (action, 1.0 - slip), ((action + 1) % 4, slip / 2)]
 
 
-def _dynamics(rows, slip, success_rate=None):
+def dynamics(rows, slip, success_rate=None):
     """Successor list per (cell, action): [(prob, next_cell)], the reference's slippery table."""
     n = len(rows)
     out = {}
@@ -178,7 +178,7 @@ def expectimax(rows, steps, slip=2.0 / 3.0, success_rate=None):
     """Brute-force optimal success probability from the start with `steps` actions (memoised tree).
     `success_rate` (RAGEN-2's parameter), when given, replaces `slip`."""
     n = len(rows)
-    dyn = _dynamics(rows, slip, success_rate)
+    dyn = dynamics(rows, slip, success_rate)
 
     @functools.lru_cache(maxsize=None)
     def value(r, c, k):
@@ -195,7 +195,7 @@ def expectimax(rows, steps, slip=2.0 / 3.0, success_rate=None):
 def policy_value(rows, policy, steps, slip=2.0 / 3.0, success_rate=None):
     """Exact success probability of a policy: policy(cell, actions_left) -> action, or None = uniform."""
     n = len(rows)
-    dyn = _dynamics(rows, slip, success_rate)
+    dyn = dynamics(rows, slip, success_rate)
 
     @functools.lru_cache(maxsize=None)
     def value(r, c, k):

@@ -270,7 +270,7 @@ def test_live_run_is_refused_and_a_killed_process_ends_the_other(victim, tmp_pat
 
 def test_run_lock_unit(tmp_path):
     """The lock on its own: exclusive, released, a dead holder's lock taken over, another host's refused."""
-    from ragen_jax.trainer.distributed import RunDirBusy, RunLock
+    from ragen_jax.infra.distributed import RunDirBusy, RunLock
 
     wd = tmp_path / "w"
     a = RunLock(wd)
@@ -293,11 +293,11 @@ def test_run_lock_unit(tmp_path):
 
 def _acquire_from_other_process(wd: Path):
     """Acquire `wd`'s lock from a child process; raise its RunDirBusy message here."""
-    code = ("import sys; from ragen_jax.trainer.distributed import RunLock, RunDirBusy\n"
+    code = ("import sys; from ragen_jax.infra.distributed import RunLock, RunDirBusy\n"
             "try:\n    RunLock(sys.argv[1]).acquire()\nexcept RunDirBusy as e:\n    print(e); sys.exit(3)\n")
     r = subprocess.run([sys.executable, "-c", code, str(wd)], capture_output=True, text=True, cwd=ROOT, timeout=120,
                        env={**os.environ, "PYTHONPATH": str(ROOT)})
-    from ragen_jax.trainer.distributed import RunDirBusy
+    from ragen_jax.infra.distributed import RunDirBusy
 
     if r.returncode == 3:
         raise RunDirBusy(r.stdout.strip())
@@ -306,7 +306,7 @@ def _acquire_from_other_process(wd: Path):
 
 # ------------------------------------------------------------------------------------- start-up, paths
 def test_cluster_request_from_flags_variables_and_cluster_managers():
-    from ragen_jax.trainer.distributed import ClusterError, cluster_request
+    from ragen_jax.infra.distributed import ClusterError, cluster_request
 
     jax_vars = {"JAX_COORDINATOR_ADDRESS": "10.0.0.1:1234", "JAX_NUM_PROCESSES": "4", "JAX_PROCESS_ID": "3"}
     slurm = {"SLURM_JOB_ID": "7", "SLURM_STEP_NODELIST": "n[1-2]", "SLURM_NTASKS": "2", "SLURM_PROCID": "1",
@@ -342,7 +342,7 @@ def test_launcher_rejects_an_incomplete_cluster_in_one_line(tmp_path):
 
 
 def test_run_paths_keep_bucket_urls_and_make_local_paths_absolute(tmp_path, monkeypatch):
-    from ragen_jax.trainer.distributed import is_remote, run_path
+    from ragen_jax.infra.distributed import is_remote, run_path
 
     p = run_path("gs://bucket/runs/a")
     assert str(p) == "gs://bucket/runs/a" and str(p / "checkpoints") == "gs://bucket/runs/a/checkpoints"

@@ -16,7 +16,7 @@ from ragen_jax import runtime
 def thp_machine(monkeypatch):
     monkeypatch.setattr(runtime.sys, "platform", "linux")
     monkeypatch.setattr(runtime, "_thp_mode", lambda: "madvise")
-    monkeypatch.setattr(runtime, "_glibc_at_least", lambda *v: True)
+    monkeypatch.setattr(runtime, "glibc_at_least", lambda *v: True)
 
 
 def test_sets_the_tunable_and_keeps_other_tunables(thp_machine):
@@ -41,15 +41,15 @@ def test_no_reexec_unless_thp_is_madvise(monkeypatch, thp_machine, mode):
 
 
 def test_no_reexec_on_old_or_other_libc(monkeypatch, thp_machine):
-    monkeypatch.setattr(runtime, "_glibc_at_least", lambda *v: False)
+    monkeypatch.setattr(runtime, "glibc_at_least", lambda *v: False)
     assert runtime.hugepage_env({}) is None
     monkeypatch.undo()
     monkeypatch.setattr(runtime.platform, "libc_ver", lambda: ("glibc", "2.31"))
-    assert runtime._glibc_at_least(2, 35) is False
+    assert runtime.glibc_at_least(2, 35) is False
     monkeypatch.setattr(runtime.platform, "libc_ver", lambda: ("glibc", "2.36"))
-    assert runtime._glibc_at_least(2, 35) is True
+    assert runtime.glibc_at_least(2, 35) is True
     monkeypatch.setattr(runtime.platform, "libc_ver", lambda: ("", ""))
-    assert runtime._glibc_at_least(2, 35) is False
+    assert runtime.glibc_at_least(2, 35) is False
 
 
 def test_reexec_keeps_flags_and_arguments(tmp_path):

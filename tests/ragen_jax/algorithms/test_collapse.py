@@ -137,7 +137,7 @@ def test_copy_and_ignore_policies_through_the_pass(kind, monkeypatch):
             "row_valid": np.ones(2 * p, bool), "rep": (np.arange(p) * 2).astype(np.int32),
             "x_len": np.full(p, lx, np.int32), "col_valid": np.ones(p, bool), "same_prompt": np.eye(p, dtype=bool)}
     monkeypatch.setattr(C, "sequence_logprobs", _stub(kind, lx))
-    out = C._metrics_program(None, None, jnp.asarray(tokens), {k: jnp.asarray(v) for k, v in plan.items()},
+    out = C.metrics_program(None, None, jnp.asarray(tokens), {k: jnp.asarray(v) for k, v in plan.items()},
                              width=lx + lz, block=8, pad_rows=0)
     m = _m(out)
     if kind == "copy":

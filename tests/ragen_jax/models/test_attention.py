@@ -29,8 +29,8 @@ from ragen_jax.models.attention import (
     cudnn_attention,
     resolve,
 )
-from ragen_jax.trainer.config import Config, ConfigError, ModelConfig
-from ragen_jax.trainer.setup import build_policy
+from ragen_jax.experiment.config import Config, ConfigError, ModelConfig
+from ragen_jax.experiment.build import build_policy
 
 f32 = jnp.float32
 TOL = {jnp.float32: dict(out=2e-5, grad=5e-5), jnp.bfloat16: dict(out=4e-2, grad=4e-2)}

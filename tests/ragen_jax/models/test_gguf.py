@@ -207,7 +207,7 @@ def test_qwen2_untied_with_biases_sharded_loads_in_our_model(tmp_path):
 
 
 def test_config_accepts_a_gguf_model_path(tiny):
-    from ragen_jax.trainer.config import ConfigError, load_config
+    from ragen_jax.experiment.config import ConfigError, load_config
 
     path = tiny[0]
     assert load_config("sokoban.py", [f"--config.model.path={path}"]).model.path == str(path)

@@ -10,7 +10,7 @@ from flax import nnx
 
 from ragen_jax.models import Qwen2, Qwen2Config
 from ragen_jax.models.qwen2 import model as qwen2_model
-from ragen_jax.trainer.config import Config, ConfigError
+from ragen_jax.experiment.config import Config, ConfigError
 
 from ._helpers import greedy_decode_hlo
 
@@ -73,7 +73,7 @@ def test_config_normalises_and_rejects_matmul_dtypes():
 
 
 def test_trainer_config_reaches_the_policy():
-    from ragen_jax.trainer.setup import build_policy
+    from ragen_jax.experiment.build import build_policy
 
     c = Config()
     c.model.random_init, c.model.preset, c.model.matmul_dtype = True, "tiny", "bfloat16"

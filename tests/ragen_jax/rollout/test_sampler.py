@@ -277,7 +277,7 @@ def _scan_stop(stop_table, toks, steps):
 
     def body(carry, tok):
         window, done_at, t = carry
-        window, hit = S._stop_string_step(window, tok, stop_table)
+        window, hit = S.stop_string_step(window, tok, stop_table)
         done_at = jnp.where((done_at < 0) & hit, t + 1, done_at)
         return (window, done_at, t + 1), None
 
@@ -324,7 +324,7 @@ def test_generate_stops_on_string_across_tokens(model, greedy_ref):
 
 @functools.partial(jax.jit, static_argnames=("top_k", "use_top_p"))
 def _sample_many(logits, key, temperature, top_p, top_k, use_top_p):
-    return S._sample(logits, key, temperature, top_p, greedy=False, top_k=top_k, use_top_p=use_top_p)
+    return S.sample_token(logits, key, temperature, top_p, greedy=False, top_k=top_k, use_top_p=use_top_p)
 
 
 @pytest.mark.parametrize(
@@ -363,7 +363,7 @@ def test_sampled_frequencies_match_target_distribution(temperature, top_p, top_k
 
 @functools.partial(jax.jit, static_argnames=("greedy", "c1", "c2", "logprob"))
 def _select_many(logits, key, temperature, greedy, c1, c2, logprob=True):
-    return S._select(logits, key, temperature, greedy=greedy, c1=c1, c2=c2, logprob=logprob)
+    return S.select_token(logits, key, temperature, greedy=greedy, c1=c1, c2=c2, logprob=logprob)
 
 
 @pytest.mark.parametrize("c1,c2", [(16, 4), (8, 8), (24, 3)])
@@ -397,7 +397,7 @@ def test_no_recompilation_for_new_prompts_or_weights(model, monkeypatch):
     # Fresh program cache, and a program that raises if traced twice (chex counts the traces).
     chex.clear_trace_counter()
     monkeypatch.setattr(S, "_GENERATE_FNS", {})
-    monkeypatch.setattr(S, "_generate_impl", chex.assert_max_traces(S._generate_impl, n=1))
+    monkeypatch.setattr(S, "generate_impl", chex.assert_max_traces(S.generate_impl, n=1))
     events = []
 
     def listener(name, *a, **k):

@@ -24,8 +24,9 @@ from ragen_jax.rollout import Rollout, RolloutConfig
 from ragen_jax.rollout.rollout import turn_blocks
 from ragen_jax.text import PromptConfig, TextEnv
 from ragen_jax.text.tokenizer import load_tokenizer
-from ragen_jax.trainer.config import ConfigError, load_config
-from ragen_jax.trainer.step import TurnBlocks, sequence_logprobs, sequence_values
+from ragen_jax.experiment.config import ConfigError, load_config
+from ragen_jax.trainer.step import sequence_logprobs, sequence_values
+from ragen_jax.trainer.turn_blocks import TurnBlocks
 
 SINGLE = dict(context_window_mode="single_turn", max_context_window=1)
 
@@ -214,7 +215,7 @@ def test_over_taken_blocks_computes_every_taken_row_and_skips_whole_untaken_chun
     """Rows of 6 records x 4 turn slots (record r took `turns[r]` turns), in `shards` data-parallel
     parts. Truth: `fn` on every row for taken rows; a skipped row reads 0 (fn returns 1 + its id, never
     0), and exactly the chunks past the last taken row of the fullest part are skipped."""
-    from ragen_jax.trainer.step import over_taken_blocks
+    from ragen_jax.trainer.turn_blocks import over_taken_blocks
 
     taken = np.array([[j < n for j in range(4)] for n in turns]).reshape(-1)
     ok = jnp.asarray(np.repeat(taken[:, None], 3, axis=1))

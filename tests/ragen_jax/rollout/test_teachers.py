@@ -17,7 +17,7 @@ from ragen_jax.rollout.teachers import AnswerTable
 from ragen_jax.text import PromptConfig, TextEnv
 from ragen_jax.text.tokenizer import IM_END, load_tokenizer
 from envs_jax.frozen_lake import rows_from_state
-from tests.envs_jax.ref_frozen_lake import _dynamics
+from tests.envs_jax.ref_frozen_lake import dynamics
 from tests.envs_jax.ref_sokoban import RefSokoban, bfs_length, room_codes
 
 
@@ -86,7 +86,7 @@ def test_every_teacher_kind_has_a_teacher(tok):
 
 # ------------------------------------------------------------------------------------ Sokoban
 def test_sokoban_demos_replay_to_bfs_optimal_solutions(tok):
-    # The demo rollout of tests/ragen_jax/sft/test_sft.py (same shapes and mesh: one compilation).
+    # The demo rollout of tests/ragen_jax/trainer/test_sft.py (same shapes and mesh: one compilation).
     te = _te(tok, "Sokoban", max_turns=2, max_response_tokens=32)
     teacher = get_teacher("Sokoban", te)
     seeds = np.arange(50000, 50008)
@@ -130,7 +130,7 @@ def test_sokoban_demos_replay_to_bfs_optimal_solutions(tok):
 def _q_values(rows, k, slip=2.0 / 3.0):
     """Q[cell, action] with k actions left (k >= 1), plain dynamic programming over the reference table."""
     n = len(rows)
-    dyn = _dynamics(rows, slip)
+    dyn = dynamics(rows, slip)
     flat = "".join(rows)
     v = np.array([1.0 if ch == "G" else 0.0 for ch in flat])
     for _ in range(k):

@@ -13,7 +13,7 @@ from __future__ import annotations
 import jax
 import pytest
 
-from ragen_jax.trainer.config import ConfigError, load_config
+from ragen_jax.experiment.config import ConfigError, load_config
 from ragen_jax.trainer.export import abstract_inputs, abstract_programs, custom_calls, export_programs
 from ragen_jax.trainer.rl import Trainer
 

@@ -36,7 +36,7 @@ from flax import nnx
 
 from ragen_jax.models import Qwen2, Qwen2Config, critic_from_policy
 from ragen_jax.rollout import Trajectories
-from ragen_jax.trainer.config import Config
+from ragen_jax.experiment.config import Config
 from ragen_jax.trainer.optim import make_optimizer
 from ragen_jax.trainer.step import StepPrograms, TrainState
 

@@ -19,8 +19,8 @@ from safetensors.numpy import load_file
 
 from ragen_jax.models import Qwen2, Qwen2Config, save_pretrained
 from ragen_jax.models.lora import ALL_TARGETS, TARGETS, LoRAParam, add_lora
-from ragen_jax.trainer.checkpoint import load_policy_params, save_lora_exports
-from ragen_jax.trainer.config import ConfigError, load_config
+from ragen_jax.infra.checkpoint import load_policy_params, save_lora_exports
+from ragen_jax.experiment.config import ConfigError, load_config
 from ragen_jax.trainer.rl import Trainer
 from ragen_jax.trainer.sft import SFTTrainer
 
@@ -137,7 +137,7 @@ def test_eval_of_an_interrupted_run_rebuilds_the_base_under_its_checkpointed_ada
     the merged policy export of the same run (plain weights, W + (alpha/r) A B), same logits."""
     import shutil
 
-    from ragen_jax.trainer.evaluation import load_for_eval
+    from ragen_jax.evaluation.policies import load_for_eval
 
     wd, tr, _, _ = lora_run
     ck = tmp_path / "ckonly"
@@ -190,8 +190,8 @@ def test_fresh_adapters_equal_the_base_and_rollout_logprobs_equal_the_trainers(t
     traj_l = lora.rollout(lora.actor_params, key, seeds)
     np.testing.assert_array_equal(np.asarray(traj_l.tokens), np.asarray(traj.tokens))
     np.testing.assert_allclose(np.asarray(traj_l.logprobs), np.asarray(traj.logprobs), atol=1e-6)
-    b0, _ = base._prepare(base.state.actor, base.state.critic, base.ref, traj)
-    b1, _ = lora._prepare(lora.state.actor, lora.state.critic, lora.ref, traj, lora.frozen)
+    b0, _ = base.prepare_fn(base.state.actor, base.state.critic, base.ref, traj)
+    b1, _ = lora.prepare_fn(lora.state.actor, lora.state.critic, lora.ref, traj, lora.frozen)
     m = np.asarray(b0.mask)
     assert m.sum() >= 8
     np.testing.assert_allclose(np.asarray(b1.old_logp)[m], np.asarray(b0.old_logp)[m], atol=1e-6)
@@ -201,11 +201,11 @@ def test_fresh_adapters_equal_the_base_and_rollout_logprobs_equal_the_trainers(t
     # trainer recomputes (same temperature), which differ from the base model's.
     lora.state = lora.state.replace(actor=_set_b(lora.state.actor, np.random.default_rng(1)))
     traj2 = lora.rollout(lora.actor_params, key, seeds)
-    b2, _ = lora._prepare(lora.state.actor, lora.state.critic, lora.ref, traj2, lora.frozen)
+    b2, _ = lora.prepare_fn(lora.state.actor, lora.state.critic, lora.ref, traj2, lora.frozen)
     m2 = np.asarray(b2.mask)
     rec = np.asarray(traj2.logprobs)[:, 1:][m2]
     np.testing.assert_allclose(np.asarray(b2.old_logp)[m2], rec, atol=2e-4)
-    b3, _ = base._prepare(base.state.actor, base.state.critic, base.ref, traj2)
+    b3, _ = base.prepare_fn(base.state.actor, base.state.critic, base.ref, traj2)
     assert np.abs(np.asarray(b3.old_logp)[m2] - rec).max() > 0.05
 
 

@@ -11,9 +11,9 @@ import math
 import numpy as np
 import pytest
 
-from ragen_jax.trainer.config import ConfigError, load_config
+from ragen_jax.experiment.config import ConfigError, load_config
 from ragen_jax.trainer.rl import Trainer
-from ragen_jax.trainer.step import GIB, bytes_per_device
+from ragen_jax.trainer.memory import GIB, bytes_per_device
 
 FAST = ["--config.train.iterations=1", "--config.train.val_every=0", "--config.rollout.num_groups=2",
         "--config.rollout.group_size=4", "--config.algo.filter_ratio=0.5", "--config.algo.mini_batch_size=4",

@@ -16,7 +16,7 @@ from flax import nnx
 from ragen_jax.algorithms import losses as loss_lib
 from ragen_jax.algorithms.losses import LOSS_AGG_MODES
 from ragen_jax.models import Qwen2, Qwen2Config, critic_from_policy
-from ragen_jax.trainer.config import Config, ConfigError, load_config
+from ragen_jax.experiment.config import Config, ConfigError, load_config
 from ragen_jax.trainer.optim import make_optimizer
 from ragen_jax.trainer.sft import SFTTrainer, sft_loss
 from ragen_jax.trainer.step import (Batch, StepPrograms, TrainState, accumulated_value_and_grad, join_rows,
@@ -202,10 +202,10 @@ def test_sft_micro_batches_equal_the_single_pass(tmp_path):
     # Truth: one pass of the loss with its own token count.
     tr = trainers[0]
     params = tr.state.params
-    (loss0, m0), g0 = jax.value_and_grad(lambda p: sft_loss(tr.graphdef, p, *args, vocab), has_aux=True)(params)
+    (loss0, m0), g0 = jax.value_and_grad(lambda p: sft_loss(tr.policy_graph, p, *args, vocab), has_aux=True)(params)
     states = []
     for tr in trainers:
-        state, m = jax.jit(tr._train_step)(tr.state, *args)  # the trainer's compiled step body
+        state, m = jax.jit(tr.step_body)(tr.state, *args)  # the trainer's compiled step body
         _assert_close(m["sft/loss"], loss0, "loss")
         _assert_close(m["sft/token_accuracy"], m0["sft/token_accuracy"], "accuracy")
         _assert_close(m["sft/tokens"], m0["sft/tokens"], "tokens")

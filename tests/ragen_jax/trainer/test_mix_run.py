@@ -10,9 +10,9 @@ import struct
 
 import pytest
 
-from ragen_jax.trainer.config import ConfigError, config_from_dict, load_config
+from ragen_jax.experiment.config import ConfigError, config_from_dict, load_config
 from ragen_jax.trainer.rl import RESUMABLE_CHANGES, Trainer
-from ragen_jax.trainer.setup import check_run_dir_config
+from ragen_jax.experiment.build import check_run_dir_config
 
 TINY = ["train.iterations=1", "train.val_every=1", "env.val_set=Sokoban:2,FrozenLake:3", "train.save_every=1",
         "rollout.group_size=2", "algo.mini_batch_size=2", "prompt.max_response_tokens=12", "rollout.max_context=640",

@@ -12,7 +12,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from ragen_jax.trainer.config import ConfigError, load_config
+from ragen_jax.experiment.config import ConfigError, load_config
 from ragen_jax.trainer.optim import make_optimizer
 
 LR = 0.01

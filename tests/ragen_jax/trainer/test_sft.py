@@ -16,7 +16,7 @@ import numpy as np
 import pytest
 from flax import nnx
 
-from ragen_jax.trainer.config import ConfigError, load_config
+from ragen_jax.experiment.config import ConfigError, load_config
 from hypothesis import given, settings, strategies as st
 
 from ragen_jax.trainer.sft import SFTTrainer, bucketed_batches, length_buckets, shared_prefix_length, sft_loss
@@ -82,7 +82,7 @@ def test_loss_is_the_token_mean_nll_of_the_assistant_tokens(run):
 
     @jax.jit
     def full_logits(params, ids, valid):  # [B, T, V] in full (small: the task vocabulary)
-        model = nnx.merge(tr.graphdef, params)
+        model = nnx.merge(tr.policy_graph, params)
         return model.logits(model(ids, valid, None)[0])
 
     logits = np.asarray(full_logits(tr.state.params, ids, jnp.asarray(valid)), np.float64)
@@ -104,7 +104,7 @@ def test_empty_mask_gives_zero_loss_and_zero_gradients(run):
     prefix, tokens, mask, length = tr.put_batch(tr.batch_indices(0))
     # The training step itself (same compiled program): no assistant token, no loss, no gradient.
     # The step donates its state: give it a copy so that the trainer's own state stays alive.
-    _, m = tr._step(jax.tree.map(jnp.copy, tr.state), prefix, tokens, jnp.zeros_like(mask), length)
+    _, m = tr.step_fn(jax.tree.map(jnp.copy, tr.state), prefix, tokens, jnp.zeros_like(mask), length)
     assert float(m["sft/loss"]) == 0.0 and float(m["sft/grad_norm"]) == 0.0 and float(m["sft/tokens"]) == 0.0
     assert all(h["sft/grad_norm"] > 0 for h in hist if "sft/loss" in h)  # ... while real batches have one
     assert tr.trace_count == traces
@@ -117,7 +117,7 @@ def test_fixed_batch_is_overfitted(run):
     state = jax.tree.map(jnp.copy, tr.state)  # the step donates its state; the trainer's stays alive
     accs, losses = [], []
     for _ in range(20):
-        state, m = tr._step(state, *batch)
+        state, m = tr.step_fn(state, *batch)
         accs.append(float(m["sft/token_accuracy"]))
         losses.append(float(m["sft/loss"]))
     assert losses[-1] < 0.5 * losses[0]
@@ -136,8 +136,8 @@ def test_shared_prefix_and_buckets_give_the_full_sequence_loss_and_gradients(tmp
     assert d.prefix_len > 100  # Sokoban: system prompt + instructions
     widths = np.unique(d.width)
     assert len(widths) >= 2 and widths.max() < d.tokens.shape[1] - d.prefix_len  # 1-turn and 2-turn demos
-    loss_full = jax.jit(jax.value_and_grad(lambda p, *b: sft_loss(tr.graphdef, p, None, *b, vocab=tr.vocab)[0]))
-    loss_shared = jax.jit(jax.value_and_grad(lambda p, *b: sft_loss(tr.graphdef, p, *b, vocab=tr.vocab)[0]))
+    loss_full = jax.jit(jax.value_and_grad(lambda p, *b: sft_loss(tr.policy_graph, p, None, *b, vocab=tr.vocab)[0]))
+    loss_shared = jax.jit(jax.value_and_grad(lambda p, *b: sft_loss(tr.policy_graph, p, *b, vocab=tr.vocab)[0]))
     for w in widths:
         idx = np.flatnonzero(d.width == w)[:8]
         prefix, tokens, mask, length = tr.put_batch(idx)
@@ -209,7 +209,7 @@ def test_resume_ends_with_the_uninterrupted_parameters(run, tmp_path):
     second = SFTTrainer(_cfg(*over), wd, quiet=True, demo_chunk=8)
     assert second.step == 2  # the last checkpoint (save_every=2)
     # The interrupted run evaluates from its checkpoint (its `params` field): the parameters resumed.
-    from ragen_jax.trainer.evaluation import load_for_eval
+    from ragen_jax.evaluation.policies import load_for_eval
 
     for a, b in zip(_leaves(load_for_eval(wd).params), _leaves(second.state.params)):
         np.testing.assert_array_equal(a, b)

@@ -16,9 +16,9 @@ from flax import nnx
 from ragen_jax.models import Qwen2, Qwen2Config
 from ragen_jax.rollout import Trajectories
 from ragen_jax.trainer.collapse import EarlyStops
-from ragen_jax.trainer.config import Config, ConfigError, TrainConfig, config_from_dict, load_config
+from ragen_jax.experiment.config import Config, ConfigError, TrainConfig, config_from_dict, load_config
 from ragen_jax.trainer.rl import RESUMABLE_CHANGES, Trainer
-from ragen_jax.trainer.setup import check_run_dir_config
+from ragen_jax.experiment.build import check_run_dir_config
 from ragen_jax.trainer.step import StepPrograms, TrainState
 
 TINY = ["model.preset=tiny", "model.random_init=true", "model.vocab=task", "model.dtype=float32",

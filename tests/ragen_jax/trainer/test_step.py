@@ -29,7 +29,7 @@ from flax import nnx
 
 from ragen_jax.models import Qwen2, Qwen2Config, critic_from_policy
 from ragen_jax.rollout import Trajectories
-from ragen_jax.trainer.config import Config, load_config
+from ragen_jax.experiment.config import Config, load_config
 from ragen_jax.trainer.rl import Trainer
 from ragen_jax.trainer.step import StepPrograms, TrainState
 
@@ -158,6 +158,33 @@ def _whiten(x, m):
     return np.where(m, (x - vals.mean()) / np.sqrt(var + 1e-8), 0.0)
 
 
+def _plain_token_rewards(a, rw, n: int, k: int, mask, traj, rows, old, ref):
+    """Group-normalised scores placed on tokens (plus KL in the reward), as `plain_prepare` needs."""
+    scores = rw.copy()
+    if a.reward_norm == "mean_std":
+        for g in range(k):
+            x = rw[g * n:(g + 1) * n]
+            sd = np.std(x, ddof=1)
+            scores[g * n:(g + 1) * n] = (x - x.mean()) / (sd + 1e-6) if sd > 1e-6 else 0.0
+    kk = len(rows)
+    tok_r = np.zeros((kk, T - 1))
+    te = np.asarray(traj.turn_end)[rows] - 1  # target coordinates
+    tr = np.asarray(traj.turn_reward)[rows]
+    for b in range(kk):
+        if a.reward_placement == "trajectory":
+            if mask[b].any():
+                tok_r[b, np.nonzero(mask[b])[0][-1]] = scores[b]
+        else:
+            for j in range(K):
+                if te[b, j] >= 0:
+                    tok_r[b, te[b, j]] += tr[b, j]
+    if a.kl_coef > 0 and a.kl_in_reward:
+        assert a.kl_type == "k1"
+        tok_r = tok_r - a.kl_coef * np.where(mask, old - ref, 0.0)
+    tok_r = np.where(mask, tok_r, 0.0)
+    return tok_r
+
+
 def plain_prepare(s: Setup, traj: Trajectories) -> dict:
     a, r = s.cfg.algo, s.cfg.rollout
     n, temp = r.group_size, r.temperature
@@ -187,29 +214,9 @@ def plain_prepare(s: Setup, traj: Trajectories) -> dict:
         values = np.asarray(nnx.merge(s.critic_graph, s.critic)(tokens, valid))[:, :-1]
     values = np.where(mask, values, 0.0)
 
-    rw = reward[rows]
-    scores = rw.copy()
-    if a.reward_norm == "mean_std":
-        for g in range(k):
-            x = rw[g * n:(g + 1) * n]
-            sd = np.std(x, ddof=1)
-            scores[g * n:(g + 1) * n] = (x - x.mean()) / (sd + 1e-6) if sd > 1e-6 else 0.0
     kk = len(rows)
-    tok_r = np.zeros((kk, T - 1))
+    tok_r = _plain_token_rewards(a, reward[rows], n, k, mask, traj, rows, old, ref)
     te = np.asarray(traj.turn_end)[rows] - 1  # target coordinates
-    tr = np.asarray(traj.turn_reward)[rows]
-    for b in range(kk):
-        if a.reward_placement == "trajectory":
-            if mask[b].any():
-                tok_r[b, np.nonzero(mask[b])[0][-1]] = scores[b]
-        else:
-            for j in range(K):
-                if te[b, j] >= 0:
-                    tok_r[b, te[b, j]] += tr[b, j]
-    if a.kl_coef > 0 and a.kl_in_reward:
-        assert a.kl_type == "k1"
-        tok_r = tok_r - a.kl_coef * np.where(mask, old - ref, 0.0)
-    tok_r = np.where(mask, tok_r, 0.0)
 
     adv = np.zeros_like(tok_r)
     if a.adv_estimator == "gae" and not a.bi_level_gae:
@@ -419,7 +426,7 @@ def test_rollout_logprobs_equal_trainer_old_logprobs_at_temperature(tmp_path):
     cfg = load_config("tiny_cpu.py", over)
     tr = Trainer(cfg, tmp_path, quiet=True)
     traj = tr.rollout(tr.state.actor, jax.random.PRNGKey(0), np.arange(2, dtype=np.int32))
-    batch, _ = tr._prepare(tr.state.actor, tr.state.critic, tr.ref, traj)
+    batch, _ = tr.prepare_fn(tr.state.actor, tr.state.critic, tr.ref, traj)
     m = np.asarray(batch.mask)
     assert m.sum() >= 8
     rec = np.asarray(traj.logprobs)[:, 1:][m]  # filter_ratio 1 keeps the rows in order

@@ -14,7 +14,7 @@ import jax
 import numpy as np
 import pytest
 
-from ragen_jax.trainer.config import ConfigError, load_config
+from ragen_jax.experiment.config import ConfigError, load_config
 from ragen_jax.trainer.rl import Trainer
 
 ROOT = Path(__file__).resolve().parents[3]
@@ -132,7 +132,7 @@ def test_corrupt_checkpoint_is_reported(ppo_run, tmp_path):
     saves training a run of its own)."""
     import shutil
 
-    from ragen_jax.trainer.checkpoint import CheckpointError
+    from ragen_jax.infra.checkpoint import CheckpointError
 
     wd = tmp_path / "corrupt"
     shutil.copytree(ppo_run[0], wd)
@@ -179,7 +179,7 @@ def test_killed_mid_save_resumes_from_last_complete_checkpoint(ppo_run, tmp_path
 
 def test_run_dir_saved_before_a_config_key_existed(tmp_path):
     """A key added to Config after a run started: its default resumes the run, another value is refused."""
-    from ragen_jax.trainer.setup import check_run_dir_config
+    from ragen_jax.experiment.build import check_run_dir_config
 
     cfg = load_config("tiny_cpu.py")
     saved = json.loads(json.dumps(cfg.to_dict(), default=str))
@@ -195,8 +195,8 @@ def test_run_dir_saved_before_a_config_key_existed(tmp_path):
 def test_run_dir_saved_before_a_key_moved(tmp_path):
     """model.cache_dtype moved to rollout.cache_dtype: a run saved with the old key resumes with the same
     value under the new one (and is refused with another), and evaluation reads its config."""
-    from ragen_jax.trainer.config import config_from_dict
-    from ragen_jax.trainer.setup import check_run_dir_config
+    from ragen_jax.experiment.config import config_from_dict
+    from ragen_jax.experiment.build import check_run_dir_config
 
     cfg = load_config("tiny_cpu.py", ["rollout.cache_dtype=bfloat16"])
     saved = json.loads(json.dumps(cfg.to_dict(), default=str))

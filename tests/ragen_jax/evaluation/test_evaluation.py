@@ -23,10 +23,9 @@ import pytest
 from flax import nnx
 
 import envs_jax
-from ragen_jax.trainer.config import load_config
-from ragen_jax.trainer.evaluation import (
-    DEFAULT_SUITE, EvalError, evaluate, flat_metrics, format_table, get_rollout, load_for_eval, load_source,
-    write_eval_json)
+from ragen_jax.evaluation.policies import EvalError, load_for_eval, load_source
+from ragen_jax.evaluation.suite import DEFAULT_SUITE, evaluate, flat_metrics, format_table, get_rollout, write_eval_json
+from ragen_jax.experiment.config import load_config
 from ragen_jax.rollout import Rollout, RolloutConfig, rollout_metrics
 from ragen_jax.text import PromptConfig, TextEnv
 
@@ -35,7 +34,7 @@ ENVS = ("Bandit", "FrozenLake")
 PROMPT = PromptConfig(max_turns=2, max_response_tokens=8)
 SETTINGS = dict(num_states=4, rollouts_per_state=2, max_context=512, prompt=PROMPT, seed_start=123)
 KEY = jax.random.PRNGKey(5)
-# The train-loop test's one-device config (tests/ragen_jax/training/test_train_loop.py), so its
+# The train-loop test's one-device config (tests/ragen_jax/trainer/test_train_loop.py), so its
 # compiled programs come from the persistent cache.
 TRAIN = ["--config.train.iterations=1", "--config.train.val_every=0", "--config.train.val_size=4",
          "--config.train.save_every=1", "--config.rollout.num_groups=2", "--config.rollout.group_size=4",

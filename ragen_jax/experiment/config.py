@@ -418,7 +418,7 @@ class TrainConfig:
     keep_checkpoints: int = 3
     log_samples: int = 2  # conversations written to TensorBoard as text per log step
     # Device memory (GiB) the compiled programs must fit in, checked before the first iteration from
-    # their memory_analysis (see step.program_memory). 0: what the device reports (GPU/TPU
+    # their memory_analysis (see trainer/memory.py program_memory). 0: what the device reports (GPU/TPU
     # bytes_limit); CPU reports nothing, so there the check runs only when this is set.
     device_memory_gib: float = 0.0
     # Reasoning-collapse diagnostics (RAGEN-2 collapse_detection, ragen_jax/trainer/collapse.py),
@@ -595,7 +595,7 @@ def load_config(name: str, overrides: list[str] | tuple[str, ...] = ()) -> Confi
         raise ConfigError(f"{path} defines no get_config() function")
     cfg = module.get_config()
     if not isinstance(cfg, Config):
-        raise ConfigError(f"{path}: get_config() must return ragen_jax.trainer.config.Config, got {type(cfg).__name__}")
+        raise ConfigError(f"{path}: get_config() must return ragen_jax.experiment.config.Config, got {type(cfg).__name__}")
     for ov in overrides:
         apply_override(cfg, ov)
     return cfg.validate()

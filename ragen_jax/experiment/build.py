@@ -28,9 +28,9 @@ from ragen_jax.rollout.teachers import teacher_texts
 from ragen_jax.text import PromptConfig, TextEnv
 from ragen_jax.text.mix import MixedTextEnv
 from ragen_jax.text.tokenizer import load_tokenizer
-from ragen_jax.trainer.checkpoint import load_policy_params
-from ragen_jax.trainer.config import Config, ConfigError, migrate_saved
-from ragen_jax.trainer.distributed import run_path
+from ragen_jax.infra.checkpoint import load_policy_params
+from ragen_jax.experiment.config import Config, ConfigError, migrate_saved
+from ragen_jax.infra.distributed import run_path
 
 
 def _flatten(d: dict, prefix="") -> dict:

@@ -1,45 +1,14 @@
-"""TensorBoard scalars and texts, JSON-lines metrics, PNG curves, and the Echo-Trap early warning."""
+"""TensorBoard scalars and texts, JSON-lines metrics and PNG curves of a run."""
 
 from __future__ import annotations
 
 import json
 import math
-from collections import deque
 from pathlib import Path
 
 import jax
 
-from ragen_jax.trainer.distributed import is_remote, run_path
-
-
-class EchoTrapMonitor:
-    """Early warning of the Echo Trap (behaviour spec section 6).
-
-    The paper's collapse is preceded by falling in-group reward std and falling token entropy while
-    the mean reward still looks fine. Each is compared with its best value in a sliding window: the
-    warning fires when both have dropped by at least `drop` (relative) while the reward has not
-    dropped below its windowed best by more than `drop`. `score` (logged every iteration) is the
-    smaller of the two relative drops: 0 = healthy, towards 1 = collapsing diversity.
-    """
-
-    def __init__(self, window: int = 10, drop: float = 0.3):
-        self.window, self.drop = window, drop
-        self.std, self.ent, self.rew = (deque(maxlen=window) for _ in range(3))
-
-    def update(self, in_group_std: float, entropy: float, reward: float) -> tuple[float, bool]:
-        self.std.append(in_group_std)
-        self.ent.append(entropy)
-        self.rew.append(reward)
-        if len(self.std) < 3:
-            return 0.0, False
-
-        def rel_drop(hist):
-            best = max(hist)
-            return 0.0 if best <= 1e-12 else max(0.0, (best - hist[-1]) / best)
-
-        score = min(rel_drop(self.std), rel_drop(self.ent))
-        reward_ok = rel_drop(self.rew) < self.drop if max(self.rew) > 0 else True
-        return score, bool(score >= self.drop and reward_ok)
+from ragen_jax.infra.distributed import is_remote, run_path
 
 
 class Logger:

@@ -14,7 +14,7 @@ from typing import Callable
 
 import jax
 
-from ragen_jax.trainer.distributed import ClusterError, acquire_run_lock, exit_now, start_cluster
+from ragen_jax.infra.distributed import ClusterError, acquire_run_lock, exit_now, start_cluster
 
 # Input problems, reported in one line with exit status 2 (matched by class name: most live in
 # modules that may only be imported after the cluster is joined).
@@ -109,7 +109,7 @@ def run_config_job(doc: str, argv, job: Callable, workdir_help: str = "run direc
     lock, started = None, False
     try:
         start_from_args(args)
-        from ragen_jax.trainer.config import load_config  # only now: it imports the environments (see above)
+        from ragen_jax.experiment.config import load_config  # only now: it imports the environments (see above)
 
         cfg = load_config(args.config, overrides)
         lock = acquire_run_lock(args.workdir)

@@ -26,7 +26,7 @@ from flax import nnx
 
 from ragen_jax.models.lora import ADAPTER_CONFIG, ADAPTER_WEIGHTS, merged_state, save_peft_adapter
 from ragen_jax.rollout.metrics import host_copy
-from ragen_jax.trainer.distributed import run_path
+from ragen_jax.infra.distributed import run_path
 
 
 class CheckpointError(RuntimeError):

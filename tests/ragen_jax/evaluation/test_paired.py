@@ -1,4 +1,4 @@
-"""ragen_jax/trainer/paired.py: exact McNemar p-values against hand-computed values and against the
+"""ragen_jax/evaluation/paired.py: exact McNemar p-values against hand-computed values and against the
 "sum of all outcomes no more likely than the observed one" definition of a two-sided exact test."""
 
 from __future__ import annotations
@@ -8,7 +8,7 @@ from math import comb
 
 import pytest
 
-from ragen_jax.trainer.paired import mcnemar_exact, paired_change
+from ragen_jax.evaluation.paired import mcnemar_exact, paired_change
 
 
 @pytest.mark.parametrize("gained,lost,p", [

@@ -1,0 +1,11 @@
+"""Stage 5, run infrastructure: what any run stands on, independent of what it trains.
+
+- `distributed`: joining a cluster (`start_cluster`), process-0 decisions raised everywhere
+  (`on_primary`), run paths (local or gs://), the run-directory lock (`RunLock`, `acquire_run_lock`).
+- `checkpoint`: Orbax checkpoints (`Checkpointer`, `CheckpointError`), policy and LoRA exports,
+  `save_run_files`, `load_policy_params`.
+- `logger`: TensorBoard + metrics.jsonl (`Logger`), `read_metrics`, `plot_curves`.
+
+`distributed` imports nothing of the project: `jax.distributed.initialize` must run before the
+environments (which compute at import) create JAX's backend.
+"""
