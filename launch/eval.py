@@ -91,6 +91,13 @@ def _write_results(args, envs, results, run_cfg, prompt, max_context, mesh) -> i
     return 0
 
 
+def _check_model_arg(model: str, error: type) -> None:
+    if (not os.path.isdir(os.path.expanduser(model)) and not model.startswith("preset:")
+            and not model.lower().endswith(".gguf")):
+        raise error(f"model directory {model} does not exist (give a run directory, a Hugging Face model directory, "
+                    "a .gguf file or preset:NAME)")
+
+
 def main(argv=None) -> int:
     args = parse_args(argv)
     # Project imports follow the cluster join: importing the environments starts JAX's backend.
@@ -106,10 +113,7 @@ def main(argv=None) -> int:
 
     try:  # cheap checks first: a typo must not cost a model load
         envs = check_env_names(args.envs.split(",") if args.envs else DEFAULT_SUITE)
-        if (not os.path.isdir(os.path.expanduser(args.model)) and not args.model.startswith("preset:")
-                and not args.model.lower().endswith(".gguf")):
-            raise EvalError(f"model directory {args.model} does not exist (give a run directory, a Hugging Face "
-                            "model directory or preset:NAME)")
+        _check_model_arg(args.model, EvalError)
     except EvalError as e:
         return _err(e)
 

@@ -118,3 +118,13 @@ def test_evaluation_handles_them(tok):
     assert res["success"] == pytest.approx(4 / 8) and res["gold_rate"] == res["success"]
     assert res["num_turns"] == pytest.approx(1.0)
     assert res["pass@2"] == pytest.approx(3 / 4)  # states (0,1) (2,3) (4,5) (6,7): gold in 0, 1, 3
+
+
+@pytest.mark.parametrize("over", [["env.name=Countdown"], ["env.val_envs=('Sokoban','game_2048')"],
+                                  ["algo.adv_estimator=gigpo"]])
+def test_config_refuses_what_the_trainer_cannot_run_yet(over):
+    """Registered envs without a text layer and estimators the step does not feed are refused by the
+    config check with one sentence, not at trace time."""
+    from ragen_jax.experiment.config import ConfigError, load_config
+    with pytest.raises(ConfigError, match="text layer|does not feed"):
+        load_config("tiny_cpu.py", over)

@@ -32,6 +32,9 @@ from ragen_jax.rollout.types import RolloutConfig
 from ragen_jax.text.conversation import PromptConfig
 from ragen_jax.text.mix import format_mix, parse_mix
 
+# Estimators whose inputs the compiled step does not pass yet (GiGPO needs per-turn state keys from the
+# rollout): refused here, before anything compiles, instead of failing when prepare is traced.
+UNWIRED_ESTIMATORS = ("gigpo",)
 CONFIG_DIR = Path(__file__).resolve().parent.parent.parent / "configs"
 
 
@@ -180,6 +183,11 @@ class EnvConfig:
             _choice("env.name", self.name, valid)
         for name in self.val_envs:
             _choice("env.val_envs", name, valid)
+        for key, name in [("env.name", self.name)] * (not self.mix) + [("env.val_envs", n) for n in self.val_envs]:
+            if not envs_jax.get_spec(name).text_layer:
+                trainable = [n for n in valid if envs_jax.get_spec(n).text_layer]
+                raise ConfigError(f"{key}={name!r} runs on device but has no text layer yet, so it cannot be trained "
+                                  f"or evaluated; choose one of {', '.join(trainable)}")
         if not isinstance(self.overrides, dict):
             raise ConfigError(f"env.overrides must be a dict of parameter overrides, got {self.overrides!r}")
         try:
@@ -313,6 +321,10 @@ class AlgoConfig:
     def validate(self):
         # Option names come from the registries that implement them (one list per option).
         _choice("algo.adv_estimator", self.adv_estimator, tuple(ESTIMATORS))
+        if self.adv_estimator in UNWIRED_ESTIMATORS:
+            raise ConfigError(f"algo.adv_estimator={self.adv_estimator!r} exists in ragen_jax.algorithms but the "
+                              "trainer does not feed it its per-turn state keys yet; choose one of "
+                              f"{', '.join(e for e in ESTIMATORS if e not in UNWIRED_ESTIMATORS)}")
         _choice("algo.reward_norm", self.reward_norm, tuple(NORMALIZATIONS))
         _choice("algo.reward_placement", self.reward_placement, TOKEN_REWARD_MODES)
         _choice("algo.loss_agg", self.loss_agg, LOSS_AGG_MODES)
