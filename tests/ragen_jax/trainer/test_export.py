@@ -11,6 +11,7 @@ the train state)."""
 from __future__ import annotations
 
 import jax
+import jax.numpy as jnp
 import pytest
 
 from ragen_jax.experiment.config import ConfigError, load_config
@@ -93,3 +94,14 @@ def test_reference_update_exports_at_half_a_billion_parameters(attention, platfo
     assert embed and all(a.dtype == jax.numpy.float32 for a in embed)  # float32 master weights, bf16 compute
     # The batch: 32-row mini-batches of the 3,600-token rows (K kept trajectories).
     assert any(a.shape[-1:] == (3600,) for a in exp.in_avals)
+
+
+def test_splash_is_refused_or_avoided_over_several_devices(tmp_path):
+    """Until splash is wrapped in a shard_map: an explicit 'splash' over a mesh of several devices is
+    refused in one sentence before anything compiles, and 'auto' on a multi-device TPU picks chunked."""
+    from ragen_jax.models.attention import resolve
+    assert jax.device_count() > 1
+    assert resolve("auto", t=512, s=512, self_layout=True, dtype=jnp.bfloat16, head_dim=64, backend="tpu") == "chunked"
+    cfg = load_config("tiny_cpu.py", [*SMALL, "--config.model.attention=splash", "--config.mesh.data=8"])
+    with pytest.raises(ConfigError, match="one device only"):
+        Trainer(cfg, tmp_path / "run", quiet=True)
