@@ -74,7 +74,7 @@ class Setup:
     def __init__(self, name: str, tokenizer=None, parse_tokens: int | None = None):
         import envs_jax
         from ragen_jax.text.conversation import PromptConfig
-        from ragen_jax.text.text_env import PAD_ID, TextEnv
+        from ragen_jax.text.text_env import TextEnv
         from ragen_jax.text.tokenizer import load_tokenizer
 
         if name not in ENVS:
@@ -91,7 +91,7 @@ class Setup:
                 raise ValueError(f"parse_tokens={parse_tokens} is shorter than the answers ({width} tokens)")
             width = parse_tokens
         self.answer_ids_list = ids
-        self.answer_ids = np.full((len(ids), width), PAD_ID, np.int32)
+        self.answer_ids = np.full((len(ids), width), self.text_env.pad_id, np.int32)
         for i, row in enumerate(ids):
             self.answer_ids[i, :len(row)] = row
         self.answer_len = np.array([len(r) for r in ids], np.int32)

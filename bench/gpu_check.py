@@ -338,7 +338,7 @@ def part_fit_3b(sz: dict) -> dict:
     from bench.memory import row_config
     from ragen_jax.experiment.config import load_config
     from ragen_jax.trainer.export import abstract_inputs, abstract_programs
-    from ragen_jax.trainer.step import program_memory
+    from ragen_jax.trainer.memory import program_memory
 
     if sz["fit"] is None:
         cfg = row_config("3b-grpo", "after")
