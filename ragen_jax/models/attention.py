@@ -76,9 +76,10 @@ def check_available(implementation: str, dtype, backend: str | None = None, inte
 
 
 def resolve(implementation: str, *, t: int, s: int, self_layout: bool, dtype, head_dim: int,
-            backend: str | None = None) -> str:
-    """The kernel one call uses (static: shapes, dtype and backend only)."""
+            backend: str | None = None, n_devices: int | None = None) -> str:
+    """The kernel one call uses (static: shapes, dtype, backend and device count only)."""
     backend = backend or jax.default_backend()
+    n_devices = jax.device_count() if n_devices is None else n_devices
     prefix = s != t
     if implementation == "cudnn" and self_layout and not prefix:
         return "cudnn"
@@ -95,7 +96,7 @@ def resolve(implementation: str, *, t: int, s: int, self_layout: bool, dtype, he
             return "cudnn"
         # Splash over several devices needs a shard_map around the Pallas kernel (XLA cannot partition
         # a Mosaic call: tests/ragen_jax/trainer/test_export.py); until then a pod runs chunked.
-        if backend == "tpu" and jax.device_count() == 1:
+        if backend == "tpu" and n_devices == 1:
             return "splash"
     return "chunked" if t * s >= CHUNKED_MIN_SCORES else "xla"
 

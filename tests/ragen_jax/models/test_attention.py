@@ -150,13 +150,15 @@ def test_auto_choice_per_backend_and_layout():
     # training rows
     assert resolve("auto", t=big, s=big, self_layout=True, backend="gpu", **kw) == "cudnn"
     assert resolve("auto", t=64, s=64, self_layout=True, backend="gpu", **kw) == "cudnn"
-    assert resolve("auto", t=big, s=big, self_layout=True, backend="tpu", **kw) == "splash"
+    assert resolve("auto", t=big, s=big, self_layout=True, backend="tpu", n_devices=1, **kw) == "splash"
+    # several TPU devices: splash is not partitioned yet (needs a shard_map), chunked instead
+    assert resolve("auto", t=big, s=big, self_layout=True, backend="tpu", n_devices=8, **kw) == "chunked"
     assert resolve("auto", t=big, s=big, self_layout=True, backend="cpu", **kw) == "chunked"
     assert resolve("auto", t=64, s=64, self_layout=True, backend="cpu", **kw) == "xla"
     # float32 on GPU (cuDNN flash needs bf16/fp16) and a shared prefix (no per-row offset in cuDNN)
     assert resolve("auto", t=big, s=big, self_layout=True, backend="gpu", dtype=f32, head_dim=64) == "chunked"
     assert resolve("auto", t=big, s=big + 40, self_layout=True, backend="gpu", **kw) == "chunked"
-    assert resolve("auto", t=big, s=big + 40, self_layout=True, backend="tpu", **kw) == "splash"
+    assert resolve("auto", t=big, s=big + 40, self_layout=True, backend="tpu", n_devices=1, **kw) == "splash"
     # multi-token cache appends: no cudnn/splash (per-row query offsets), chunked once large
     assert resolve("auto", t=big, s=big, self_layout=False, backend="gpu", **kw) == "chunked"
     assert resolve("auto", t=8, s=64, self_layout=False, backend="tpu", **kw) == "xla"

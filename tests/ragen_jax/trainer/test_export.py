@@ -102,6 +102,8 @@ def test_splash_is_refused_or_avoided_over_several_devices(tmp_path):
     from ragen_jax.models.attention import resolve
     assert jax.device_count() > 1
     assert resolve("auto", t=512, s=512, self_layout=True, dtype=jnp.bfloat16, head_dim=64, backend="tpu") == "chunked"
+    assert resolve("auto", t=512, s=512, self_layout=True, dtype=jnp.bfloat16, head_dim=64, backend="tpu",
+                   n_devices=1) == "splash"
     cfg = load_config("tiny_cpu.py", [*SMALL, "--config.model.attention=splash", "--config.mesh.data=8"])
     with pytest.raises(ConfigError, match="one device only"):
         Trainer(cfg, tmp_path / "run", quiet=True)
