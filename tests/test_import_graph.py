@@ -46,7 +46,7 @@ PENDING_PRIVATE = {
     ("tests.ragen_jax.text", "_bytes_to_unicode"), ("tests.ragen_jax.text", "_build_into_cache"),
     ("tests.ragen_jax.text", "_tiktoken_path"),
 }
-SKIP_DIRS = {".git", ".ci-venv", "build", "dist", "__pycache__", ".pytest_cache", ".hypothesis"}
+SKIP_DIRS = {".git", ".ci-venv", ".venv", "venv", "build", "dist", "__pycache__", ".pytest_cache", ".hypothesis", "runs"}
 
 
 def _module_name(path: Path) -> str:
@@ -66,8 +66,10 @@ def _stage(module: str) -> int | None:
 
 
 def _python_files() -> list[Path]:
+    # A virtual environment made inside the checkout (any name: it holds pyvenv.cfg) is not the repo's code.
+    venvs = {c.parent.name for c in ROOT.glob("*/pyvenv.cfg")}
     return sorted(p for p in ROOT.rglob("*.py")
-                  if not SKIP_DIRS.intersection(p.relative_to(ROOT).parts[:-1]) and "egg-info" not in str(p))
+                  if not (SKIP_DIRS | venvs).intersection(p.relative_to(ROOT).parts[:-1]) and "egg-info" not in str(p))
 
 
 FILES = _python_files()
