@@ -20,7 +20,7 @@ import numpy as np
 from flax import nnx
 
 from ragen_jax.models import PRESETS, Qwen2, Qwen2Config, from_pretrained
-from ragen_jax.models.gguf import is_gguf, resolve_model_path
+from ragen_jax.models.gguf import expand_model_path, is_gguf, resolve_model_path
 from ragen_jax.rollout import sampler
 from ragen_jax.text.tokenizer import DEFAULT_SYSTEM_PROMPT, load_tokenizer, token_bytes_table
 
@@ -44,6 +44,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def _load(model_arg: str, dtype: str):
+    model_arg = str(expand_model_path(model_arg))  # pkg:<module>/<file> -> the installed file
     if is_gguf(model_arg):
         model_arg = resolve_model_path(model_arg)  # converted once into a cached HF directory
     if os.path.isdir(model_arg):

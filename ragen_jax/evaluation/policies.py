@@ -19,7 +19,7 @@ from flax import nnx
 
 from ragen_jax.models import Qwen2, Qwen2Config
 from ragen_jax.models.lora import LoRAParam
-from ragen_jax.models.gguf import is_gguf, resolve_model_path
+from ragen_jax.models.gguf import expand_model_path, is_gguf, resolve_model_path
 from ragen_jax.models.qwen2.weights import from_pretrained, read_config
 from ragen_jax.models.vocab_map import VocabMap
 from ragen_jax.text import PromptConfig
@@ -203,7 +203,10 @@ def load_source(source: str | Path, config: Optional[Config] = None, *,
     s = str(source)
     if s.startswith("preset:"):
         return _load_preset(s[len("preset:"):], config, dtype)
-    p = Path(s).expanduser()
+    try:
+        p = expand_model_path(s)
+    except (ValueError, FileNotFoundError) as e:
+        raise EvalError(str(e)) from None
     if is_gguf(p):
         p = Path(resolve_model_path(p))  # a .gguf checkpoint: its cached HF directory
     if not p.exists():

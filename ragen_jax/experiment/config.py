@@ -26,6 +26,7 @@ from ragen_jax.algorithms.filters import (FILTER_METRICS, FILTER_SELECT, FILTER_
 from ragen_jax.algorithms.losses import KL_ESTIMATORS, LOSS_AGG_MODES
 from ragen_jax.models.attention import IMPLEMENTATIONS as ATTENTION_IMPLEMENTATIONS
 from ragen_jax.models.attention import check_available as check_attention
+from ragen_jax.models.gguf import expand_model_path
 from ragen_jax.models.lora import check_targets as check_lora_targets
 from ragen_jax.models.qwen2.config import DEMO_PRESETS, REMAT_POLICIES
 from ragen_jax.rollout.types import RolloutConfig
@@ -123,9 +124,13 @@ class ModelConfig:
         if self.path is None and not self.random_init:
             raise ConfigError("model.path is required: a local Hugging Face directory such as Qwen2.5-0.5B-Instruct "
                               "(or set model.random_init=true for a randomly initialised model.preset)")
-        if self.path is not None and not (Path(self.path).expanduser().is_dir() or (
-                Path(self.path).expanduser().is_file() and str(self.path).lower().endswith(".gguf"))):
-            raise ConfigError(f"model.path {self.path!r} is neither a directory nor a .gguf file")
+        if self.path is not None:
+            try:
+                p = expand_model_path(self.path)
+            except (ValueError, FileNotFoundError) as e:
+                raise ConfigError(str(e)) from None
+            if not (p.is_dir() or (p.is_file() and p.suffix.lower() == ".gguf")):
+                raise ConfigError(f"model.path {self.path!r} is neither a directory nor a .gguf file")
         _choice("model.dtype", self.dtype, ("float32", "bfloat16"))
         _choice("model.param_dtype", self.param_dtype, ("float32", "bfloat16"))
         if self.matmul_dtype is not None:

