@@ -8,6 +8,7 @@ import platform
 from pathlib import Path
 
 import jax
+from ragen_jax.infra.machine import cpu_model
 
 
 def machine() -> dict:
@@ -17,7 +18,7 @@ def machine() -> dict:
         "cpu_count": os.cpu_count(),
         "platform": platform.platform(),
         "processor": platform.processor() or platform.machine(),
-        "cpu_model": _cpu_model(),
+        "cpu_model": cpu_model(),
         "python": platform.python_version(),
         "jax": jax.__version__,
         "backend": jax.default_backend(),
@@ -25,15 +26,6 @@ def machine() -> dict:
         "device_count": jax.device_count(),
         "loadavg_start": list(os.getloadavg()),
     }
-
-
-def _cpu_model() -> str:
-    """The CPU's model name (Linux /proc/cpuinfo): results differ between CPUs of the same platform."""
-    try:
-        with open("/proc/cpuinfo") as f:
-            return next((line.split(":", 1)[1].strip() for line in f if line.startswith("model name")), "")
-    except OSError:
-        return ""
 
 
 def write_result(result: dict, path) -> None:

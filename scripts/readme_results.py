@@ -325,10 +325,29 @@ def gpu_section(files: list) -> list[str]:
 
 DEMO_DIR = Path("docs") / "demo_results"  # committed copies of the demo's outputs (launch/demo.py --publish)
 PUBLISH_CMD = "python launch/demo.py --workdir runs/demo --publish docs/demo_results && python scripts/readme_results.py"
-# The same demo from the pretrained SmolLM2-135M-Instruct (launch/demo.py --model smollm2).
+# The same demo from the pretrained SmolLM2-135M-Instruct (launch/demo.py --model smollm2), one published
+# folder per family (each is a separate run: an hour or more on 2 cores).
 PRETRAINED_DIR = Path("docs") / "pretrained_results"
-PRETRAINED_CMD = ("python launch/demo.py --workdir runs/smollm2 --model smollm2 --publish docs/pretrained_results "
-                  "&& python scripts/readme_results.py")
+PRETRAINED_FAMILIES = {"bandit": "--skip-sokoban --skip-frozen-lake", "sokoban": "--skip-bandit --skip-frozen-lake",
+                       "frozen_lake": "--skip-bandit --skip-sokoban"}
+
+
+def pretrained_cmd(family: str) -> str:
+    return (f"python launch/demo.py --workdir runs/smollm2_{family} --model smollm2 {PRETRAINED_FAMILIES[family]} "
+            f"--publish {(PRETRAINED_DIR / family).as_posix()} && python scripts/readme_results.py")
+
+
+def pretrained_sections(root: Path) -> list[str]:
+    out = []
+    published = [f for f in PRETRAINED_FAMILIES if (root / PRETRAINED_DIR / f / "eval.json").is_file()]
+    for family in published:
+        out += demo_section(root, PRETRAINED_DIR / family,
+                            f"### CPU demo from a pretrained model: {family} (`launch/demo.py --model smollm2`)",
+                            pretrained_cmd(family))
+    if not published:
+        out += ["### CPU demo from a pretrained model (`launch/demo.py --model smollm2`)", "",
+                f"Not published yet: `{pretrained_cmd('bandit')}` (likewise sokoban, frozen_lake).", ""]
+    return out
 # Columns of the demo's results table, in order; only those some env reports are shown (high_arm_rate: Bandit).
 DEMO_METRICS = ("success", "format_ok", "high_arm_rate", "reward_mean", "num_episodes")
 
@@ -341,7 +360,7 @@ def _demo_settings(ev: dict, summary: dict) -> str:
     st = ev.get("settings") or {}
     parts = [f"policy `{st['model']}`"] if st.get("model") else []
     if summary.get("cpu_count") is not None:
-        parts.append(f"{summary['cpu_count']}-core machine")
+        parts.append(f"{summary['cpu_count']}-core machine" + (f" ({summary['cpu_model']})" if summary.get("cpu_model") else ""))
     if st.get("device"):
         parts.append(f"device {st['device']}")
     if st.get("num_states") is not None:
@@ -435,8 +454,7 @@ def render(root: Path = ROOT) -> str:
     lines += envs_section(_load(res / "envs.json"))
     lines += sokoban_section(_load(res / "sokoban_difficulty.json"))
     lines += demo_section(root)
-    lines += demo_section(root, PRETRAINED_DIR, "### CPU demo from a pretrained model (`launch/demo.py --model smollm2`)",
-                          PRETRAINED_CMD)
+    lines += pretrained_sections(root)
     lines.append(END)
     return "\n".join(lines)
 

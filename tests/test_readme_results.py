@@ -86,8 +86,9 @@ def test_settings_and_time_table(tmp_path):
     assert "| **total** | 1234.5 | 2345.6 | | |" in lines
     assert "Warning" not in md
     # Only the pretrained model's demo (another folder) is unpublished in this tree, and says how to publish it.
-    unpublished = [ln for ln in lines if "not been published" in ln]
-    assert len(unpublished) == 1 and "--model smollm2 --publish docs/pretrained_results" in unpublished[0]
+    unpublished = [ln for ln in lines if "published yet" in ln]
+    assert len(unpublished) == 1 and "--model smollm2 --skip-sokoban --skip-frozen-lake --publish " \
+        "docs/pretrained_results/bandit" in unpublished[0]
     # No JSON dump of the raw files.
     assert "```" not in md.split("### CPU demo", 1)[1]
 
@@ -230,3 +231,20 @@ def test_turn_blocks_table(tmp_path):
     assert "| sokoban | demo warm start | 1.83 / 5 | 5.01 | 2.69 | 1.86x | 1,365 MiB -> 1,073 MiB |" in lines
     assert "| frozen_lake | random init | 9.50 / 10 | 4.00 | 3.90 | 1.03x | - -> - |" in lines
     assert any("median of 5; 2-core Some CPU" in ln for ln in lines)
+
+
+def test_pretrained_family_sections(tmp_path):
+    """Each published docs/pretrained_results/<family>/ gets its own section, images linked from its folder,
+    with the policy named; an unpublished family gets none."""
+    root = _root(tmp_path)
+    d = root / "docs" / "pretrained_results" / "bandit"
+    d.mkdir(parents=True)
+    ev = {**EVAL, "settings": {**EVAL["settings"], "model": "smollm2"}}
+    (d / "eval.json").write_text(json.dumps(ev))
+    (d / "demo_summary.json").write_text(json.dumps(SUMMARY))
+    (d / "curves_bandit_sft.png").write_bytes(PNG)
+    md = readme_results.render(root)
+    section = md.split("### CPU demo from a pretrained model: bandit", 1)[1]
+    assert "policy `smollm2`" in section.splitlines()[2]
+    assert "![curves_bandit_sft](docs/pretrained_results/bandit/curves_bandit_sft.png)" in section
+    assert "### CPU demo from a pretrained model: sokoban" not in md and "published yet" not in md

@@ -47,6 +47,7 @@ from ragen_jax.experiment.config import ConfigError, load_config
 from ragen_jax.infra.distributed import RunDirBusy, RunLock
 from ragen_jax.evaluation.suite import evaluate, format_table, write_eval_json
 from ragen_jax.infra.logger import plot_curves
+from ragen_jax.infra.machine import cpu_model
 from ragen_jax.evaluation.paired import paired_change
 from ragen_jax.trainer.rl import Trainer
 from ragen_jax.trainer.sft import SFTTrainer
@@ -353,6 +354,7 @@ def main(argv=None) -> int:
         "total_cpu_s": time.process_time(),
         "peak_rss_mb": peak_rss_mb(),
         "cpu_count": os.cpu_count(),
+        "cpu_model": cpu_model(),
         "targets": targets,
         "curves": [os.path.basename(c) for c in curves],
     }
