@@ -17,8 +17,9 @@ Rules (the reference's):
   after the answer (0, 0.1 or 1 as Python prints the reference's int / float rewards).
 The answer (`Answer`) is what the text layer parses out of the answer text: the integers of the text
 in order, and the expression as a postfix program over + - * / and unary minus. It is evaluated in
-exact fractions: with at most 4 numbers of at most 99 no intermediate value leaves int32, and a value
-within the reference's 1e-5 of an integer target equals it (its denominator is small).
+exact fractions: with at most 4 numbers of at most 99 no intermediate value leaves int32 (an answer with
+other numbers scores 0 whatever it evaluates to), and the reference's |value - target| < 1e-5 is
+checked exactly on the fraction. ragen_jax/text/expression.py reads the answer text into an `Answer`.
 """
 
 from __future__ import annotations
@@ -32,7 +33,14 @@ from gymnax.environments import spaces
 from envs_jax.base import AgentEnv
 
 MAX_NUMS = 4
-PROGRAM_LEN = 2 * MAX_NUMS + MAX_NUMS  # numbers, binary operators and a unary minus per number
+# Numbers, binary operators and a unary minus after each number or binary result (the text layer cancels
+# a minus that follows a minus, so no program of a 4-number answer needs more).
+PROGRAM_LEN = 4 * MAX_NUMS
+# An answer's integer that cannot be a task number (a saturated long literal, the numbers of an answer with
+# more than ANSWER_NUMS integers).
+NOT_A_NUMBER = 1000
+# The reference's tolerance: |value - target| < 1e-5, checked exactly as TOLERANCE_DEN * |p - t q| < q.
+TOLERANCE_DEN = 100_000
 ANSWER_NUMS = 8  # integers of the answer text kept for the numbers check (more means a wrong count)
 # Postfix tokens: a value >= 0 pushes that number; these codes apply an operator; PAD ends the program.
 PAD, ADD, SUB, MUL, DIV, NEG = -1, -2, -3, -4, -5, -6
@@ -139,7 +147,10 @@ def answer_reward(state: CountdownState, answer: Answer, params: CountdownParams
     # The multisets agree: the answer's integers, sorted, are the task's padded with -1 (at most 4).
     same = jnp.all(got[: ANSWER_NUMS - MAX_NUMS] == -1) & jnp.all(got[ANSWER_NUMS - MAX_NUMS:] == want)
     p, q, ok = evaluate(answer.program)
-    correct = answer.parsed & ok & (q == 1) & (p == state.target)
+    # Exact |p/q - target| < 1e-5 (q > 0): an integer gap of at least 21,475 fails before the product
+    # could leave int32.
+    gap = jnp.abs(p - state.target * q)
+    correct = answer.parsed & ok & (gap < 21_475) & (gap * TOLERANCE_DEN < q)
     return jnp.where(same, jnp.where(correct, params.score, params.format_score), 0.0).astype(jnp.float32)
 
 
@@ -213,6 +224,33 @@ class Countdown(AgentEnv):
 
     def symbols(self, params) -> tuple[str, ...]:
         return ()
+
+    # The text layer reads the answer as an arithmetic expression (ragen_jax/text/expression.py) and
+    # assembles the state line from slots: head, up to MAX_NUMS numbers, tail.
+    answer_format = "expression"
+
+    def observation_format(self, params) -> str:
+        return "slots"
+
+    def text_slots(self, params) -> tuple[tuple[str, ...], ...]:
+        """Alternatives per slot of the state text (final newline included): "Target: t, nums: [", the
+        numbers ("n", then ", n"; "" when absent), "]\n" or the after-answer line. The target slot covers
+        every sum of MAX_NUMS numbers (a task drawn out of tries can exceed max_target)."""
+        head = ("",) + tuple(f"Target: {t}, nums: [" for t in range(MAX_NUMS * params.max_number + 1))
+        nums = [("",) + tuple(f"{'' if i == 0 else ', '}{n}" for n in range(params.max_number + 1))
+                for i in range(MAX_NUMS)]
+        tail = ("]\n",) + tuple(f"Your answer get {reward_text(r, params)} points.\n"
+                                 for r in (0.0, params.format_score, params.score))
+        return (head, *nums, tail)
+
+    def text_slot_index(self, state, params) -> jax.Array:
+        """int32 [MAX_NUMS + 2]: each slot's alternative for `state` (jittable)."""
+        live = ~state.done
+        head = jnp.where(live, jnp.clip(state.target, 0, MAX_NUMS * params.max_number) + 1, 0)
+        nums = jnp.where(live & (jnp.arange(MAX_NUMS) < state.count), state.nums + 1, 0)
+        tail = jnp.where(live, 0, jnp.where(state.reward == params.score, 3,
+                                            jnp.where(state.reward == params.format_score, 2, 1)))
+        return jnp.concatenate([head[None], nums, tail[None]]).astype(jnp.int32)
 
     def render_grid(self, state, params):
         return jnp.concatenate([state.target[None], state.nums])

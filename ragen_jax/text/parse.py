@@ -49,6 +49,7 @@ shared 2-core CPU: 128 rows x 401 tokens (51,328-byte buffers) in about 0.4-0.8 
 from __future__ import annotations
 
 import re
+from typing import Any
 
 import flax
 import jax
@@ -81,6 +82,9 @@ class Parsed:
     num_actions: jax.Array
     format_ok: jax.Array
     has_invalid: jax.Array
+    # An env whose action is free text (Countdown's expression) gets its parsed answer here, a pytree
+    # the env's step takes instead of `actions` (text/expression.py); None for named actions.
+    answer: Any = None
 
 
 def format_penalty_applies(parsed: Parsed):
@@ -152,10 +156,13 @@ class Parser:
     set decode to no bytes, like ids outside the table: exact for inputs drawn from the set.
     """
 
+    # A subclass that reads free text (text/expression.py) has no action names.
+    needs_names = True
+
     def __init__(self, tokenizer, action_names: tuple[str, ...], max_actions_per_turn: int,
                  think: bool = True, max_tokens: int = 400, emit_ids=None):
         names = tuple(action_names)
-        if not names:
+        if not names and self.needs_names:
             raise ValueError("action_names is empty; a parser needs at least one action name")
         for n in names:
             if not isinstance(n, str) or not n or not n.isascii():
@@ -200,7 +207,7 @@ class Parser:
         # uint8 when it fits: a smaller constant in every program that parses.
         self._lengths = lengths.astype(np.uint8 if self.token_max_bytes < 256 else np.int32)
 
-        name_len = max(len(n) for n in lowered)
+        name_len = max([len(n) for n in lowered], default=1)
         self._name_bytes = np.zeros((len(names), name_len), np.uint8)
         for i, n in enumerate(lowered):
             self._name_bytes[i, : len(n)] = np.frombuffer(n.encode(), np.uint8)
@@ -213,15 +220,22 @@ class Parser:
         return self.max_tokens * self.token_max_bytes
 
     # ---- host reference ------------------------------------------------------------------------
+    def text_pieces(self, text: str) -> list[str] | None:
+        """The reference's kept answer pieces of a string (Python `re`): stripped, non-empty, the first
+        max_actions_per_turn; None when the regex does not match."""
+        m = self._pattern.search(text)
+        if m is None:
+            return None
+        answer = m.group(2 if self.think else 1)
+        return [p.strip() for p in answer.split(ACTION_SEP) if p.strip()][:self.max_actions_per_turn]
+
     def parse_text(self, text: str) -> Parsed:
         """The reference parse on a string (Python `re`); numpy values."""
         k = self.max_actions_per_turn
         actions = np.full((k,), -1, np.int32)
-        m = self._pattern.search(text)
-        if m is None:
+        pieces = self.text_pieces(text)
+        if pieces is None:
             return Parsed(actions, np.int32(0), np.bool_(False), np.bool_(False))
-        answer = m.group(2 if self.think else 1)
-        pieces = [p.strip() for p in answer.split(ACTION_SEP) if p.strip()][:k]
         idx = [self._lookup.get(p.lower()) for p in pieces]
         valid = [i for i in idx if i is not None]
         actions[: len(valid)] = valid
@@ -252,6 +266,11 @@ class Parser:
         return self._parse_bytes(buf)
 
     def _parse_bytes(self, buf: jax.Array) -> Parsed:
+        return self.read_pieces(buf, *self.pieces(buf))
+
+    def pieces(self, buf: jax.Array):
+        """(starts int32 [k], ends int32 [k], kept, ok): the stripped extents [start, end) of the first k
+        non-empty pieces of the regex's answer, how many there are (<= k) and whether the regex matched."""
         n = buf.shape[0]
         k = self.max_actions_per_turn
         pos = jnp.arange(n, dtype=jnp.int32)
@@ -301,11 +320,11 @@ class Parser:
         slots = jnp.arange(k, dtype=jnp.int32)[:, None]
         starts = jnp.min(jnp.where(first_of_piece & (rank == slots), pos, n), axis=1)  # [k]
         ends = jnp.max(jnp.where(last_of_piece & (rank == slots), pos + 1, 0), axis=1)
+        return starts, ends, kept, ok
 
-        return self._match_names(buf, starts, ends, kept, ok)
-
-    def _match_names(self, buf, starts, ends, kept, ok) -> Parsed:
-        """Compare each kept piece [starts, ends) of `buf` with every action name, case-insensitively."""
+    def read_pieces(self, buf, starts, ends, kept, ok) -> Parsed:
+        """Compare each kept piece [starts, ends) of `buf` with every action name, case-insensitively
+        (a free-text subclass reads the pieces its own way)."""
         n, k = buf.shape[0], self.max_actions_per_turn
         if self._fold_kelvin:
             kelvin = _occurs(buf, bytes(_KELVIN))

@@ -49,6 +49,7 @@ import numpy as np
 from ragen_jax.text import conversation as conv
 from ragen_jax.text import render
 from ragen_jax.text.tokenizer import chat_ids
+from ragen_jax.text.expression import ExpressionParser
 from ragen_jax.text.parse import Parser
 
 # Host tables per tokenizer object (weak: a dropped tokenizer drops its tables). Keys inside are
@@ -121,7 +122,9 @@ class TextEnv:
         else:
             self.max_actions_per_episode = int(getattr(env_params, "max_steps_in_episode", 10))
         self.symbols: tuple[str, ...] = tuple(env.symbols(env_params))
-        self.grid_shape = _grid_shape(env, env_params)
+        # RAGEN-2's coordinate observations, or a state text assembled from slots (Countdown's line).
+        self.observation_format = env.observation_format(env_params) if hasattr(env, "observation_format") else "grid"
+        self.grid_shape = _grid_shape(env, env_params) if self.observation_format != "slots" else (0, 0)
         h, w = self.grid_shape
         for s in self.symbols:
             # The row seams need rows that start with a visible character (see render.py).
@@ -141,15 +144,14 @@ class TextEnv:
         enc = lambda text: np.asarray(render.encode_pieces(tok, [text])[0], dtype=np.int32)  # noqa: E731
         self.prefix_ids = enc(self.prefix_text)
         self.forced_prefix_ids = enc(config.forced_prefix)
-        # RAGEN-2's coordinate observations: a coordinate block before (or instead of) the grid.
-        self.observation_format = env.observation_format(env_params) if hasattr(env, "observation_format") else "grid"
-        self._show_grid = self.observation_format != "coord"
+        self._show_grid = self.observation_format in ("grid", "grid_coord")
+        self._slots = self._slot_tables() if self.observation_format == "slots" else []
         # "coord" shows no grid: no row tables (they could not even be built for large boards).
         self._grid = _cached(tok, ("grid", self.symbols, self.cell_symbols),
                              lambda: render.build_grid_table(tok, self.symbols, self.cell_symbols, pad_id)
                              ) if self._show_grid else None
         self._coords = None
-        if self.observation_format != "grid":
+        if self.observation_format in ("grid_coord", "coord"):
             labels = tuple(env.coordinate_labels(env_params))
             budget = tuple(int(x) for x in env.coordinate_budget(env_params))
             self._coords = _cached(tok, ("coords", self.observation_format, labels, h, w, budget),
@@ -171,11 +173,25 @@ class TextEnv:
             *render.encode_rows(tok, [conv.reward_entry_text(conv.format_cents(c))
                                       for c in range(self._cents_lo, self._cents_hi + 1)], pad_id)))
         state_len = ((self._grid.max_len if self._grid else 0) + (self._coords.max_len if self._coords else 0)
-                     + sum(int(t.lengths.max()) for t in self._extra))
+                     + sum(int(t.lengths.max()) for t in self._extra + self._slots))
         self.max_segment_len = (1 + len(self._user_open_ids) + self._rewards.width + self._turns.width
                                 + state_len + self._tails.width)
         self._parser = None
         self._check_seams()
+
+    def _slot_tables(self) -> list:
+        """One PieceTable per slot of a slot-assembled state text (`env.text_slots`: alternatives per
+        slot, the state text being one alternative of each, in order, its final newline included)."""
+        tok, slots = self.tokenizer, tuple(tuple(alts) for alts in self.env.text_slots(self.env_params))
+        return [_cached(tok, ("slot", alts), lambda alts=alts: render.PieceTable.build(tok, alts, self.pad_id))
+                for alts in slots]
+
+    def _slot_texts(self, samples: int) -> list[list[str]]:
+        """The slot texts of the first states of `samples` seeds (the seam check's examples)."""
+        alts = self.env.text_slots(self.env_params)
+        index = np.asarray(jax.vmap(lambda st: self.env.text_slot_index(st, self.env_params))(
+            self.reset_rows(jnp.arange(samples))))
+        return [[alts[j][int(i)] for j, i in enumerate(row)] for row in index]
 
     def _check_seams(self, samples: int = 8) -> None:
         """Fail at build time, naming the piece, when this tokenizer would merge text across a piece seam.
@@ -186,6 +202,7 @@ class TextEnv:
         """
         rng = np.random.default_rng(0)
         h, w = self.grid_shape
+        slot_texts = self._slot_texts(samples) if self._slots else None
         for k in range(samples):
             later = k % 2 == 1 and not self.single_turn
             turn = int(rng.integers(2, self.max_turns + 1)) if later and self.max_turns > 1 else 1
@@ -196,6 +213,8 @@ class TextEnv:
             if self._grid is not None:
                 pieces += [(f"grid row {r}", "".join(self.symbols[int(rng.choice(self.cell_symbols[r][c]))]
                                                       for c in range(w)) + "\n") for r in range(h)]
+            if slot_texts is not None:
+                pieces += [(f"state slot {j}", t) for j, t in enumerate(slot_texts[k])]
             for i, alts in enumerate(self.env.extra_lines(self.env_params) if self._extra else ()):
                 pieces.append((f"extra line {i}", alts[int(rng.integers(len(alts)))] + "\n"))
             pieces.append(("the action-count tail", conv.tail_piece_text(
@@ -230,7 +249,7 @@ class TextEnv:
         """Every host-built id table a segment is assembled from (e.g. for a task vocabulary)."""
         tables = (self._turns.ids, self._tails.ids, self._rewards.ids, self._user_open_ids)
         tables += (self._grid.ids,) if self._grid is not None else ()
-        tables += tuple(t.ids for t in self._extra)
+        tables += tuple(t.ids for t in self._extra + self._slots)
         return tables + (self._coords.tables if self._coords is not None else ())
 
     def _state_pieces(self, state):
@@ -245,6 +264,9 @@ class TextEnv:
             row_ids, row_len, grid_ok = self._grid.rows(self.env.render_grid(state, self.env_params))
             pieces.append((row_ids, row_len))
             ok = ok & grid_ok
+        if self._slots:
+            index = self.env.text_slot_index(state, self.env_params)
+            pieces += [table.lookup(index[i]) for i, table in enumerate(self._slots)]
         if self._extra:
             index = self.env.extra_line_index(state, self.env_params)
             pieces += [table.lookup(index[i]) for i, table in enumerate(self._extra)]
@@ -300,10 +322,17 @@ class TextEnv:
     @property
     def parser(self):
         if self._parser is None:
-            self._parser = Parser(self.tokenizer, self.action_names, self.max_actions_per_turn,
-                                  think=self.config.think,
-                                  max_tokens=len(self.forced_prefix_ids) + self.config.max_response_tokens)
+            self._parser = self.make_parser(len(self.forced_prefix_ids) + self.config.max_response_tokens)
         return self._parser
+
+    def make_parser(self, max_tokens: int, emit_ids=None) -> Parser:
+        """The parser of this env's answers: action names, or a free-text reader for an env whose
+        `answer_format` is "expression" (Countdown; text/expression.py)."""
+        if getattr(self.env, "answer_format", None) == "expression":
+            return ExpressionParser(self.tokenizer, self.max_actions_per_turn, think=self.config.think,
+                                    max_tokens=max_tokens, emit_ids=emit_ids)
+        return Parser(self.tokenizer, self.action_names, self.max_actions_per_turn, think=self.config.think,
+                      max_tokens=max_tokens, emit_ids=emit_ids)
 
     def parse(self, ids, length):
         """Parse the assistant turn: forced prefix ids + sampled ids (jittable)."""
