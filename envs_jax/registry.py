@@ -20,6 +20,7 @@ TEACHER_KINDS = {
     "bfs": "env.solve(state, params) -> Solution(actions, length): a shortest plan from the current state",
     "value_iteration": "env.solve(state, params) -> (policy[actions left, state.pos], value): an optimal policy",
     "bandit_arm": "env.arm_action(state, arm, params): the action that pulls the low (0) or high (1) arm",
+    "countdown_solution": "state.nums, state.signs, state.count: a +- solution of the task",
 }
 
 
@@ -185,7 +186,8 @@ for _spec in (
         action_names=sudoku.action_names(9), mixable=False, text_layer=False),
     # RAGEN's Countdown: one free-form answer (an envs_jax.countdown.Answer the text layer parses), no names.
     EnvSpec("Countdown", dataclass_build(lambda: (countdown.Countdown(), countdown.CountdownParams())),
-            env_class=countdown.Countdown, action_names=(), single_action=True, mixable=False, text_layer=False),
+            env_class=countdown.Countdown, action_names=(), teacher="countdown_solution", single_action=True,
+            mixable=False),  # no thought: a thought would enter every run's task vocabulary (teacher_texts)
 ):
     register(_spec)
 del _spec

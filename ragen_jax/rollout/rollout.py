@@ -206,8 +206,11 @@ class Rollout:
         # With a task vocabulary (and no teacher forcing ids from outside it) only its ids and the forced
         # prefix can reach the parser, which then sizes its byte buffer by their longest token.
         emit = None if vocab is None or teacher is not None else np.union1d(vocab.to_qwen, self.forced)
-        self.parser = Parser(text_env.tokenizer, text_env.action_names, self.max_actions,
-                             think=pc.think, max_tokens=len(self.forced) + self.max_new, emit_ids=emit)
+        if hasattr(text_env, "make_parser"):  # the env's own reader (Countdown's expression answers)
+            self.parser = text_env.make_parser(len(self.forced) + self.max_new, emit_ids=emit)
+        else:
+            self.parser = Parser(text_env.tokenizer, text_env.action_names, self.max_actions,
+                                 think=pc.think, max_tokens=len(self.forced) + self.max_new, emit_ids=emit)
         self.stop_table = None
         if config.stop_at_answer:
             self.stop_table = sampler.make_stop_table(("</answer>",), token_bytes_table(text_env.tokenizer))
@@ -398,8 +401,8 @@ class Rollout:
             st = carry.state
             do = active & (a < parsed.num_actions)
             step_keys = jax.vmap(lambda r: jax.random.fold_in(jax.random.fold_in(key, a), r))(rows)
-            _, st2, r, _, info = jax.vmap(env.step_env, in_axes=(0, 0, 0, None))(
-                step_keys, st, parsed.actions[:, a], env_params)
+            action = parsed.actions[:, a] if parsed.answer is None else parsed.answer  # free-text answer
+            _, st2, r, _, info = jax.vmap(env.step_env, in_axes=(0, 0, 0, None))(step_keys, st, action, env_params)
             executed = do & ~st.done  # the env itself ignores actions once the episode ended
             return _Executed(
                 state=_tree_where(do, st2, st),

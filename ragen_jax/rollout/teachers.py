@@ -28,6 +28,7 @@ Teachers per kind (an environment's record, `envs_jax.get_spec(name).teacher`, n
   in between, so a teacher naming several actions would act blindly after the first slip. It
   therefore names ONE action per turn: the optimal action for the current cell, planned with the
   actions it can really still take, min(actions left, turns left) (one per turn).
+- countdown_solution (Countdown): the +- solution the task was drawn with, as an expression.
 - bandit_arm (Bandit): the high-risk arm with probability `high_prob`, else the low-risk arm, drawn from the
   turn's key (a Bandit episode is one turn, so this is one draw per episode).
 """
@@ -53,7 +54,7 @@ def teacher_texts() -> tuple[str, ...]:
     vocabulary (`model.vocab='task'`, ragen_jax.trainer.rl.build_vocab) covers the demonstrations:
     the thoughts of every registered environment's record."""
     specs = [envs_jax.get_spec(n) for n in envs_jax.registered_envs()]
-    thoughts = dict.fromkeys(s.teacher_thought for s in specs if s.teacher and s.text_layer)
+    thoughts = dict.fromkeys(s.teacher_thought for s in specs if s.teacher and s.text_layer and s.teacher_thought)
     heads = [f"{t}{THINK_CLOSE}{ANSWER_OPEN}" for t in thoughts]
     return (*heads, THINK_CLOSE + ANSWER_OPEN, ANSWER_CLOSE, ANSWER_SEP)
 
@@ -231,7 +232,59 @@ class BanditTeacher(_Teacher):
         return self.table.ids(jnp.full((self.actions_per_turn,), action), 1)
 
 
-TEACHERS = {cls.kind: cls for cls in (SokobanTeacher, FrozenLakeTeacher, BanditTeacher)}  # by teacher kind
+class CountdownTeacher:
+    """The task's drawn +- solution written as an expression ("44 - 19 + 35"; "-44 + 19 + 35" when the
+    first sign is a minus), from host tables: thought + `</think><answer>` + the signed first number
+    (one table: a `-` right after `>` is one pre-token with it), then " + n" / " - n", then
+    `</answer><|im_end|>`; the joints are checked against the tokenizer's own encoding when built."""
+
+    kind = "countdown_solution"
+    keep_only_successful = True
+
+    def __init__(self, text_env, *, thought: str = "", max_actions: int | None = None):
+        pc, tok = text_env.config, text_env.tokenizer
+        self.text_env, self.env, self.env_params = text_env, text_env.env, text_env.env_params
+        self.chat = chat_ids(tok)
+        top = int(self.env_params.max_number)
+        head = f"{thought}{THINK_CLOSE}{ANSWER_OPEN}" if pc.think else ""
+        self.firsts = [head + f"{'-' if neg else ''}{n}" for neg in (0, 1) for n in range(top + 1)]
+        self.rests = [f" {op} {n}" for op in "+-" for n in range(top + 1)]
+        self.first, self.first_len = _pad_rows(_encode(tok, self.firsts), self.chat.pad)
+        self.rest, self.rest_len = _pad_rows(_encode(tok, self.rests), self.chat.pad)
+        self.tail = np.asarray(_encode(tok, [ANSWER_CLOSE])[0] + [self.chat.im_end], np.int32)
+        self.max_tokens = int(pc.max_response_tokens)
+        worst = int(self.first_len.max()) + 3 * int(self.rest_len.max()) + len(self.tail)
+        if worst > self.max_tokens:
+            raise ValueError(f"max_response_tokens={self.max_tokens} cannot hold a Countdown teacher answer "
+                             f"({worst} tokens); raise prompt.max_response_tokens")
+        rng = np.random.default_rng(0)
+        for _ in range(32):  # joints: first|rest, rest|rest, rest|</answer>
+            i, j, k = (int(x) for x in rng.integers(0, [len(self.firsts), len(self.rests), len(self.rests)]))
+            text = self.firsts[i] + self.rests[j] + self.rests[k] + ANSWER_CLOSE
+            got = _encode(tok, [self.firsts[i]])[0] + _encode(tok, [self.rests[j], self.rests[k], ANSWER_CLOSE])
+            if sum(got[1:], got[0]) != _encode(tok, [text])[0]:
+                raise ValueError(f"the tokenizer does not split the Countdown answer {text!r} at the piece joints")
+
+    def text(self, state) -> str:
+        """The host text of the answer `__call__` writes (after the forced prefix)."""
+        s = jax.device_get(state)
+        nums, signs = [int(x) for x in s.nums[: int(s.count)]], [int(x) for x in s.signs[: int(s.count)]]
+        out = self.firsts[(signs[0] < 0) * (len(self.firsts) // 2) + nums[0]]
+        out += "".join(self.rests[(sg < 0) * (len(self.rests) // 2) + n] for n, sg in zip(nums[1:], signs[1:]))
+        return out + ANSWER_CLOSE + IM_END_TEXT
+
+    def __call__(self, state, turn, key):
+        half_f, half_r = len(self.firsts) // 2, len(self.rests) // 2
+        first = jnp.where(state.signs[0] < 0, half_f, 0) + state.nums[0]
+        more = jnp.where(state.signs[1:] < 0, half_r, 0) + state.nums[1:]
+        live = jnp.arange(1, state.nums.shape[0]) < state.count
+        pieces = [(jnp.asarray(self.first)[first], jnp.asarray(self.first_len)[first]),
+                  (jnp.asarray(self.rest)[more], jnp.where(live, jnp.asarray(self.rest_len)[more], 0)),
+                  (jnp.asarray(self.tail), len(self.tail))]
+        return render.concat(pieces, self.max_tokens, self.chat.pad)
+
+
+TEACHERS = {cls.kind: cls for cls in (SokobanTeacher, FrozenLakeTeacher, BanditTeacher, CountdownTeacher)}
 
 
 def get_teacher(env_name: str, text_env, **kw):
@@ -254,5 +307,5 @@ def get_teacher(env_name: str, text_env, **kw):
     return cls(text_env, **kw)
 
 
-__all__ = ["AnswerTable", "BanditTeacher", "FrozenLakeTeacher", "SokobanTeacher", "TEACHERS", "get_teacher",
+__all__ = ["AnswerTable", "BanditTeacher", "CountdownTeacher", "FrozenLakeTeacher", "SokobanTeacher", "TEACHERS", "get_teacher",
            "teacher_texts"]
