@@ -261,7 +261,7 @@ class CountdownTeacher:
         for _ in range(32):  # joints: first|rest, rest|rest, rest|</answer>
             i, j, k = (int(x) for x in rng.integers(0, [len(self.firsts), len(self.rests), len(self.rests)]))
             text = self.firsts[i] + self.rests[j] + self.rests[k] + ANSWER_CLOSE
-            got = _encode(tok, [self.firsts[i]])[0] + _encode(tok, [self.rests[j], self.rests[k], ANSWER_CLOSE])
+            got = _encode(tok, [self.firsts[i], self.rests[j], self.rests[k], ANSWER_CLOSE])
             if sum(got[1:], got[0]) != _encode(tok, [text])[0]:
                 raise ValueError(f"the tokenizer does not split the Countdown answer {text!r} at the piece joints")
 

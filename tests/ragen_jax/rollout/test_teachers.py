@@ -67,8 +67,8 @@ def test_tables_fit_the_budget_or_fail_clearly(tok):
     with pytest.raises(ValueError, match="max_response_tokens=8 cannot hold"):
         AnswerTable(tok, names, think=True, thought=" I push the box toward the target.", max_tokens=8, max_actions=5)
     te = _te(tok, "FrozenLake", max_response_tokens=32)
-    with pytest.raises(ValueError, match="no solver teacher for environment 'Countdown'"):
-        get_teacher("Countdown", te)
+    with pytest.raises(ValueError, match="no solver teacher for environment 'game_2048'"):
+        get_teacher("game_2048", te)
     with pytest.raises(ValueError, match="the Sokoban teacher needs a SokobanEnv"):
         get_teacher("Sokoban", te)
 
