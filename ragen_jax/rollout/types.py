@@ -90,6 +90,10 @@ class Trajectories:
     # [B, max_turns] int32: position of each turn's segment, -1 for turns not taken. The rollout always
     # records it; the trainer needs it in single-turn mode (each turn scored behind the prefix alone).
     turn_start: jax.Array | None = None
+    # [B, max_turns, D] int32: the observation key of the state each turn acted on (-1 for turns not
+    # taken): GiGPO's anchor states (rollout/state_keys.py). Recorded only by a Rollout built with
+    # `state_keys=True`; None otherwise.
+    state_key: jax.Array | None = None
 
     @property
     def batch_size(self) -> int:
@@ -103,6 +107,9 @@ class Trajectories:
         if self.turn_start is not None:
             chex.assert_shape(self.turn_start, (b, k))
             chex.assert_type(self.turn_start, jnp.int32)
+        if self.state_key is not None:
+            chex.assert_shape(self.state_key, (b, k, None))
+            chex.assert_type(self.state_key, jnp.int32)
         per_row = [self.length, self.reward, self.group, self.seed, self.success, self.action_is_valid,
                    self.num_actions, self.num_effective, self.num_turns, self.num_format_errors,
                    self.response_length, self.truncated]
