@@ -165,6 +165,17 @@ def test_random_episode_sets_match_port():
     assert total == 1000 and mismatches == 0
 
 
+def test_metrics_count_only_groups_with_turns():
+    # Group 0: turns with keys (1, 2 | 1) -> 2 distinct observations; group 1: no valid turn (a group
+    # the filter dropped): it does not count in the average over groups.
+    valid = jnp.array([[True, True], [True, False], [False, False], [False, False]])
+    key = jnp.array([[[1], [2]], [[1], [0]], [[1], [1]], [[1], [1]]], jnp.int32)
+    st, cnt = G.step_advantages(key, jnp.zeros((4, 2)), valid, 2, 0.9, "std", EPS)
+    m = G.gigpo_metrics(st, cnt, valid, 2)
+    assert float(m["gigpo/anchor_groups_per_group"]) == 2.0
+    assert float(m["gigpo/shared_turn_fraction"]) == pytest.approx(2 / 3)
+
+
 # ------------------------------------------------------------------------------ registry / errors
 def test_registered_estimator_and_jit():
     eps = [(0, 1.0, [(obs(1), 0.0), (obs(2), 1.0)]), (0, 0.0, [(obs(1), 0.0)])]
