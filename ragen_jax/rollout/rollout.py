@@ -37,7 +37,7 @@ import numpy as np
 from flax import nnx
 from jax.sharding import NamedSharding, PartitionSpec
 
-from ragen_jax.models.qwen2.model import KVCache
+from ragen_jax.models.qwen2.model import KVCache, with_config
 from ragen_jax.rollout import sampler
 from ragen_jax.rollout.state_keys import state_key_fn
 from ragen_jax.rollout.types import RolloutConfig, Trajectories
@@ -172,6 +172,8 @@ class Rollout:
         self.vocab = vocab  # optional VocabMap: a small-vocabulary model inside the Qwen id space
         if model is None and teacher is None:
             raise ValueError("Rollout needs a model (or a teacher for demonstrations)")
+        if model is not None and config.matmul_dtype is not None:  # the sampler's numerics only
+            model = with_config(model, matmul_dtype=config.matmul_dtype)
         self.graphdef = nnx.split(model)[0] if model is not None else None
         # Shapes and dtypes only: holding the arrays would keep a second copy of the model alive.
         self.params_spec = (jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype), nnx.state(model))

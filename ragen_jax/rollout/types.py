@@ -35,6 +35,11 @@ class RolloutConfig:
     stop_at_answer: bool = True
     # KV-cache dtype; None = the model's compute dtype (bf16 on accelerators halves cache traffic).
     cache_dtype: str | None = None
+    # Operand dtype of the weight matmuls while sampling only (Qwen2Config.matmul_dtype of the rollout's
+    # view of the policy); None = the model's own. The trainer's log-probs keep model.matmul_dtype, so
+    # "bfloat16" here is a faster sampler that differs from the trainer: the mismatch/ metrics measure
+    # it and algo.tis corrects for it (docs/algorithms.md).
+    matmul_dtype: str | None = None
     # Groups generated together (0: all P at once). With fewer, the P groups run in P / groups_per_pass
     # passes one after another inside the same compiled program, and the KV cache (rows x max_context
     # x layers: the rollout's largest buffer) is sized for one pass: memory for time, like verl's
@@ -56,6 +61,9 @@ class RolloutConfig:
             raise ValueError(f"RolloutConfig.top_p must be in (0, 1], got {self.top_p}")
         if self.top_k < 0:
             raise ValueError(f"RolloutConfig.top_k must be >= 0 (0 = off), got {self.top_k}")
+        if self.matmul_dtype not in (None, "float32", "bfloat16"):
+            raise ValueError(f"RolloutConfig.matmul_dtype must be None (the model's), 'float32' or 'bfloat16', "
+                             f"got {self.matmul_dtype!r}")
         g = self.groups_per_pass
         if not isinstance(g, int) or isinstance(g, bool) or g < 0 or (g and self.num_groups % g):
             raise ValueError(f"RolloutConfig.groups_per_pass must be 0 (all groups at once) or a divisor of "

@@ -5,8 +5,9 @@
   trainer's by chosen amounts: TIS weights, mismatch metrics and the policy loss against values
   computed by hand from those amounts;
 - one tiny Sokoban iteration of the Trainer with GiGPO + token TIS: the metrics are logged, the
-  float32 sampler and trainer agree (mismatch ~0), and prepare's advantages equal a plain-Python port
-  of verl-agent's GiGPO applied to the state keys and rewards the rollout logged.
+  float32 sampler and trainer agree (mismatch ~0) where a bf16 sampler (rollout.matmul_dtype) does
+  not, and prepare's advantages equal a plain-Python port of verl-agent's GiGPO applied to the state
+  keys and rewards the rollout logged.
 """
 
 from __future__ import annotations
@@ -26,7 +27,7 @@ import envs_jax
 from envs_jax.observation_key import observation_key
 from ragen_jax.experiment.config import Config, ConfigError, load_config
 from ragen_jax.models import Qwen2, Qwen2Config
-from ragen_jax.rollout import Trajectories, group_seeds_for_iteration
+from ragen_jax.rollout import Rollout, Trajectories, group_seeds_for_iteration
 from ragen_jax.trainer.rl import Trainer
 from ragen_jax.trainer.step import StepPrograms, sequence_logprobs
 from tests.ragen_jax.algorithms.ref_gigpo import port_gigpo
@@ -42,6 +43,7 @@ from tests.ragen_jax.algorithms.ref_gigpo import port_gigpo
     ("algo.gigpo_gamma=1.5", "algo.gigpo_gamma must be a number in [0, 1]"),
     ("algo.gigpo_weight=-1", "algo.gigpo_weight must be a number >= 0"),
     ("algo.soft_advantage_reweight=true", "algo.soft_advantage_reweight works only with algo.adv_estimator=grpo"),
+    ("rollout.matmul_dtype=float16", "rollout.matmul_dtype must be None (the model's), 'float32' or 'bfloat16'"),
 ])
 def test_bad_settings_name_the_key(override, message):
     with pytest.raises(ConfigError) as e:
@@ -169,7 +171,12 @@ def gigpo_run(tmp_path_factory):
     seeds = group_seeds_for_iteration(1, cfg.rollout.num_groups, cfg.train.seed_base)
     traj = trainer.rollout(trainer.actor_params, jax.random.fold_in(trainer.state.key, 1), seeds)
     batch, pm = trainer.prepare_fn(trainer.state.actor, trainer.state.critic, trainer.ref, traj)
-    return wd, hist, jax.device_get(traj), jax.device_get(batch), jax.device_get(pm), seeds
+    # The same batch sampled with bf16 matmul operands (rollout.matmul_dtype), scored by the float32 trainer.
+    bf16 = Rollout(trainer.policy, trainer.text_env, dataclasses.replace(cfg.rollout, matmul_dtype="bfloat16"),
+                   mesh=trainer.mesh, vocab=trainer.vocab, state_keys=True)
+    traj16 = bf16(trainer.actor_params, jax.random.fold_in(trainer.state.key, 1), seeds)
+    _, pm16 = trainer.prepare_fn(trainer.state.actor, trainer.state.critic, trainer.ref, traj16)
+    return wd, hist, jax.device_get(traj), jax.device_get(batch), jax.device_get((pm, pm16)), seeds
 
 
 def test_gigpo_tis_iteration_logs_and_float32_sampler_agrees(gigpo_run):
@@ -186,6 +193,14 @@ def test_gigpo_tis_iteration_logs_and_float32_sampler_agrees(gigpo_run):
     assert 1.0 <= hist["gigpo/anchor_groups_per_group"] <= 3 * 4
 
 
+def test_bf16_sampler_is_measured_as_a_mismatch(gigpo_run):
+    *_, (pm, pm16), _ = gigpo_run
+    f32, b16 = float(pm["mismatch/logp_abs_diff_mean"]), float(pm16["mismatch/logp_abs_diff_mean"])
+    assert b16 > 1e-4 and b16 > 10 * f32, (f32, b16)
+    assert float(pm16["mismatch/k3_kl"]) > float(pm["mismatch/k3_kl"])
+    assert float(pm16["tis/weight_mean"]) != 1.0
+
+
 def test_rollout_records_the_observation_keys(gigpo_run):
     _, _, traj, _, _, seeds = gigpo_run
     env, params = envs_jax.make("Sokoban")
@@ -198,7 +213,7 @@ def test_rollout_records_the_observation_keys(gigpo_run):
 
 
 def test_gigpo_advantages_equal_the_verl_agent_port(gigpo_run):
-    _, _, traj, batch, pm, _ = gigpo_run
+    _, _, traj, batch, (pm, _), _ = gigpo_run
     n = 4
     turn_end = np.where(traj.turn_end >= 1, traj.turn_end - 1, -1)  # target coordinates, as prepare
     episodes = []
