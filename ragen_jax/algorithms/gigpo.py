@@ -150,15 +150,17 @@ def gigpo_turn_advantages(score: jax.Array, turn_end: jax.Array, turn_reward: ja
 
 
 def gigpo_metrics(step_adv: jax.Array, count: jax.Array, turn_valid: jax.Array, group_size: int) -> dict:
-    """anchor groups per episode group (distinct observations among its valid turns), fraction of valid
-    turns in an anchor group of size > 1, std (ddof 0) of the step advantages over valid turns."""
+    """anchor groups per episode group (distinct observations among its valid turns, averaged over the
+    groups with a valid turn: groups a filter dropped do not count), fraction of valid turns in an
+    anchor group of size > 1, std (ddof 0) of the step advantages over valid turns."""
     v = turn_valid.astype(jnp.float32)
     n = jnp.maximum(jnp.sum(v), 1.0)
     distinct = jnp.sum(jnp.where(turn_valid, 1.0 / jnp.maximum(count, 1.0), 0.0))
+    groups = jnp.sum(jnp.any(turn_valid.reshape(-1, group_size * turn_valid.shape[1]), axis=1))
     mean = jnp.sum(step_adv * v) / n
     std = jnp.sqrt(jnp.sum(jnp.square(step_adv - mean) * v) / n)
     return {
-        "gigpo/anchor_groups_per_group": distinct / (turn_valid.shape[0] // group_size),
+        "gigpo/anchor_groups_per_group": distinct / jnp.maximum(groups, 1).astype(jnp.float32),
         "gigpo/shared_turn_fraction": jnp.sum(jnp.where(count > 1, v, 0.0)) / n,
         "gigpo/step_advantage_std": std,
     }

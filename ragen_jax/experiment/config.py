@@ -20,10 +20,13 @@ from typing import Any, Optional
 
 import envs_jax
 
-from ragen_jax.algorithms.advantages import ESTIMATORS, NEEDS_CRITIC, NORMALIZATIONS, TOKEN_REWARD_MODES
+from ragen_jax.algorithms.advantages import (ESTIMATORS, NEEDS_CRITIC, NORMALIZATIONS, SOFT_REWEIGHT_ESTIMATORS,
+                                            TOKEN_REWARD_MODES)
 from ragen_jax.algorithms.filters import (FILTER_METRICS, FILTER_SELECT, FILTER_STRATEGIES, LOSS_SCALINGS,
                                          TOP_P_MODES, FilterSpec, num_kept_groups)
+from ragen_jax.algorithms.gigpo import GIGPO_NORMS, check_gigpo_args
 from ragen_jax.algorithms.losses import KL_ESTIMATORS, LOSS_AGG_MODES
+from ragen_jax.algorithms.mismatch import TIS_MODES, TIS_SEQUENCE_CAP, TIS_TOKEN_CAP, check_tis_args
 from ragen_jax.models.attention import IMPLEMENTATIONS as ATTENTION_IMPLEMENTATIONS
 from ragen_jax.models.attention import check_available as check_attention
 from ragen_jax.models.gguf import expand_model_path
@@ -33,9 +36,9 @@ from ragen_jax.rollout.types import RolloutConfig
 from ragen_jax.text.conversation import PromptConfig
 from ragen_jax.text.mix import format_mix, parse_mix
 
-# Estimators whose inputs the compiled step does not pass yet (GiGPO needs per-turn state keys from the
-# rollout): refused here, before anything compiles, instead of failing when prepare is traced.
-UNWIRED_ESTIMATORS = ("gigpo",)
+# Estimators whose inputs the compiled step does not pass yet: refused here, before anything compiles,
+# instead of failing when prepare is traced. (GiGPO's per-turn state keys are recorded by the rollout.)
+UNWIRED_ESTIMATORS: tuple[str, ...] = ()
 CONFIG_DIR = Path(__file__).resolve().parent.parent.parent / "configs"
 
 
@@ -263,7 +266,8 @@ class EnvConfig:
 
 @dataclass
 class AlgoConfig:
-    # Advantage estimator: "gae" (PPO with critic), "grpo", "drgrpo", "rloo".
+    # Advantage estimator: "gae" (PPO with critic), "grpo", "drgrpo", "rloo", "gigpo" (GRPO's episode
+    # advantage + an anchor-state step advantage, verl-agent; algorithms/gigpo.py).
     adv_estimator: str = "gae"
     # Reward normalisation grouped by initial state: identity (PPO default) / mean_std / mean / asym_clip.
     reward_norm: str = "identity"
@@ -312,7 +316,27 @@ class AlgoConfig:
     # actor.filter_loss_scaling).
     filter_loss_scaling: str = "none"
     # Advantages x group std / max group std over the kept groups (RAGEN algorithm.soft_advantage_reweight).
+    # GRPO only, as RAGEN (only its GRPO branch returns the group std the reweighting reads); with
+    # another estimator the config refuses it rather than ignore it silently.
     soft_advantage_reweight: bool = False
+    # GiGPO (adv_estimator="gigpo"): A = A_episode + gigpo_weight * A_step (verl-agent step_advantage_w).
+    gigpo_weight: float = 1.0
+    # Normalisation of both terms within their groups: "std" (x - mean) / (std + 1e-6) (verl-agent
+    # mean_std_norm, its function default) | "none" x - mean (mean_norm, used by many of its scripts).
+    gigpo_norm: str = "std"
+    # Discount of the step returns G_k = r_k + gamma G_{k+1} over an episode's turns (verl-agent gamma 0.95).
+    gigpo_gamma: float = 0.95
+    # Truncated importance sampling against the sampler/trainer mismatch (algorithms/mismatch.py): the
+    # policy loss of each token x min(exp(trainer old log-prob - sampler log-prob), cap), no gradient.
+    # "none" | "token" (per token, Tunix / SkyRL) | "sequence" (product over the row, SkyRL). The
+    # mismatch/ metrics are logged every iteration whatever this is.
+    tis: str = "none"
+    # Cap of the TIS weights and threshold of mismatch/ratio_above_cap; None: 2.0 (token, none) / 5.0
+    # (sequence), the Tunix / SkyRL defaults.
+    tis_cap: Optional[float] = None
+    # SkyRL's geometric sequence mask: (low, high), rows whose geometric-mean ratio leaves it get
+    # weight 0 (SkyRL: (0.99, 1.01)); () = off. Needs tis != "none".
+    tis_geo_mask: tuple = ()
     ppo_epochs: int = 1
     mini_batch_size: int = 32  # trajectories per optimizer step
     # Trajectories per forward/backward pass (verl's ppo_micro_batch_size_per_gpu, but for the whole
@@ -363,6 +387,42 @@ class AlgoConfig:
         _positive("algo.mini_batch_size", self.mini_batch_size)
         _micro_batch("algo.micro_batch_size", self.micro_batch_size, "algo.mini_batch_size", self.mini_batch_size)
         _positive("algo.kl_coef", self.kl_coef, allow_zero=True)
+        self._validate_gigpo_tis()
+
+    def _validate_gigpo_tis(self):
+        if self.soft_advantage_reweight and self.adv_estimator not in SOFT_REWEIGHT_ESTIMATORS:
+            raise ConfigError(f"algo.soft_advantage_reweight works only with algo.adv_estimator="
+                              f"{' or '.join(sorted(SOFT_REWEIGHT_ESTIMATORS))} (as in RAGEN), not "
+                              f"{self.adv_estimator!r}; set algo.soft_advantage_reweight=false")
+        _choice("algo.gigpo_norm", self.gigpo_norm, GIGPO_NORMS)
+        _choice("algo.tis", self.tis, TIS_MODES)
+        try:
+            check_gigpo_args(self.gigpo_weight, self.gigpo_norm, self.gigpo_gamma)
+            check_tis_args(self.tis, self.effective_tis_cap)
+        except ValueError as e:
+            raise ConfigError(f"algo.{e}") from None
+        try:
+            if not isinstance(self.tis_geo_mask, (tuple, list)):
+                raise ValueError
+            check_tis_args(self.tis, self.effective_tis_cap, tuple(self.tis_geo_mask) or None)
+        except (ValueError, TypeError):
+            raise ConfigError(f"algo.tis_geo_mask must be (low, high) with 0 < low <= 1 <= high (SkyRL: (0.99, 1.01)) "
+                              f"or () for off, got {self.tis_geo_mask!r}") from None
+        if self.tis_geo_mask and self.tis == "none":
+            raise ConfigError("algo.tis_geo_mask applies to the TIS weights; set algo.tis to 'token' or 'sequence' "
+                              "or leave algo.tis_geo_mask empty")
+
+    @property
+    def needs_state_keys(self) -> bool:
+        """The training rollout records per-turn observation keys (GiGPO's anchor states)."""
+        return self.adv_estimator == "gigpo"
+
+    @property
+    def effective_tis_cap(self) -> float:
+        """`tis_cap`, or the default cap of the TIS mode (2.0 token and none, 5.0 sequence)."""
+        if self.tis_cap is not None:
+            return self.tis_cap
+        return TIS_SEQUENCE_CAP if self.tis == "sequence" else TIS_TOKEN_CAP
 
     def filter_spec(self, num_groups: int) -> FilterSpec:
         """The effective group filter: the RAGEN-2 knobs where set, else the V1 ones (filter_type

@@ -37,8 +37,9 @@ import numpy as np
 from flax import nnx
 from jax.sharding import NamedSharding, PartitionSpec
 
-from ragen_jax.models.qwen2.model import KVCache
+from ragen_jax.models.qwen2.model import KVCache, with_config
 from ragen_jax.rollout import sampler
+from ragen_jax.rollout.state_keys import state_key_fn
 from ragen_jax.rollout.types import RolloutConfig, Trajectories
 from ragen_jax.text.parse import Parsed, Parser, format_penalty_applies
 from ragen_jax.text.tokenizer import chat_ids, token_bytes_table
@@ -117,6 +118,7 @@ class _Carry:
     num_format_errors: jax.Array  # [B] int32: turns that got the format penalty
     response_length: jax.Array  # [B] int32: sampled tokens over all turns
     truncated: jax.Array  # [B] bool: ended because the next turn would not fit in T
+    state_key: jax.Array | None = None  # [B, K, D] int32: each turn's observation key (`state_keys=True`)
 
 
 class _Segment(NamedTuple):
@@ -159,14 +161,19 @@ class Rollout:
     `max_traces`: optional; tracing (= compiling) the program more often raises an AssertionError
     (`chex.assert_max_traces`), so an unintended recompilation fails instead of running slowly.
     `trace_count` counts the traces either way.
+    `state_keys`: also record each turn's observation key (`Trajectories.state_key` [B, K, D], GiGPO's
+    anchor states; rollout/state_keys.py), computed in the compiled turn step. Off: the field is None.
     """
 
     def __init__(self, model, text_env, config: RolloutConfig, *, mesh=None, batch_axes=("data", "fsdp"),
-                 teacher=None, vocab=None, max_traces: int | None = None):
+                 teacher=None, vocab=None, max_traces: int | None = None, state_keys: bool = False):
         self.teacher = teacher
+        self.state_key, self.state_key_width = state_key_fn(text_env) if state_keys else (None, 0)
         self.vocab = vocab  # optional VocabMap: a small-vocabulary model inside the Qwen id space
         if model is None and teacher is None:
             raise ValueError("Rollout needs a model (or a teacher for demonstrations)")
+        if model is not None and config.matmul_dtype is not None:  # the sampler's numerics only
+            model = with_config(model, matmul_dtype=config.matmul_dtype)
         self.graphdef = nnx.split(model)[0] if model is not None else None
         # Shapes and dtypes only: holding the arrays would keep a second copy of the model alive.
         self.params_spec = (jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype), nnx.state(model))
@@ -222,7 +229,8 @@ class Rollout:
                                  "(env.mix) yet; set it to 0")
             self._pass = Rollout(model, text_env,
                                  dataclasses.replace(config, num_groups=config.groups_per_pass, groups_per_pass=0),
-                                 mesh=mesh, batch_axes=batch_axes, teacher=teacher, vocab=vocab)
+                                 mesh=mesh, batch_axes=batch_axes, teacher=teacher, vocab=vocab,
+                                 state_keys=state_keys)
         run = self._run if max_traces is None else _limit_traces(self._run, max_traces)
         self._jitted = jax.jit(run)
 
@@ -323,6 +331,8 @@ class Rollout:
             num_format_errors=zeros_i,
             response_length=zeros_i,
             truncated=jnp.zeros((b,), bool),
+            state_key=(None if self.state_key is None else
+                       jnp.full((b, self.max_turns, self.state_key_width), -1, jnp.int32)),
         )
 
     def _any_turn_left(self, c: _Carry):
@@ -447,7 +457,15 @@ class Rollout:
             num_format_errors=c.num_format_errors + bad_format.astype(jnp.int32),
             response_length=c.response_length + n_gen,
             truncated=c.truncated | seg.overflow,
+            state_key=self._record_key(c, seg.active),
         )
+
+    def _record_key(self, c: _Carry, active):
+        """The observation key of the state each active row acted on at this turn (-1 elsewhere)."""
+        if self.state_key is None:
+            return None
+        key = jax.vmap(self.state_key)(c.state)
+        return c.state_key.at[:, c.turn].set(jnp.where(active[:, None], key, -1))
 
     # ------------------------------------------------------------------------------------------
 
@@ -473,6 +491,7 @@ class Rollout:
             num_format_errors=c.num_format_errors,
             response_length=c.response_length,
             truncated=c.truncated,
+            state_key=c.state_key,
         )
         traj.assert_shapes(cfg.batch_size, cfg.max_context, self.max_turns)
         return traj

@@ -35,6 +35,11 @@ class RolloutConfig:
     stop_at_answer: bool = True
     # KV-cache dtype; None = the model's compute dtype (bf16 on accelerators halves cache traffic).
     cache_dtype: str | None = None
+    # Operand dtype of the weight matmuls while sampling only (Qwen2Config.matmul_dtype of the rollout's
+    # view of the policy); None = the model's own. The trainer's log-probs keep model.matmul_dtype, so
+    # "bfloat16" here is a faster sampler that differs from the trainer: the mismatch/ metrics measure
+    # it and algo.tis corrects for it (docs/algorithms.md).
+    matmul_dtype: str | None = None
     # Groups generated together (0: all P at once). With fewer, the P groups run in P / groups_per_pass
     # passes one after another inside the same compiled program, and the KV cache (rows x max_context
     # x layers: the rollout's largest buffer) is sized for one pass: memory for time, like verl's
@@ -56,6 +61,9 @@ class RolloutConfig:
             raise ValueError(f"RolloutConfig.top_p must be in (0, 1], got {self.top_p}")
         if self.top_k < 0:
             raise ValueError(f"RolloutConfig.top_k must be >= 0 (0 = off), got {self.top_k}")
+        if self.matmul_dtype not in (None, "float32", "bfloat16"):
+            raise ValueError(f"RolloutConfig.matmul_dtype must be None (the model's), 'float32' or 'bfloat16', "
+                             f"got {self.matmul_dtype!r}")
         g = self.groups_per_pass
         if not isinstance(g, int) or isinstance(g, bool) or g < 0 or (g and self.num_groups % g):
             raise ValueError(f"RolloutConfig.groups_per_pass must be 0 (all groups at once) or a divisor of "
@@ -90,6 +98,10 @@ class Trajectories:
     # [B, max_turns] int32: position of each turn's segment, -1 for turns not taken. The rollout always
     # records it; the trainer needs it in single-turn mode (each turn scored behind the prefix alone).
     turn_start: jax.Array | None = None
+    # [B, max_turns, D] int32: the observation key of the state each turn acted on (-1 for turns not
+    # taken): GiGPO's anchor states (rollout/state_keys.py). Recorded only by a Rollout built with
+    # `state_keys=True`; None otherwise.
+    state_key: jax.Array | None = None
 
     @property
     def batch_size(self) -> int:
@@ -103,6 +115,9 @@ class Trajectories:
         if self.turn_start is not None:
             chex.assert_shape(self.turn_start, (b, k))
             chex.assert_type(self.turn_start, jnp.int32)
+        if self.state_key is not None:
+            chex.assert_shape(self.state_key, (b, k, None))
+            chex.assert_type(self.state_key, jnp.int32)
         per_row = [self.length, self.reward, self.group, self.seed, self.success, self.action_is_valid,
                    self.num_actions, self.num_effective, self.num_turns, self.num_format_errors,
                    self.response_length, self.truncated]

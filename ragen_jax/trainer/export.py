@@ -98,7 +98,7 @@ def abstract_programs(cfg: Config, donate: bool = True, devices=None):
     state_shardings = jax.tree.map(lambda x: x.sharding, state)
     prepare = jax.jit(programs.prepare)
     update = jax.jit(programs.update, out_shardings=(state_shardings, None), donate_argnums=(0,) if donate else ())
-    rollout = Rollout(policy, text_env, cfg.rollout, mesh=mesh, vocab=vocab)
+    rollout = Rollout(policy, text_env, cfg.rollout, mesh=mesh, vocab=vocab, state_keys=cfg.algo.needs_state_keys)
     return rollout, prepare, update, state, frozen, mesh
 
 

@@ -90,7 +90,8 @@ class Trainer(RunAssembly):
         self._build_programs(state, self.policy_graph, critic_graph)
 
         # Rollouts: training (P x N) and validation (val_size states x 1, lower temperature).
-        self.rollout = Rollout(self.policy, self.text_env, cfg.rollout, mesh=self.mesh, vocab=self.vocab)
+        self.rollout = Rollout(self.policy, self.text_env, cfg.rollout, mesh=self.mesh, vocab=self.vocab,
+                               state_keys=cfg.algo.needs_state_keys)
         for name, size in cfg.env.validation_set(cfg.train.val_size) if cfg.train.val_every > 0 else ():
             if size % self.n_batch_shards:
                 raise ConfigError(f"the validation size {size} of {name} (train.val_size or env.val_set) is not "

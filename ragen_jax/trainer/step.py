@@ -4,6 +4,7 @@ One iteration, read top to bottom (`Trainer.iteration`):
 
     traj  = rollout(actor, key, seeds(i))                  compiled: every turn of P x N episodes
     batch = prepare(actor, critic, ref, traj)              compiled: StarPO-S filter, old/ref logprobs,
+                                                           sampler/trainer mismatch (+ TIS weights),
                                                            values, rewards on tokens, advantages
     state = update(state, batch)                           compiled: epochs x mini-batches of PPO
                                                            (clip-higher, dual clip) + critic steps
@@ -36,6 +37,7 @@ from ragen_jax.trainer.turn_blocks import TurnBlocks, fold_columns, over_taken_b
 from ragen_jax.algorithms import advantages as adv_lib
 from ragen_jax.algorithms import filters as filter_lib
 from ragen_jax.algorithms import losses as loss_lib
+from ragen_jax.algorithms import mismatch as mismatch_lib
 
 
 # ----------------------------------------------------------------------------------- state
@@ -64,6 +66,7 @@ class Batch:
     returns: jax.Array  # [K, T-1]
     row_weight: jax.Array  # [K] 1 for rows that train, 0 for padding rows of variance_cover
     turn_start: jax.Array | None = None  # [K, M] single-turn records only (`TurnBlocks`)
+    tis_weight: jax.Array | None = None  # [K, T-1] truncated importance weights (algo.tis); None: off
 
 
 # ----------------------------------------------------------------------------------- LoRA split
@@ -280,10 +283,12 @@ class StepPrograms:
                                      t.tokens, valid, ts)
         values = jnp.where(mask, values, 0.0)
 
-        advantages, returns, metrics = self._advantages(t, f, mask, old_logp, ref_logp, values)
+        tis_weight, metrics = self._importance_weights(t, mask, old_logp)
+        advantages, returns, adv_metrics = self._advantages(t, f, mask, old_logp, ref_logp, values)
         batch = Batch(tokens=t.tokens, valid=valid, mask=mask, old_logp=old_logp, ref_logp=ref_logp,
                       values=values, advantages=advantages, returns=returns, row_weight=f.row_weight,
-                      turn_start=ts if self.turn_blocks is not None else None)
+                      turn_start=ts if self.turn_blocks is not None else None, tis_weight=tis_weight)
+        metrics.update(adv_metrics)
         metrics.update(f.metrics)
         metrics.update({
             "critic/values_mean": adv_lib.masked_mean(values, mask),
@@ -292,6 +297,20 @@ class StepPrograms:
             "actor/advantages_abs_mean": adv_lib.masked_mean(jnp.abs(advantages), mask),
         })
         return batch, metrics
+
+    def _importance_weights(self, t, mask, old_logp):
+        """(TIS weights [K, T-1] or None, metrics) of the kept rows `t`: the sampler's recorded log-probs
+        against the trainer's `old_logp` over the tokens that train (`mask`). The mismatch/ metrics are
+        computed whatever `algo.tis` is; the weights only with TIS on (the programs are unchanged without)."""
+        a = self.cfg.algo
+        # The rollout records each sampled token's log-prob at its own position; target column t is token t+1.
+        sampler_logp = t.logprobs[:, 1:]
+        metrics = mismatch_lib.mismatch_metrics(old_logp, sampler_logp, mask, a.effective_tis_cap)
+        if a.tis == "none":
+            return None, metrics
+        weight, tm = mismatch_lib.tis_weights(old_logp, sampler_logp, mask, a.tis, a.effective_tis_cap,
+                                              tuple(a.tis_geo_mask) or None)
+        return weight, {**metrics, **tm}
 
     def _advantages(self, t, f, mask, old_logp, ref_logp, values):
         """(advantages, returns, metrics) of the kept rows `t` of filter result `f`."""
@@ -306,10 +325,14 @@ class StepPrograms:
             tok_rewards, klm = loss_lib.kl_in_reward(tok_rewards, old_logp, ref_logp, mask, a.kl_coef, a.kl_type)
             metrics.update({f"actor/{k_}": v for k_, v in klm.items()})
         estimator = "bilevel_gae" if (a.adv_estimator == "gae" and a.bi_level_gae) else a.adv_estimator
-        advantages, returns = adv_lib.compute_advantages(
-            estimator, tok_rewards, mask, values=values, turn_end=turn_end, group_size=n, gamma=a.gamma, lam=a.lam)
-        # RAGEN-2 after the advantages: soft reweighting by group std, then the kept-fraction scale
-        # (both on the advantages only; the critic's returns are untouched, as RAGEN).
+        inputs = {"turn_end": turn_end, **self._gigpo_inputs(t, f, turn_end)}
+        advantages, returns, est_metrics = adv_lib.compute_advantages(
+            estimator, tok_rewards, mask, values=values, group_size=n, gamma=a.gamma, lam=a.lam, with_metrics=True,
+            **inputs)
+        metrics.update(est_metrics)
+        # RAGEN-2 after the advantages: soft reweighting by group std (GRPO only: the config refuses it
+        # with other estimators, as RAGEN applies it only there), then the kept-fraction scale (both on
+        # the advantages only; the critic's returns are untouched, as RAGEN).
         if a.soft_advantage_reweight:
             w = filter_lib.soft_reweight(scores, n, f.group_used)
             advantages = advantages * jnp.repeat(w, n)[:, None]
@@ -319,6 +342,20 @@ class StepPrograms:
             advantages = advantages * scale
             metrics["actor/filter_loss_scale"] = scale
         return advantages, returns, metrics
+
+    def _gigpo_inputs(self, t, f, turn_end) -> dict:
+        """GiGPO's extra inputs (none for the other estimators): the rollout's per-turn observation keys
+        and rewards. The turns of rows the filter dropped (weight 0) are marked not taken, so they join
+        no anchor group, no episode statistics and no gigpo/ metric."""
+        a = self.cfg.algo
+        if a.adv_estimator != "gigpo":
+            return {}
+        if t.state_key is None:
+            raise ValueError("algo.adv_estimator='gigpo' needs Trajectories.state_key: build the Rollout with "
+                             "state_keys=True (the Trainer does)")
+        return {"turn_end": jnp.where(f.row_weight[:, None] > 0, turn_end, -1), "turn_reward": t.turn_reward,
+                "state_key": t.state_key, "gigpo_weight": a.gigpo_weight, "gigpo_norm": a.gigpo_norm,
+                "gigpo_gamma": a.gigpo_gamma}
 
     # -- update: epochs x mini-batches ---------------------------------------------------------
     def _actor_loss(self, params, mb: Batch, norms, frozen=None):
@@ -335,7 +372,7 @@ class StepPrograms:
                                           blocks=self._blocks(mb.turn_start))
         pg_loss, pm = loss_lib.ppo_policy_loss(
             logp, mb.old_logp, mb.advantages, mb.mask, eps_low=a.eps_low, eps_high=a.eps_high,
-            dual_clip=a.dual_clip, agg_mode=a.loss_agg, norm=norm)
+            dual_clip=a.dual_clip, agg_mode=a.loss_agg, norm=norm, tis_weights=mb.tis_weight)
         ent = loss_lib.entropy_loss(entropy, mb.mask, a.loss_agg, norm)
         loss = pg_loss - a.entropy_coef * ent
         m = {f"actor/{k}": (v if k == "pg_loss" else v * share) for k, v in pm.items()}

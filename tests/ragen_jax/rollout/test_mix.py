@@ -42,17 +42,18 @@ def _script(tok, batch, seed):
 
 @pytest.fixture(scope="module")
 def runs(tok):
-    """A mix Sokoban:2 + FrozenLake:1 (P=3, N=2) and both single-env batches of the same seeds and key."""
+    """A mix Sokoban:2 + FrozenLake:1 (P=3, N=2) and both single-env batches of the same seeds and key,
+    with the per-turn observation keys recorded (GiGPO's anchor states)."""
     mix = (("Sokoban", 2), ("FrozenLake", 1))
     tes = {name: _text_env(tok, name) for name, _ in mix}
     mixed = MixedTextEnv([(n, tes[n], g) for n, g in mix])
     cfg = RolloutConfig(num_groups=3, group_size=2, max_context=1200, greedy=True)
     policy = _script(tok, cfg.batch_size, 0)
     key, seeds = jax.random.PRNGKey(3), np.array([11, 12, 13])
-    ro = Rollout(policy, mixed, cfg)
+    ro = Rollout(policy, mixed, cfg, state_keys=True)
     out = {"mix": jax.device_get(ro(nnx.state(policy), key, seeds))}
     for name, te in tes.items():
-        out[name] = jax.device_get(Rollout(policy, te, cfg)(nnx.state(policy), key, seeds))
+        out[name] = jax.device_get(Rollout(policy, te, cfg, state_keys=True)(nnx.state(policy), key, seeds))
     return mixed, cfg, out
 
 
@@ -67,12 +68,20 @@ def test_mixed_rows_equal_single_env_rows(runs):
         # Every field of the row: the whole token stream (the shared prefix, then the member's rest of
         # its prompt at the head of turn 1), loss mask, rewards, success, counts.
         mine = jax.tree.map(lambda x: x[own], t)
-        chex.assert_trees_all_equal(mine.replace(turn_start=None), single.replace(turn_start=None))
+        chex.assert_trees_all_equal(mine.replace(turn_start=None, state_key=None),
+                                    single.replace(turn_start=None, state_key=None))
+        # Observation keys: the member's own, padded with -1 to the widest member's width.
+        d = single.state_key.shape[-1]
+        np.testing.assert_array_equal(mine.state_key[..., :d], single.state_key)
+        assert (mine.state_key[..., d:] == -1).all()
         # Turn 1's segment starts after the prefix the rollout shares: the mix's common one (the member's
         # own head is then part of its first segment); every later turn starts where the single env's does.
         np.testing.assert_array_equal(mine.turn_start[:, 1:], single.turn_start[:, 1:])
         assert (mine.turn_start[:, 0] == len(mixed.prefix_ids)).all()
     assert int(np.sum(t.num_actions)) > 0 and int(np.sum(t.num_format_errors)) > 0
+    # The keys follow the states: some row's board changes between its first two turns.
+    assert any(not np.array_equal(t.state_key[b, 0], t.state_key[b, 1]) for b in range(cfg.batch_size)
+               if t.turn_start[b, 1] >= 0)
     # Both members really differ on these rows (a mix that rendered one env everywhere would fail).
     assert not np.array_equal(out["Sokoban"].tokens[4:], out["FrozenLake"].tokens[4:])
 
