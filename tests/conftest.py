@@ -11,6 +11,13 @@ from pathlib import Path
 _flags = os.environ.get("XLA_FLAGS", "")
 if "xla_force_host_platform_device_count" not in _flags:
     os.environ["XLA_FLAGS"] = (_flags + " --xla_force_host_platform_device_count=8").strip()
+# The suite's time is mostly XLA:CPU compiling tiny programs, and LLVM's optimisation passes are most of
+# that: at level 0 a tiny trainer's build + first iteration costs ~30% less CPU (docs/testing.md). HLO
+# passes (fusion, layout, the collectives) still run, so the programs the tests compare are the same
+# graphs; only their machine code is less optimised. Inherited by the multi-host test's subprocesses.
+# RAGEN_JAX_TEST_XLA_OPT=1 keeps XLA's default (to check a test against fully optimised code).
+if os.environ.get("RAGEN_JAX_TEST_XLA_OPT") != "1" and "xla_backend_optimization_level" not in os.environ["XLA_FLAGS"]:
+    os.environ["XLA_FLAGS"] += " --xla_backend_optimization_level=0"
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
 # Nothing may be downloaded at test time.
 os.environ["HF_HUB_OFFLINE"] = "1"
