@@ -55,13 +55,10 @@ DATASHEET_BF16_TFLOPS = {"H100": 989.0, "H200": 989.0}
 GIB = 2**30
 
 
-# The CPU rehearsal's run: tiny_cpu.py cut to one short iteration on one device (tests/.../test_memory_check.py),
-# with fit_3b's GRPO settings, so that the iteration's update and fit_3b's are one program, compiled once
-# (scripts/gpu_check.sh gives the rehearsal a compilation cache; on the GPU they are different programs).
+# The CPU rehearsal's run: tiny_cpu.py cut to one short iteration on one device (tests/.../test_memory_check.py).
 REHEARSAL_RUN = ["rollout.num_groups=2", "rollout.group_size=4", "algo.filter_ratio=0.5", "algo.mini_batch_size=4",
                  "algo.micro_batch_size=2", "prompt.max_turns=2", "prompt.max_response_tokens=8",
-                 "rollout.max_context=512", "mesh.data=1", "algo.adv_estimator=grpo", "model.critic=none",
-                 "algo.reward_norm=mean_std"]
+                 "rollout.max_context=512", "mesh.data=1"]
 
 
 def shapes(rehearsal: bool) -> dict:
@@ -350,8 +347,9 @@ def part_fit_3b(sz: dict) -> dict:
 
     if sz["fit_row"] is not None:
         cfg = row_config(sz["fit_row"], "after")
-    else:  # the rehearsal: the GRPO settings on the tiny run, the iteration's own config (one update program)
-        cfg = load_config(sz["config"], iteration_overrides(sz, True))
+    else:  # the rehearsal: the same GRPO settings on the tiny run
+        cfg = load_config(sz["config"], [*iteration_overrides(sz, True), "algo.adv_estimator=grpo", "model.critic=none",
+                                         "algo.reward_norm=mean_std"])
     rollout, prepare, update, state, frozen, mesh = abstract_programs(cfg, donate=True, devices=jax.devices()[:1])
     key, seeds = abstract_inputs(cfg, mesh)
     traj = jax.eval_shape(rollout, state.actor, key, seeds)
