@@ -121,7 +121,8 @@ class Trainer(RunAssembly):
         # The update donates the train state: parameters and optimizer state exist once, updated in place.
         # The prepare pass donates nothing: none of its outputs has the shape of an input (the
         # trajectories are P*N rows, the batch the kept K), and the host reads the trajectories later.
-        self.update_fn = jax.jit(on_mesh(self.programs.update, self.mesh), out_shardings=(state_shardings, None), donate_argnums=(0,))
+        self.update_fn = jax.jit(on_mesh(self.programs.update, self.mesh), out_shardings=(state_shardings, None),
+                                 donate_argnums=(0,))
 
     def _fit_memory(self, state: TrainState, limit: int) -> dict:
         """`_check_memory`, deciding `model.remat=None` (auto) by memory first: remat makes the backward

@@ -272,7 +272,8 @@ class SFTTrainer(RunAssembly):
         self.trace_count = 0
         # The state is donated: parameters and optimizer state exist once on the devices, updated in place.
         # Traced on the mesh: the splash kernel's shard_map reads it (models/attention.py `partitioned`).
-        self.step_fn = jax.jit(on_mesh(self.step_body, self.mesh), out_shardings=(state_shardings, None), donate_argnums=(0,))
+        self.step_fn = jax.jit(on_mesh(self.step_body, self.mesh), out_shardings=(state_shardings, None),
+                               donate_argnums=(0,))
         self.loss_fn = jax.jit(on_mesh(functools.partial(sft_loss, self.policy_graph, vocab=self.vocab),
                                        self.mesh))
         self.validates = cfg.train.val_every > 0
