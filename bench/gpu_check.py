@@ -2,6 +2,7 @@
 
     python -m bench.gpu_check --out $OUT/gpu_check.json          # on the GPU (scripts/gpu_check.sh)
     python -m bench.gpu_check --cpu-rehearsal --out /tmp/x.json   # here: the same code, tiny shapes
+    OUT=/tmp/o bash scripts/gpu_check.sh --cpu-rehearsal           # the same, as CI runs it (faster compiles)
 
 Parts, in order; each in its own try/except (an error is recorded and the next part runs), each with
 a time budget (a part is skipped when less than its budget is left of --budget-s), the JSON written
@@ -64,9 +65,9 @@ def shapes(rehearsal: bool) -> dict:
     """The sizes of every part: the real ones, or tiny ones for the CPU rehearsal."""
     if rehearsal:
         return dict(preset="tiny", parity_batch=(2, 16), attn=(2, 128, 4, 2, 16), decode=(2, 48, 4), copy_mib=1,
-                    matmul=128, config="tiny_cpu.py", run=REHEARSAL_RUN, fit=("tiny_cpu.py", REHEARSAL_RUN))
+                    matmul=128, config="tiny_cpu.py", run=REHEARSAL_RUN, fit_row=None)
     return dict(preset="qwen2.5-0.5b", parity_batch=(4, 256), attn=(4, 2048, 14, 2, 64), decode=(128, 3600, 64),
-                copy_mib=2048, matmul=8192, config="sokoban.py", run=[], fit=None)
+                copy_mib=2048, matmul=8192, config="sokoban.py", run=[], fit_row="3b-grpo")
 
 
 def _median_time(fn, repeats: int = 5) -> float:
@@ -235,15 +236,19 @@ def decode_bytes_per_step(mcfg, batch: int, context: int, weight_bytes: int, cac
     return int(weight_bytes + kv)
 
 
-def part_iteration(sz: dict, env: dict, rehearsal: bool) -> dict:
-    from ragen_jax.experiment.config import load_config
-    from ragen_jax.trainer.rl import Trainer
-
+def iteration_overrides(sz: dict, rehearsal: bool) -> list[str]:
     over = ["model.random_init=true", f"model.preset={sz['preset']}", "train.val_every=0", "train.iterations=1",
             "train.collapse_every=0", *sz["run"]]
     if rehearsal:
         over += ["train.device_memory_gib=64"]  # the AOT memory check the GPU's bytes_limit triggers
-    cfg = load_config(sz["config"], over)
+    return over
+
+
+def part_iteration(sz: dict, env: dict, rehearsal: bool) -> dict:
+    from ragen_jax.experiment.config import load_config
+    from ragen_jax.trainer.rl import Trainer
+
+    cfg = load_config(sz["config"], iteration_overrides(sz, rehearsal))
     with tempfile.TemporaryDirectory() as d:
         t0 = time.perf_counter()
         tr = Trainer(cfg, Path(d) / "run", quiet=True)
@@ -340,11 +345,11 @@ def part_fit_3b(sz: dict) -> dict:
     from ragen_jax.trainer.export import abstract_inputs, abstract_programs
     from ragen_jax.trainer.memory import program_memory
 
-    if sz["fit"] is None:
-        cfg = row_config("3b-grpo", "after")
+    if sz["fit_row"] is not None:
+        cfg = row_config(sz["fit_row"], "after")
     else:  # the rehearsal: the same GRPO settings on the tiny run
-        cfg = load_config(sz["fit"][0], [*sz["fit"][1], "algo.adv_estimator=grpo", "model.critic=none",
-                                         "algo.reward_norm=mean_std", "model.random_init=true"])
+        cfg = load_config(sz["config"], [*iteration_overrides(sz, True), "algo.adv_estimator=grpo", "model.critic=none",
+                                         "algo.reward_norm=mean_std"])
     rollout, prepare, update, state, frozen, mesh = abstract_programs(cfg, donate=True, devices=jax.devices()[:1])
     key, seeds = abstract_inputs(cfg, mesh)
     traj = jax.eval_shape(rollout, state.actor, key, seeds)

@@ -26,7 +26,7 @@ from ragen_jax.models.lora import POLICY_TRAINABLE
 from ragen_jax.models.qwen2.sharding import param_shardings
 from ragen_jax.experiment.build import (build_mesh, build_policy, build_text_envs, build_vocab, check_run_dir_config,
                                         init_policy_params, load_task_tokenizer)
-from ragen_jax.experiment.config import Config, ConfigError
+from ragen_jax.experiment.config import Config
 
 
 def abstract(tree):
@@ -61,9 +61,6 @@ class RunAssembly:
 
         self.mesh = build_mesh(cfg, devices)
         self.n_batch_shards = self.mesh.shape["data"] * self.mesh.shape["fsdp"]
-        if cfg.model.attention == "splash" and self.mesh.size > 1:
-            raise ConfigError(f"model.attention='splash' runs on one device only for now ({self.mesh.size} in the "
-                              "mesh; the Pallas kernel needs a shard_map to be partitioned); use 'auto' or 'chunked'")
         if check_shards is not None:
             check_shards(self.n_batch_shards)
 

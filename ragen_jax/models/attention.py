@@ -18,9 +18,12 @@ Implementations (`model.attention`, `IMPLEMENTATIONS`):
            0), which is what every trainer passes (`valid = arange(T) < length`).
   splash   the Pallas TPU splash-attention kernel: causal mask (offset = prefix length) + segment ids
            (1 valid, 0 padding; exact for any padding pattern). Off TPU it runs in the Pallas
-           interpreter (slow; for tests only); which one is decided per lowering platform.
+           interpreter (slow; for tests only); which one is decided per lowering platform. Over
+           several devices it runs in a shard_map over the context mesh (`partitioned`; the
+           trainers trace their programs with `sharding.on_mesh`).
   auto     per call: decode and short sequences -> xla; no-cache rows -> cudnn on GPU (bf16/fp16,
-           head_dim a multiple of 8 up to 128, no prefix), splash on TPU, chunked elsewhere once a
+           head_dim a multiple of 8 up to 128, no prefix), splash on TPU (one device, or traced on a
+           context mesh), chunked elsewhere once a
            row's score matrix reaches `CHUNKED_MIN_SCORES`; cache appends of more than one token ->
            chunked from that size on (cudnn/splash have no per-row query offset).
 An explicit cudnn/splash is used where its layout fits and the call falls back to the `auto` choice
@@ -76,10 +79,12 @@ def check_available(implementation: str, dtype, backend: str | None = None, inte
 
 
 def resolve(implementation: str, *, t: int, s: int, self_layout: bool, dtype, head_dim: int,
-            backend: str | None = None, n_devices: int | None = None) -> str:
-    """The kernel one call uses (static: shapes, dtype, backend and device count only)."""
+            backend: str | None = None, n_devices: int | None = None, on_mesh: bool | None = None) -> str:
+    """The kernel one call uses (static: shapes, dtype, backend, device count and whether the call is
+    traced on a context mesh, `on_mesh`; None reads it: `sharding.on_mesh`)."""
     backend = backend or jax.default_backend()
     n_devices = jax.device_count() if n_devices is None else n_devices
+    on_mesh = not jax.sharding.get_abstract_mesh().empty if on_mesh is None else on_mesh
     prefix = s != t
     if implementation == "cudnn" and self_layout and not prefix:
         return "cudnn"
@@ -94,9 +99,9 @@ def resolve(implementation: str, *, t: int, s: int, self_layout: bool, dtype, he
         if backend == "gpu" and jnp.dtype(dtype).name in _CUDNN_DTYPES and head_dim % 8 == 0 and head_dim <= 128 \
                 and not prefix:
             return "cudnn"
-        # Splash over several devices needs a shard_map around the Pallas kernel (XLA cannot partition
-        # a Mosaic call: tests/ragen_jax/trainer/test_export.py); until then a pod runs chunked.
-        if backend == "tpu" and n_devices == 1:
+        # Over several devices splash runs in a shard_map built from the context mesh (`partitioned`:
+        # XLA cannot partition a Mosaic call); a program traced without one runs chunked there.
+        if backend == "tpu" and (n_devices == 1 or on_mesh):
             return "splash"
     return "chunked" if t * s >= CHUNKED_MIN_SCORES else "xla"
 
@@ -121,12 +126,7 @@ def attention(q: jax.Array, k: jax.Array, v: jax.Array, kv_valid: jax.Array | No
     if impl == "cudnn":
         return cudnn_attention(q, k, v, kv_valid).reshape(b, t, nh * d)
     if impl == "splash":
-        # The kernel or its interpreter is chosen when the program is LOWERED, for the platform it is
-        # lowered for, not from the backend of the tracing process: a TPU program exported from a CPU
-        # (`jax.export`, trainer/export.py) then holds the real Pallas kernel.
-        out = jax.lax.platform_dependent(q, k, v, kv_valid, tpu=functools.partial(splash_attention, interpret=False),
-                                         default=functools.partial(splash_attention, interpret=True))
-        return out.reshape(b, t, nh * d)
+        return partitioned(_splash_per_platform, q, k, v, kv_valid).reshape(b, t, nh * d)
     if q_slot is None:
         q_slot = jnp.broadcast_to(jnp.arange(s - t, s, dtype=jnp.int32), (b, t))
     if impl == "chunked":
@@ -289,6 +289,27 @@ def _flash_bwd(bk, res, do):
 _flash.defvjp(_flash_fwd, _flash_bwd)
 
 
+# ----------------------------------------------------------------------------- partitioning
+def partitioned(kernel, q: jax.Array, k: jax.Array, v: jax.Array, kv_valid: jax.Array | None) -> jax.Array:
+    """`kernel(q, k, v, kv_valid) -> [B, T, nH, D]` run shard by shard in a `jax.shard_map` over the
+    context mesh (`sharding.on_mesh`): rows over the batch axes, heads over the heads axis where the
+    key/value heads divide (a key/value head and its query heads then share a shard), as the model's
+    sharding rules place them. A Mosaic kernel (splash) cannot be partitioned by XLA, so over several
+    devices it needs this; without a context mesh, or on one device, `kernel` is called as is."""
+    from ragen_jax.models.qwen2.sharding import spec_for  # lazy: the model imports this module
+
+    mesh = jax.sharding.get_abstract_mesh()
+    if mesh.empty or mesh.size == 1:
+        return kernel(q, k, v, kv_valid)
+    kv_valid = jnp.ones(k.shape[:2], bool) if kv_valid is None else kv_valid
+    kv_spec = spec_for(k.shape, ("batch", None, "kv_heads", None), mesh)
+    q_spec = jax.sharding.PartitionSpec(kv_spec[0], None, kv_spec[2], None)
+    row_spec = jax.sharding.PartitionSpec(kv_spec[0], None)
+    # check_vma off: a pallas_call declares no varying-axes types for its outputs.
+    return jax.shard_map(kernel, mesh=mesh, in_specs=(q_spec, kv_spec, kv_spec, row_spec), out_specs=q_spec,
+                         check_vma=False)(q, k, v, kv_valid)
+
+
 # ----------------------------------------------------------------------------- cudnn
 def cudnn_attention(q, k, v, kv_valid, *, _implementation: str = "cudnn") -> jax.Array:
     """Causal self-attention (S == T) with per-row lengths = number of valid tokens (right padding).
@@ -343,6 +364,14 @@ def splash_attention(q, k, v, kv_valid, *, interpret: bool = False) -> jax.Array
     return out.transpose(0, 3, 1, 2, 4).reshape(b, tp, nh, d)[:, :t].astype(q.dtype)
 
 
+def _splash_per_platform(q, k, v, kv_valid):
+    # The kernel or its interpreter is chosen when the program is LOWERED, for the platform it is
+    # lowered for, not from the backend of the tracing process: a TPU program exported from a CPU
+    # (`jax.export`, trainer/export.py) then holds the real Pallas kernel.
+    return jax.lax.platform_dependent(q, k, v, kv_valid, tpu=functools.partial(splash_attention, interpret=False),
+                                      default=functools.partial(splash_attention, interpret=True))
+
+
 __all__ = [
     "CHUNKED_MIN_SCORES",
     "DEFAULT_BLOCK",
@@ -354,6 +383,7 @@ __all__ = [
     "cudnn_attention",
     "resolve",
     "splash_attention",
+    "partitioned",
     "visible_mask",
     "xla_attention",
 ]

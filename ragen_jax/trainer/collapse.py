@@ -42,7 +42,7 @@ import numpy as np
 from jax.sharding import NamedSharding, PartitionSpec
 
 from ragen_jax.algorithms.collapse import collapse_metrics
-from ragen_jax.models.qwen2.sharding import batch_sharding
+from ragen_jax.models.qwen2.sharding import batch_sharding, on_mesh
 from ragen_jax.text.tokenizer import ENDOFTEXT as PAD_ID
 from ragen_jax.text.tokenizer import chat_ids
 from ragen_jax.text.tokenizer import token_bytes_table
@@ -199,9 +199,11 @@ class CollapseProbe:
         self.mesh = mesh
         temperature = 1.0 if cfg.rollout.greedy else float(cfg.rollout.temperature)
         sharding = batch_sharding(mesh, 2) if mesh is not None else None
-        self._program = jax.jit(functools.partial(
+        program = functools.partial(
             metrics_program, graphdef, width=self.width, block=self.block, pad_rows=self.pad_rows,
-            temperature=temperature, vocab=vocab, sharding=sharding, pad_id=chat_ids(tokenizer).pad))
+            temperature=temperature, vocab=vocab, sharding=sharding, pad_id=chat_ids(tokenizer).pad)
+        # Traced on the mesh: the splash kernel's shard_map reads it (models/attention.py `partitioned`).
+        self._program = jax.jit(on_mesh(program, mesh) if mesh is not None else program)
 
     def due(self, step: int) -> bool:
         """RAGEN: step 1, then every `collapse_every` steps (steps count from 1)."""

@@ -27,7 +27,7 @@ import jax.numpy as jnp
 from flax import nnx
 from jax.sharding import NamedSharding, PartitionSpec
 
-from ragen_jax.models import Qwen2, Qwen2Config, critic_from_policy, param_shardings
+from ragen_jax.models import Qwen2, Qwen2Config, critic_from_policy, on_mesh, param_shardings
 from ragen_jax.models.lora import CRITIC_TRAINABLE, POLICY_TRAINABLE, add_lora
 from ragen_jax.rollout import Rollout
 from ragen_jax.rollout.rollout import turn_blocks
@@ -96,8 +96,9 @@ def abstract_programs(cfg: Config, donate: bool = True, devices=None):
     programs = StepPrograms(cfg, graph, critic_graph, actor_opt, critic_opt, vocab=vocab, turn_blocks=blocks,
                             batch_shards=shards)
     state_shardings = jax.tree.map(lambda x: x.sharding, state)
-    prepare = jax.jit(programs.prepare)
-    update = jax.jit(programs.update, out_shardings=(state_shardings, None), donate_argnums=(0,) if donate else ())
+    prepare = jax.jit(on_mesh(programs.prepare, mesh))
+    update = jax.jit(on_mesh(programs.update, mesh), out_shardings=(state_shardings, None),
+                     donate_argnums=(0,) if donate else ())
     rollout = Rollout(policy, text_env, cfg.rollout, mesh=mesh, vocab=vocab, state_keys=cfg.algo.needs_state_keys)
     return rollout, prepare, update, state, frozen, mesh
 

@@ -19,7 +19,7 @@ import numpy as np
 from flax import nnx
 from tqdm import tqdm
 
-from ragen_jax.models import critic_from_policy
+from ragen_jax.models import critic_from_policy, on_mesh
 from ragen_jax.models.lora import CRITIC_TRAINABLE
 from ragen_jax.rollout import Rollout, format_trajectory, group_seeds_for_iteration, rollout_metrics
 from ragen_jax.rollout.metrics import host_copy, mix_metrics
@@ -116,11 +116,13 @@ class Trainer(RunAssembly):
         self.programs = StepPrograms(self.cfg, policy_graph, critic_graph, *self.optimizers, vocab=self.vocab,
                                      turn_blocks=blocks, batch_shards=self.n_batch_shards)
         state_shardings = jax.tree.map(lambda x: x.sharding, state)
-        self.prepare_fn = jax.jit(self.programs.prepare)
+        # Traced on the mesh: the splash kernel's shard_map reads it (models/attention.py `partitioned`).
+        self.prepare_fn = jax.jit(on_mesh(self.programs.prepare, self.mesh))
         # The update donates the train state: parameters and optimizer state exist once, updated in place.
         # The prepare pass donates nothing: none of its outputs has the shape of an input (the
         # trajectories are P*N rows, the batch the kept K), and the host reads the trajectories later.
-        self.update_fn = jax.jit(self.programs.update, out_shardings=(state_shardings, None), donate_argnums=(0,))
+        self.update_fn = jax.jit(on_mesh(self.programs.update, self.mesh), out_shardings=(state_shardings, None),
+                                 donate_argnums=(0,))
 
     def _fit_memory(self, state: TrainState, limit: int) -> dict:
         """`_check_memory`, deciding `model.remat=None` (auto) by memory first: remat makes the backward

@@ -51,6 +51,7 @@ from jax.sharding import NamedSharding, PartitionSpec
 from tqdm import tqdm
 
 from ragen_jax.text.tokenizer import ENDOFTEXT
+from ragen_jax.models import on_mesh
 from ragen_jax.rollout import Rollout, rollout_metrics
 from ragen_jax.rollout.metrics import host_copy
 from ragen_jax.rollout.rollout import turn_blocks
@@ -270,8 +271,11 @@ class SFTTrainer(RunAssembly):
         state_shardings = jax.tree.map(lambda x: x.sharding, state)
         self.trace_count = 0
         # The state is donated: parameters and optimizer state exist once on the devices, updated in place.
-        self.step_fn = jax.jit(self.step_body, out_shardings=(state_shardings, None), donate_argnums=(0,))
-        self.loss_fn = jax.jit(functools.partial(sft_loss, self.policy_graph, vocab=self.vocab))
+        # Traced on the mesh: the splash kernel's shard_map reads it (models/attention.py `partitioned`).
+        self.step_fn = jax.jit(on_mesh(self.step_body, self.mesh), out_shardings=(state_shardings, None),
+                               donate_argnums=(0,))
+        self.loss_fn = jax.jit(on_mesh(functools.partial(sft_loss, self.policy_graph, vocab=self.vocab),
+                                       self.mesh))
         self.validates = cfg.train.val_every > 0
         self.restore_or_start(state)
         self.demos: Demos | None = None

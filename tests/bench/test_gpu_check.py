@@ -24,10 +24,20 @@ ROOT = Path(__file__).resolve().parents[2]
 
 
 @pytest.fixture(scope="module")
-def rehearsal(tmp_path_factory):
-    out = tmp_path_factory.mktemp("gpu") / "gpu_check.json"
-    assert gpu_check.main(["--cpu-rehearsal", "--out", str(out)]) == 0
-    return json.loads(out.read_text())
+def rehearsal_run(tmp_path_factory):
+    """scripts/gpu_check.sh --cpu-rehearsal, as the GPU runs it (in its own process: the script sets
+    the rehearsal's XLA flags and compilation cache before JAX starts)."""
+    out = tmp_path_factory.mktemp("gpu")
+    env = {**os.environ, "OUT": str(out), "PYTHON": sys.executable, "PYTHONPATH": str(ROOT)}
+    r = subprocess.run(["bash", "scripts/gpu_check.sh", "--cpu-rehearsal"], cwd=ROOT, env=env, capture_output=True,
+                       text=True, timeout=3600)
+    assert r.returncode == 0, r.stderr[-2000:]
+    return json.loads((out / "gpu_check.json").read_text()), r.stdout
+
+
+@pytest.fixture(scope="module")
+def rehearsal(rehearsal_run):
+    return rehearsal_run[0]
 
 
 def test_every_part_runs_and_measures(rehearsal):
@@ -53,7 +63,8 @@ def test_every_part_runs_and_measures(rehearsal):
     it = parts["iteration"]
     assert it["finite"] and it["rollout_s"] > 0 and it["prepare_s"] > 0 and it["update_s"] > 0
     assert set(it["estimate"]) == {"rollout", "prepare", "update"}
-    assert parts["fit_3b"]["fits"] and parts["fit_3b"]["estimate_program_bytes"] > 0
+    fit = parts["fit_3b"]
+    assert fit["fits"] and fit["finite"] and fit["estimate_program_bytes"] > 0
 
 
 def test_conversion_and_readme_table(rehearsal, tmp_path):
@@ -95,10 +106,8 @@ def test_bad_input_gets_one_sentence(tmp_path, capsys):
         gpu_results.main([str(tmp_path / "bad.json")])
 
 
-def test_shell_script_runs_the_module_and_prints_the_summary(tmp_path):
-    env = {**os.environ, "OUT": str(tmp_path), "PYTHON": sys.executable, "PYTHONPATH": str(ROOT)}
-    r = subprocess.run(["bash", "scripts/gpu_check.sh", "--cpu-rehearsal", "--parts", "environment"], cwd=ROOT, env=env,
-                       capture_output=True, text=True, timeout=300)
-    assert r.returncode == 0, r.stderr[-2000:]
-    assert json.loads((tmp_path / "gpu_check.json").read_text())["parts"]["environment"]["device_kind"] == "cpu"
-    assert "environment {" in r.stdout
+def test_shell_script_prints_the_summary(rehearsal_run):
+    d, stdout = rehearsal_run
+    assert d["parts"]["environment"]["device_kind"] == "cpu"
+    for name in gpu_check.PARTS:  # one summary line per part, in the reply's tail
+        assert f"\n{name} {{" in "\n" + stdout

@@ -19,6 +19,7 @@ from ragen_jax.models.qwen2.sharding import (
     batch_sharding,
     cache_sharding,
     make_mesh,
+    on_mesh,
     param_shardings,
 )
 from ragen_jax.models.qwen2.weights import WEIGHT_MAP, from_pretrained, read_config, save_pretrained
@@ -46,6 +47,7 @@ __all__ = [
     "from_pretrained",
     "logits_fn",
     "make_mesh",
+    "on_mesh",
     "param_shardings",
     "read_config",
     "save_pretrained",

@@ -8,6 +8,7 @@ model runs on any mesh (e.g. 14 heads on tensor=4), just less evenly.
 
 from __future__ import annotations
 
+import functools
 import math
 import re
 from typing import Any, Mapping
@@ -148,6 +149,19 @@ def batch_sharding(mesh: Mesh, ndim: int = 2, rules: Mapping[str, Any] = DEFAULT
     names = (batch,) if isinstance(batch, str) else tuple(batch or ())
     names = tuple(n for n in names if n in mesh.shape)
     return NamedSharding(mesh, P(names or None, *([None] * (ndim - 1))))
+
+
+def on_mesh(fn, mesh: Mesh):
+    """`fn` traced with `mesh` as the context mesh (jit it: `jax.jit(on_mesh(f, mesh))`): what must be
+    partitioned by hand inside it reads the mesh from there (the splash kernel's shard_map,
+    models/attention.py `partitioned`); XLA's own partitioning is unchanged (the axes stay Auto)."""
+
+    @functools.wraps(fn)
+    def traced(*args, **kwargs):
+        with jax.sharding.use_abstract_mesh(mesh.abstract_mesh):
+            return fn(*args, **kwargs)
+
+    return traced
 
 
 def cache_sharding(cache, mesh: Mesh, rules: Mapping[str, Any] = DEFAULT_RULES):

@@ -151,7 +151,8 @@ def test_auto_choice_per_backend_and_layout():
     assert resolve("auto", t=big, s=big, self_layout=True, backend="gpu", **kw) == "cudnn"
     assert resolve("auto", t=64, s=64, self_layout=True, backend="gpu", **kw) == "cudnn"
     assert resolve("auto", t=big, s=big, self_layout=True, backend="tpu", n_devices=1, **kw) == "splash"
-    # several TPU devices: splash is not partitioned yet (needs a shard_map), chunked instead
+    # several TPU devices and no context mesh to build splash's shard_map from: chunked
+    # (test_attention_sharded.py: splash on a context mesh)
     assert resolve("auto", t=big, s=big, self_layout=True, backend="tpu", n_devices=8, **kw) == "chunked"
     assert resolve("auto", t=big, s=big, self_layout=True, backend="cpu", **kw) == "chunked"
     assert resolve("auto", t=64, s=64, self_layout=True, backend="cpu", **kw) == "xla"
