@@ -41,6 +41,9 @@ from typing import Callable
 
 import numpy as np
 
+from ragen_jax.models.qwen2.config import Qwen2Config
+from ragen_jax.models.qwen2.model import rope_inv_freq
+
 SUPPORTED_ARCHITECTURES = ("llama", "qwen2", "qwen3")
 SUPPORTED_QUANTS = ("F32", "F16", "BF16", "Q8_0", "Q4_0", "Q4_1")
 # Bump when the conversion recipe changes: it is part of the cache key.
@@ -296,8 +299,6 @@ def llama3_rope_scaling(divisors: np.ndarray, theta: float, head_dim: int,
 
 def check_rope_freqs(config: dict, divisors: np.ndarray) -> None:
     """Our decoder's rope frequencies for `config` must be llama.cpp's: base frequency / divisor."""
-    from ragen_jax.models.qwen2.config import Qwen2Config
-    from ragen_jax.models.qwen2.model import rope_inv_freq
 
     fit = config.get("rope_scaling")
     try:

@@ -419,18 +419,20 @@ def special_ids(model, stop_ids: Sequence[int] | None = None, pad_id: int | None
                 tokenizer=None) -> tuple[tuple[int, ...], int]:
     """(stop ids, pad id) of a decode: as given; what is not given comes from `tokenizer` (its
     `chat_ids`: <|im_end|>, eos and <|endoftext|> stop, its pad pads); without a tokenizer, Qwen's
-    (<|im_end|>, <|endoftext|>), refused for a model whose vocabulary is too small to hold them (it is
-    not in Qwen's id space, so they would be wrong ids, not stops)."""
+    (<|im_end|>, <|endoftext|>). Qwen's stop ids are refused for a model whose vocabulary is too small
+    to hold them (not Qwen's id space: they would never stop it); its pad is not, as the pad only fills
+    the output after a row stopped and is never fed to the model here."""
     if stop_ids is None or pad_id is None:
         if tokenizer is not None:
             chat = chat_ids(tokenizer)
             default = (chat.stop, chat.pad)
         else:
             vocab = getattr(getattr(model, "cfg", None), "vocab_size", None)
-            if vocab is not None and vocab <= IM_END and not hasattr(model, "output_ids"):
-                raise ValueError(f"the model's vocabulary has {vocab} ids, too few for Qwen's default stop and pad "
-                                 f"ids ({IM_END}, {ENDOFTEXT}): pass tokenizer= (or stop_ids= and pad_id=) "
-                                 "from the model's own tokenizer")
+            if (stop_ids is None and vocab is not None and vocab <= IM_END
+                    and not hasattr(model, "output_ids")):
+                raise ValueError(f"the model's vocabulary has {vocab} ids, too few for Qwen's default stop ids "
+                                 f"({IM_END}, {ENDOFTEXT}): pass tokenizer= (or stop_ids= and pad_id=) from the "
+                                 "model's own tokenizer")
             default = ((IM_END, ENDOFTEXT), ENDOFTEXT)
         stop_ids = default[0] if stop_ids is None else stop_ids
         pad_id = default[1] if pad_id is None else pad_id

@@ -26,9 +26,10 @@ def test_special_ids_resolution(smol):  # noqa: F811
     assert S.special_ids(small, stop_ids=(7,), pad_id=5) == ((7,), 5)
     qwen_sized = SimpleNamespace(cfg=SimpleNamespace(vocab_size=151936))
     assert S.special_ids(qwen_sized) == ((IM_END, ENDOFTEXT), ENDOFTEXT)
-    with pytest.raises(ValueError, match=r"^the model's vocabulary has 49152 ids, too few for Qwen's default stop and "
-                                         r"pad ids \(151645, 151643\): pass tokenizer="):
+    with pytest.raises(ValueError, match=r"^the model's vocabulary has 49152 ids, too few for Qwen's default stop "
+                                         r"ids \(151645, 151643\): pass tokenizer="):
         S.special_ids(small)
+    assert S.special_ids(small, stop_ids=()) == ((), ENDOFTEXT)  # the pad only fills the output
 
 
 def test_generate_stops_on_the_tokenizers_ids(smol):  # noqa: F811
@@ -36,7 +37,7 @@ def test_generate_stops_on_the_tokenizers_ids(smol):  # noqa: F811
     model = Qwen2(cfg, rngs=nnx.Rngs(0))
     model.lm_head.kernel.value = np.zeros_like(model.lm_head.kernel.value)
     tokens, valid = np.array([[5, 6, 7]], np.int32), np.ones((1, 3), bool)
-    with pytest.raises(ValueError, match="too few for Qwen's default stop and pad ids"):
+    with pytest.raises(ValueError, match="too few for Qwen's default stop ids"):
         S.generate(model, tokens, valid, jax.random.key(0), max_new_tokens=4, greedy=True)
     out = S.generate(model, tokens, valid, jax.random.key(0), max_new_tokens=4, greedy=True, tokenizer=smol)
     assert int(out.lengths[0]) == 1 and int(out.stopped_by[0]) == S.STOP_EOS
