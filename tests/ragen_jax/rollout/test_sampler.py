@@ -411,7 +411,7 @@ def test_no_recompilation_for_new_prompts_or_weights(model, monkeypatch):
         def call(m, **kw):
             t = jnp.asarray(rng.integers(0, V, (3, 5)), jnp.int32)
             v = jnp.asarray(rng.random((3, 5)) < 0.8)
-            kw = {"max_new_tokens": 3, "temperature": 0.9, **kw}
+            kw = {"max_new_tokens": 3, "temperature": 0.9, "stop_ids": (), **kw}
             return S.generate(m, t, v, jax.random.key(int(rng.integers(1 << 30))), **kw)
 
         jax.block_until_ready(call(model).tokens)
