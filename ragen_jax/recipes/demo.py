@@ -221,7 +221,10 @@ def run_family(family: str, config_name: str, envs, quick_over, user_over, args,
         results[label] = evaluator(params)
         timings[label].update(eval_s=time.perf_counter() - t0, eval_cpu_s=time.process_time() - c0)
         log(f"{family}: after {stage.upper()}: " + summary_line(results[label]))
-        p = plot_curves(os.path.join(root, stage), curve_keys, os.path.join(args.workdir, f"curves_{family}_{stage}.png"))
+        # The stage's evaluation beside its training curves: a dashed line per env on the success panel.
+        evals = {f"{env} eval success": m["success"] for env, m in results[label].items()}
+        p = plot_curves(os.path.join(root, stage), curve_keys, os.path.join(args.workdir, f"curves_{family}_{stage}.png"),
+                        evals=evals)
         if p is not None:
             curves.append(str(p))
 
