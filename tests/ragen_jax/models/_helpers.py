@@ -59,7 +59,9 @@ def greedy_decode_hlo(model) -> tuple[str, str]:
         m = nnx.merge(graphdef, params)
         cache = KVCache.init(m.cfg, batch=2, max_len=12, dtype="float32")
         logits, cache = sampler.prefill(m, cache, tokens, jnp.ones_like(tokens, bool))
-        return sampler.decode(m, cache, logits, jax.random.key(0), max_new_tokens=6, greedy=True).tokens
+        # Two stop ids inside any test vocabulary (Qwen's defaults are refused for a small model).
+        return sampler.decode(m, cache, logits, jax.random.key(0), max_new_tokens=6, greedy=True,
+                              stop_ids=(3, 4), pad_id=0).tokens
 
     text = jax.jit(gen).lower(params, jnp.ones((2, 5), jnp.int32)).compile().as_text()
     # The token loop is the while whose state holds the KV cache and the [B, N+1] token buffer.
