@@ -327,19 +327,27 @@ def part_decode(sz: dict, env: dict) -> dict:
 
 # ----------------------------------------------------------------------------- fit_3b
 def _fill(sds, key):
-    """Random arrays of the given shapes and shardings (never zeros: METHOD.md)."""
+    """Random arrays of the given shapes and shardings (never zeros: METHOD.md), made by ONE compiled
+    program: the GPU's allocator (BFC, no preallocation) keeps every freed buffer as a hole, and
+    per-leaf temporaries (a float32 draw, then its scaled copy) left the 34 GiB 3B train state
+    interleaved with holes, so the update's single 25.8 GiB temporary found no contiguous room
+    although its 60.3 GiB peak fits the card's 75.2 GiB (the H100 run of 2026-11-26)."""
     leaves, tree = jax.tree.flatten(sds)
-    keys = jax.random.split(key, len(leaves))
-    out = []
-    for s, k in zip(leaves, keys):
-        if jnp.issubdtype(s.dtype, jnp.floating):
-            x = jax.random.normal(k, s.shape, jnp.float32).astype(s.dtype) * 0.02
-        elif s.dtype == jnp.bool_:
-            x = jnp.ones(s.shape, bool)
-        else:
-            x = jax.random.randint(k, s.shape, 0, 100).astype(s.dtype)
-        out.append(jax.device_put(x, s.sharding) if getattr(s, "sharding", None) is not None else x)
-    return jax.tree.unflatten(tree, out)
+
+    def make(k0):
+        out = []
+        for s, k in zip(leaves, jax.random.split(k0, len(leaves))):
+            if jnp.issubdtype(s.dtype, jnp.floating):
+                out.append((jax.random.normal(k, s.shape, jnp.float32) * 0.02).astype(s.dtype))
+            elif s.dtype == jnp.bool_:
+                out.append(jnp.ones(s.shape, bool))
+            else:
+                out.append(jax.random.randint(k, s.shape, 0, 100).astype(s.dtype))
+        return out
+
+    shardings = [getattr(s, "sharding", None) for s in leaves]
+    fill = jax.jit(make, out_shardings=shardings) if all(x is not None for x in shardings) else jax.jit(make)
+    return jax.tree.unflatten(tree, fill(key))
 
 
 # bench/memory.py's setting whose CPU estimate meets the 3B target (65.6 GiB; "after", 8-row micro-batches,

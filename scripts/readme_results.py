@@ -316,7 +316,8 @@ def gpu_section(files: list) -> list[str]:
             f"{_fmt(r.get('iteration_peak_gib'), '.2f')}{_not_own(r, 'iteration')} / "
             f"{_fmt(r.get('iteration_estimate_gib'), '.2f')} | "
             f"{_fmt(r.get('decode_tokens_per_s'), ',.0f')} ({_fmt(r.get('decode_fraction_of_bound'), '.0%')}) | "
-            f"{_fmt(r.get('fit_3b_peak_gib'), '.2f')}{_not_own(r, 'fit_3b')} / {_fmt(r.get('fit_3b_estimate_gib'), '.2f')} |")
+            f"{'OOM' if r.get('fit_3b_fits') is False else _fmt(r.get('fit_3b_peak_gib'), '.2f')}"
+            f"{_not_own(r, 'fit_3b')} / {_fmt(r.get('fit_3b_estimate_gib'), '.2f')} |")
     errors = [f"{(r.get('device_kind') or '?')}: {k}: {str(v)[:160]}" for r in rows for k, v in (r.get("errors") or {}).items()]
     if errors:
         out += ["", "Parts that failed or were skipped: " + "; ".join(errors) + "."]

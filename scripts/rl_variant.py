@@ -34,14 +34,13 @@ if __name__ == "__main__":
 
 from absl import logging as absl_logging
 
-from ragen_jax.recipes.demo import (EVAL_STATES, EVAL_TEMPERATURE, FROZEN_LAKE_CONFIG, FROZEN_LAKE_EVAL_ENVS, SOKOBAN_CONFIG,
-                         SOKOBAN_EVAL_ENVS, StageEvaluator)
+from ragen_jax.recipes.demo import (EVAL_STATES, EVAL_TEMPERATURE, FROZEN_LAKE_EVAL_ENVS, MODEL_CONFIGS, SOKOBAN_EVAL_ENVS,
+                                    StageEvaluator)
 from ragen_jax.experiment.config import load_config
 from ragen_jax.evaluation.paired import paired_change
 from ragen_jax.trainer.rl import Trainer
 
-FAMILIES = {"sokoban": (SOKOBAN_CONFIG, SOKOBAN_EVAL_ENVS[0]),
-            "frozen_lake": (FROZEN_LAKE_CONFIG, FROZEN_LAKE_EVAL_ENVS[0])}
+FAMILIES = {"sokoban": SOKOBAN_EVAL_ENVS[0], "frozen_lake": FROZEN_LAKE_EVAL_ENVS[0]}  # family -> its eval env
 
 
 def parse(argv=None):
@@ -49,6 +48,8 @@ def parse(argv=None):
     model is made here, before anything is compiled or written (`SystemExit` with one sentence)."""
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--family", required=True, choices=sorted(FAMILIES))
+    p.add_argument("--model", choices=tuple(MODEL_CONFIGS), default="tiny",
+                   help="the policy's demo config (launch/demo.py --model): tiny (random init) or smollm2")
     p.add_argument("--sft", required=True, help="the finished SFT run directory (read only)")
     p.add_argument("--out", required=True, help="this variant's directory (must not hold a finished run)")
     p.add_argument("--eval-at", default="", help="comma-separated iteration counts to evaluate at "
@@ -65,7 +66,7 @@ def parse(argv=None):
         p.error(f"--out {args.out!r} already holds a variant (metrics.jsonl); use a fresh directory")
     if not os.path.isdir(os.path.join(args.sft, "policy")):
         p.error(f"--sft {args.sft!r} holds no exported policy (<sft>/policy); give a finished SFT run directory")
-    config_name, _ = FAMILIES[args.family]
+    config_name = MODEL_CONFIGS[args.model][args.family]
     cfg = load_config(config_name, list(args.overrides) + [f"model.init_from={os.path.abspath(args.sft)}",
                                                            "train.val_every=0"])
     n_it = cfg.train.iterations
@@ -87,7 +88,7 @@ def parse(argv=None):
 def main(argv=None) -> int:
     args, cfg, points, temps = parse(argv)
     absl_logging.set_verbosity(absl_logging.ERROR)
-    env = FAMILIES[args.family][1]
+    env = FAMILIES[args.family]
     n_it = cfg.train.iterations
     os.makedirs(args.out, exist_ok=True)
 
