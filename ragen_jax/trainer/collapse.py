@@ -43,7 +43,6 @@ from jax.sharding import NamedSharding, PartitionSpec
 
 from ragen_jax.algorithms.collapse import collapse_metrics
 from ragen_jax.models.qwen2.sharding import batch_sharding, on_mesh
-from ragen_jax.text.tokenizer import ENDOFTEXT as PAD_ID
 from ragen_jax.text.tokenizer import chat_ids
 from ragen_jax.text.tokenizer import token_bytes_table
 from ragen_jax.trainer.step import effective_micro_batch, in_minibatches, sequence_logprobs
@@ -135,7 +134,7 @@ def sample_pairs(spans: dict, tokens: np.ndarray, group: np.ndarray, num_groups:
     return plan
 
 
-def build_rows(tokens: jax.Array, row, z_start, z_len, rep, x_len, width: int, pad_id: int = PAD_ID):
+def build_rows(tokens: jax.Array, row, z_start, z_len, rep, x_len, width: int, pad_id: int):
     """[M * P, width] ids and valid mask of the rows [x_j | z_i | pad], gathered in-graph."""
     t = jnp.arange(width)[None, None, :]
     xl, zl = x_len[None, :, None], z_len[:, None, None]
@@ -150,7 +149,7 @@ def build_rows(tokens: jax.Array, row, z_start, z_len, rep, x_len, width: int, p
 
 
 def cross_logprobs(graphdef, params, tokens, plan: dict, *, width: int, block: int, pad_rows: int,
-                   temperature: float = 1.0, vocab=None, sharding=None, pad_id: int = PAD_ID) -> jax.Array:
+                   pad_id: int, temperature: float = 1.0, vocab=None, sharding=None) -> jax.Array:
     """log p(z_i | x_j) summed over z_i's tokens: [M, P] (jittable; `plan` arrays on the device)."""
     ids, valid = build_rows(tokens, plan["row"], plan["z_start"], plan["z_len"], plan["rep"], plan["x_len"], width,
                             pad_id)

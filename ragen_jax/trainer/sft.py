@@ -50,7 +50,6 @@ from flax import nnx, struct
 from jax.sharding import NamedSharding, PartitionSpec
 from tqdm import tqdm
 
-from ragen_jax.text.tokenizer import ENDOFTEXT
 from ragen_jax.models import on_mesh
 from ragen_jax.rollout import Rollout, rollout_metrics
 from ragen_jax.rollout.metrics import host_copy
@@ -113,7 +112,7 @@ def shared_prefix_length(tokens: np.ndarray, loss_mask: np.ndarray, length: np.n
     return max(0, min(p, int(length.min()) - 1))
 
 
-def unfold_turn_rows(tokens, loss_mask, length, turn_start, prefix_len: int, width: int, pad_id: int = ENDOFTEXT):
+def unfold_turn_rows(tokens, loss_mask, length, turn_start, prefix_len: int, width: int, pad_id: int):
     """Single-turn demonstrations (prompt.context_window_mode="single_turn"): each taken turn of each
     episode becomes its own row, the shared prompt prefix followed by that turn's block (segment and
     answer, at most `width` tokens), which is exactly the context the policy answers that turn from.

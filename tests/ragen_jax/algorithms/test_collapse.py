@@ -90,7 +90,7 @@ def test_cross_logprobs_match_a_per_pair_computation():
     graph, params = nnx.split(Qwen2(Qwen2Config.from_preset("tiny").replace(vocab_size=V), rngs=nnx.Rngs(0)))
     m, p, width = 5, 3, 14
     tokens, plan = _plan(m, p, rng)
-    fn = jax.jit(lambda prm, tok, pl: C.cross_logprobs(graph, prm, tok, pl, width=width, block=4, pad_rows=1,
+    fn = jax.jit(lambda prm, tok, pl: C.cross_logprobs(graph, prm, tok, pl, width=width, block=4, pad_rows=1, pad_id=0,
                                                        temperature=0.7))
     got = np.asarray(fn(params, jnp.asarray(tokens), {k: jnp.asarray(v) for k, v in plan.items()}))
     # Each pair on its own: [x | z] right-padded to one width (one compilation), log-probs of z summed.
@@ -138,7 +138,7 @@ def test_copy_and_ignore_policies_through_the_pass(kind, monkeypatch):
             "x_len": np.full(p, lx, np.int32), "col_valid": np.ones(p, bool), "same_prompt": np.eye(p, dtype=bool)}
     monkeypatch.setattr(C, "sequence_logprobs", _stub(kind, lx))
     out = C.metrics_program(None, None, jnp.asarray(tokens), {k: jnp.asarray(v) for k, v in plan.items()},
-                             width=lx + lz, block=8, pad_rows=0)
+                             width=lx + lz, block=8, pad_rows=0, pad_id=0)
     m = _m(out)
     if kind == "copy":
         # Matched: lz tokens at log 0.9; other prompts share no token: lz at log(0.1/47).

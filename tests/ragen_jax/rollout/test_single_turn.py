@@ -157,7 +157,7 @@ def test_single_turn_demonstrations_become_one_row_per_turn():
     mask[0, [5, 7]] = True
     mask[1, 5] = True
     rows, rmask, n = unfold_turn_rows(tokens, mask, np.array([8, 6]), np.array([[3, 6, -1], [3, -1, -1]]), 3,
-                                     width=3)
+                                     width=3, pad_id=ENDOFTEXT)
     p = ENDOFTEXT
     np.testing.assert_array_equal(rows, [[1, 2, 3, 10, 11, 12], [1, 2, 3, 20, 21, p], [1, 2, 3, 30, 31, 32]])
     np.testing.assert_array_equal(n, [6, 5, 6])
