@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
-# A second, shorter GPU call after scripts/gpu_check.sh (session 39): the 3B fit at the setting that meets
-# its target, the rollout/trainer dtype variants of the 0.5B iteration (issue 33's mismatch), and the 3B fit
-# at 8-row micro-batches with the GPU's own memory estimate. Each in its own process with its own limit.
+# A second, shorter GPU call after scripts/gpu_check.sh: the 3B fit at the setting that meets its target, the
+# rollout/trainer dtype variants of the 0.5B iteration (issue 33's mismatch), and the 3B fit at 8-row
+# micro-batches with the GPU's own memory estimate. Each in its own process with its own limit.
+# On the H100 (2026-11-26) the float32 iterations were still compiling at 120 s: they now get 200 s, so the
+# whole call needs timeout_s ~560 (a fresh machine's start comes on top).
 set -u
 OUT="${OUT:-/tmp/gpu_followup_out}"; mkdir -p "$OUT"
 run() {  # name, seconds, flags...
@@ -11,6 +13,6 @@ run() {  # name, seconds, flags...
   cp "$OUT/$name/gpu_check.json" "$OUT/$name.json" 2>/dev/null; rm -rf "$OUT/$name"
 }
 run fit_mb4 110 --parts fit_3b --fit-setting after-mb4
-run iter_f32 120 --parts environment,iteration --iteration-set model.dtype=float32
-run iter_f32_rollout_bf16 120 --parts environment,iteration --iteration-set model.dtype=float32 --iteration-set rollout.matmul_dtype=bfloat16
+run iter_f32 200 --parts environment,iteration --iteration-set model.dtype=float32
+run iter_f32_rollout_bf16 200 --parts environment,iteration --iteration-set model.dtype=float32 --iteration-set rollout.matmul_dtype=bfloat16
 run fit_mb8 60 --parts fit_3b --fit-setting after
