@@ -50,6 +50,22 @@ def agg_loss(loss_mat: jax.Array, mask: jax.Array, mode: str = "token-mean",
 
 # ----------------------------------------------------------------------------- PPO policy loss
 
+def check_clip_args(eps_low: float, eps_high: float, dual_clip: float | None) -> None:
+    """One sentence per bad PPO clip argument (the config calls it too, before anything is traced)."""
+    def number(x):
+        return isinstance(x, (int, float)) and not isinstance(x, bool)
+
+    # 1 - eps_low must stay a positive ratio, or the lower clip would admit ratios <= 0.
+    if not (number(eps_low) and 0.0 <= eps_low < 1.0):
+        raise ValueError(f"eps_low must be a number in [0, 1) (the PPO clip range's lower end is 1 - eps_low), "
+                         f"got {eps_low!r}")
+    if not (number(eps_high) and eps_high >= 0.0):
+        raise ValueError(f"eps_high must be a number >= 0 (the PPO clip range's upper end is 1 + eps_high), "
+                         f"got {eps_high!r}")
+    if dual_clip is not None and not (number(dual_clip) and dual_clip > 1.0):
+        raise ValueError(f"dual_clip must be > 1 (or None to disable), got {dual_clip!r}")
+
+
 def ppo_policy_loss(logp: jax.Array, old_logp: jax.Array, advantages: jax.Array, mask: jax.Array, *,
                     eps_low: float = 0.2, eps_high: float = 0.28, dual_clip: float | None = 3.0,
                     agg_mode: str = "token-mean",
@@ -77,10 +93,7 @@ def ppo_policy_loss(logp: jax.Array, old_logp: jax.Array, advantages: jax.Array,
                          current one; 0 on the first step of an on-policy update)
       pg_loss:           the aggregated loss.
     """
-    if not (0.0 <= eps_low < 1.0 and eps_high >= 0.0):
-        raise ValueError(f"PPO clip range needs 0 <= eps_low < 1 and eps_high >= 0, got {eps_low}, {eps_high}")
-    if dual_clip is not None and not dual_clip > 1.0:
-        raise ValueError(f"dual_clip must be > 1 (or None to disable), got {dual_clip}")
+    check_clip_args(eps_low, eps_high, dual_clip)
     mask = mask.astype(bool)
     adv = advantages.astype(jnp.float32)
     log_ratio = jnp.clip(logp.astype(jnp.float32) - old_logp.astype(jnp.float32), -20.0, 20.0)

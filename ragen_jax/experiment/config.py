@@ -25,7 +25,7 @@ from ragen_jax.algorithms.advantages import (ESTIMATORS, NEEDS_CRITIC, NORMALIZA
 from ragen_jax.algorithms.filters import (FILTER_METRICS, FILTER_SELECT, FILTER_STRATEGIES, LOSS_SCALINGS,
                                          TOP_P_MODES, FilterSpec, num_kept_groups)
 from ragen_jax.algorithms.gigpo import GIGPO_NORMS, check_gigpo_args
-from ragen_jax.algorithms.losses import KL_ESTIMATORS, LOSS_AGG_MODES
+from ragen_jax.algorithms.losses import KL_ESTIMATORS, LOSS_AGG_MODES, check_clip_args
 from ragen_jax.algorithms.mismatch import TIS_MODES, TIS_SEQUENCE_CAP, TIS_TOKEN_CAP, check_tis_args
 from ragen_jax.models.attention import IMPLEMENTATIONS as ATTENTION_IMPLEMENTATIONS
 from ragen_jax.models.attention import check_available as check_attention
@@ -54,6 +54,11 @@ def _choice(name: str, value, options):
 def _positive(name: str, value, allow_zero=False):
     if isinstance(value, bool) or not isinstance(value, (int, float)) or value < 0 or (value == 0 and not allow_zero):
         raise ConfigError(f"{name} must be {'>= 0' if allow_zero else '> 0'}, got {value!r}")
+
+
+def _whole(name: str, value, low: int, what: str = ""):
+    if isinstance(value, bool) or not isinstance(value, int) or value < low:
+        raise ConfigError(f"{name} must be a whole number >= {low}{f' ({what})' if what else ''}, got {value!r}")
 
 
 def _micro_batch(name: str, value, batch_name: str, batch):
@@ -379,14 +384,23 @@ class AlgoConfig:
                 or self.filter_max_groups < 0:
             raise ConfigError(f"algo.filter_max_groups must be a whole number >= 0 (0: all groups), "
                               f"got {self.filter_max_groups!r}")
-        for name in ("eps_low", "eps_high"):
-            _positive(f"algo.{name}", getattr(self, name))
-        if self.dual_clip <= 1:
-            raise ConfigError(f"algo.dual_clip must be > 1, got {self.dual_clip!r}")
-        _positive("algo.ppo_epochs", self.ppo_epochs)
-        _positive("algo.mini_batch_size", self.mini_batch_size)
+        try:
+            check_clip_args(self.eps_low, self.eps_high, self.dual_clip)
+        except ValueError as e:
+            raise ConfigError(f"algo.{e}") from None
+        # The update scans ppo_epochs x (kept rows / mini_batch_size) steps: both are static counts.
+        _whole("algo.ppo_epochs", self.ppo_epochs, 1)
+        _whole("algo.mini_batch_size", self.mini_batch_size, 1, "trajectories per optimizer step")
         _micro_batch("algo.micro_batch_size", self.micro_batch_size, "algo.mini_batch_size", self.mini_batch_size)
+        _whole("algo.critic_warmup", self.critic_warmup, 0, "global step the actor starts training at")
         _positive("algo.kl_coef", self.kl_coef, allow_zero=True)
+        _positive("algo.entropy_coef", self.entropy_coef, allow_zero=True)
+        _positive("algo.value_clip", self.value_clip)
+        _positive("algo.filter_cover", self.filter_cover)
+        for name in ("gamma", "lam"):
+            v = getattr(self, name)
+            if isinstance(v, bool) or not isinstance(v, (int, float)) or not 0 <= v <= 1:
+                raise ConfigError(f"algo.{name} must be a number in [0, 1] (a discount of the GAE returns), got {v!r}")
         self._validate_gigpo_tis()
 
     def _validate_gigpo_tis(self):
@@ -446,7 +460,8 @@ class AlgoConfig:
                               top_p_mode=self.filter_top_p_mode, max_groups=max_groups,
                               rounding=self.filter_rounding)
         except ValueError as e:
-            raise ConfigError(f"algo.filter_*: {e}") from None
+            # FilterSpec names its fields ("filter value ..."); the keys they come from are algo.filter_<field>.
+            raise ConfigError(f"algo.{str(e).replace('filter ', 'filter_', 1)}") from None
 
 
 @dataclass
