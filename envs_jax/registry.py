@@ -177,7 +177,7 @@ for _spec in (
     # RAGEN-2's rubikscube (envs.yaml: scramble_depth 1, max_steps 20), with a real B move by default.
     EnvSpec("rubikscube", dataclass_build(lambda: (rubiks_cube.RubiksCube(), rubiks_cube.RubiksCubeParams())),
             env_class=rubiks_cube.RubiksCube, action_names=rubiks_cube.ACTION_NAMES, teacher="bfs",
-            teacher_thought=" I undo the scramble move by move.", mixable=False, text_layer=False),
+            mixable=False),  # no thought: it would enter every run's task vocabulary (teacher_texts)
     # RAGEN-2's SimpleSudoku / MediumSudoku (envs.yaml: 9x9, easy / medium, max_actions_per_traj 20 / 30).
     EnvSpec("SimpleSudoku", dataclass_build(lambda: (sudoku.Sudoku(), sudoku.SudokuParams())),
             env_class=sudoku.Sudoku, action_names=sudoku.action_names(9), mixable=False, text_layer=False),

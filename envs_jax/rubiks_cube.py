@@ -229,6 +229,30 @@ class RubiksCube(AgentEnv):
     def render_grid(self, state, params):
         return state.stickers.reshape(6, 4)
 
+    # The text layer assembles the observation from slots: the step line, one per face (6^4
+    # alternatives each), then the action list or the game-over line. Every slot ends in a newline
+    # before visible text, where Qwen's pre-tokenizer cuts anyway; the blank lines after the step line
+    # and the Down face belong to their slot, as "]\n\n" and "0\n\n" are single pre-tokens.
+    def observation_format(self, params) -> str:
+        return "slots"
+
+    def text_slots(self, params) -> tuple[tuple[str, ...], ...]:
+        """Alternatives per slot of `observation_text` + "\n" (the final newline included)."""
+        head = tuple(f"=== Rubik's Cube 2x2 State ===\nStep: {t}/{params.max_steps_in_episode}\n\n"
+                     for t in range(params.max_steps_in_episode + 1))
+        faces = tuple(tuple(f"{FACE_NAMES[f]}[{a}, {b}]\n [{c}, {d}]\n" + ("\n" if f == 5 else "")
+                            for a in COLORS for b in COLORS for c in COLORS for d in COLORS) for f in range(6))
+        tail = ("Available Actions:\n" + ", ".join(ACTION_NAMES) + "\n\nWhat is your next move?\n",
+                "=== Game Over: Cube Solved! ===\n", "=== Game Over: Max steps reached. ===\n")
+        return (head, *faces, tail)
+
+    def text_slot_index(self, state, params) -> jax.Array:
+        """int32 [8]: each slot's alternative for `state` (jittable)."""
+        head = jnp.clip(state.time, 0, params.max_steps_in_episode)
+        faces = state.stickers.reshape(6, 4) @ jnp.asarray([216, 36, 6, 1], jnp.int32)
+        tail = jnp.where(state.done, jnp.where(is_solved(state.stickers), 1, 2), 0)
+        return jnp.concatenate([head[None], faces, tail[None]]).astype(jnp.int32)
+
     def render_text(self, state, params) -> str:
         s = jax.device_get(state)
         return observation_text(s.stickers, int(s.time), params.max_steps_in_episode, bool(s.done))

@@ -96,18 +96,24 @@ class AnswerTable:
         self.names, self.think, self.thought = names, bool(think), thought if think else ""
         self.head_text = f"{thought}{THINK_CLOSE}{ANSWER_OPEN}" if think else ""
         self.tail_text = ANSWER_CLOSE + IM_END_TEXT
-        first = _encode(tokenizer, [self.head_text + n for n in names])
-        rest = _encode(tokenizer, [ANSWER_SEP + n for n in names])
+        # Row [1] of each table ends the answer: the last name is encoded with "</answer>" because a
+        # name ending in punctuation (the cube's U') merges with "</" into one pre-token.
+        first = [_encode(tokenizer, [self.head_text + n + end for n in names]) for end in ("", ANSWER_CLOSE)]
+        rest = [_encode(tokenizer, [ANSWER_SEP + n + end for n in names]) for end in ("", ANSWER_CLOSE)]
         self.chat = chat_ids(tokenizer)  # <|im_end|> and pad are the tokenizer's
-        tail = _encode(tokenizer, [ANSWER_CLOSE])[0] + [self.chat.im_end]
-        self._check_joints(tokenizer, first, rest, tail)
-        self.first, self.first_len = _pad_rows(first, self.chat.pad)
-        self.rest, self.rest_len = _pad_rows(rest, self.chat.pad)
-        self.tail = np.asarray(tail, np.int32)
+        self._check_joints(tokenizer, first, rest)
+        self.first, self.first_len = _pad_rows(first[0] + first[1], self.chat.pad)
+        self.rest, self.rest_len = _pad_rows(rest[0] + rest[1], self.chat.pad)
+        self.first, self.rest = self.first.reshape(2, len(names), -1), self.rest.reshape(2, len(names), -1)
+        self.first_len, self.rest_len = self.first_len.reshape(2, -1), self.rest_len.reshape(2, -1)
+        self.tail = np.asarray([self.chat.im_end], np.int32)
         self.max_tokens = int(max_tokens)
 
         def worst(k):  # longest possible answer with k actions
-            return int(self.first_len.max()) + (k - 1) * int(self.rest_len.max()) + len(self.tail)
+            if k == 1:
+                return int(self.first_len[1].max()) + len(self.tail)
+            return (int(self.first_len[0].max()) + (k - 2) * int(self.rest_len[0].max())
+                    + int(self.rest_len[1].max()) + len(self.tail))
 
         fit = [k for k in range(1, max_actions + 1) if worst(k) <= self.max_tokens]
         if not fit:
@@ -115,16 +121,16 @@ class AnswerTable:
                              f"answer ({worst(1)} tokens: {self.text((0,))!r}); raise prompt.max_response_tokens")
         self.max_actions = fit[-1]
 
-    def _check_joints(self, tokenizer, first, rest, tail):
+    def _check_joints(self, tokenizer, first, rest):
         """Pieces concatenated == the tokenizer's encoding of the whole text, on every kind of joint:
-        head|action, action|separator, separator|action, action|`</answer>` (all pairs, plus all
-        second/third pairs behind the first action)."""
+        head|action, action|separator, separator|action (all pairs, plus all second/third pairs
+        behind the first action); first/rest: [not last, last] piece ids per action."""
         n = len(self.names)
         combos = [(a,) for a in range(n)] + [(a, b) for a in range(n) for b in range(n)]
         combos += [(0, b, c) for b in range(n) for c in range(n)]
         whole = _encode(tokenizer, [self.text(c)[: -len(IM_END_TEXT)] for c in combos])
         for c, want in zip(combos, whole):
-            got = first[c[0]] + sum((rest[a] for a in c[1:]), []) + tail[:-1]
+            got = first[len(c) == 1][c[0]] + sum((rest[i == len(c) - 1][a] for i, a in enumerate(c) if i), [])
             if got != want:
                 raise ValueError(f"the tokenizer does not split the teacher answer {self.text(c)!r} at the piece "
                                  "joints, so table-built ids would differ from its own encoding")
@@ -146,10 +152,12 @@ class AnswerTable:
         num = jnp.clip(jnp.asarray(num, jnp.int32), 1, k)
         first, rest = jnp.asarray(self.first), jnp.asarray(self.rest)
         first_len, rest_len = jnp.asarray(self.first_len), jnp.asarray(self.rest_len)
-        pieces = [(first[actions[0]], first_len[actions[0]])]
+        alone = (num == 1).astype(jnp.int32)
+        pieces = [(first[alone, actions[0]], first_len[alone, actions[0]])]
         if k > 1:
-            more = actions[1:]
-            pieces.append((rest[more], jnp.where(jnp.arange(1, k) < num, rest_len[more], 0)))
+            more, j = actions[1:], jnp.arange(1, k)
+            last = (j == num - 1).astype(jnp.int32)
+            pieces.append((rest[last, more], jnp.where(j < num, rest_len[last, more], 0)))
         pieces.append((jnp.asarray(self.tail), len(self.tail)))
         return render.concat(pieces, self.max_tokens, self.chat.pad)
 

@@ -4,6 +4,8 @@ iteration for FrozenLake, and a binomial bound for the Bandit arm frequency."""
 
 from __future__ import annotations
 
+import dataclasses
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -62,8 +64,10 @@ def test_answer_ids_are_the_tokenizers_encoding_and_parse_back(tok, name, think)
 def test_tables_fit_the_budget_or_fail_clearly(tok):
     names = ("Up", "Down", "Left", "Right")
     t = AnswerTable(tok, names, think=True, thought=" I push the box toward the target.", max_tokens=24, max_actions=5)
-    worst = int(t.first_len.max()) + (t.max_actions - 1) * int(t.rest_len.max()) + len(t.tail)
-    assert worst <= 24 < worst + int(t.rest_len.max())  # as many actions as always fit, no more
+    def longest(k):  # the tokenizer's longest k-action answer (one name repeated)
+        return max(len(tok.encode(t.text((a,) * k), add_special_tokens=False)) for a in range(len(names)))
+
+    assert longest(t.max_actions) <= 24 < longest(t.max_actions + 1)  # as many actions as always fit, no more
     with pytest.raises(ValueError, match="max_response_tokens=8 cannot hold"):
         AnswerTable(tok, names, think=True, thought=" I push the box toward the target.", max_tokens=8, max_actions=5)
     te = _te(tok, "FrozenLake", max_response_tokens=32)
@@ -231,4 +235,11 @@ def test_teacher_texts_hold_only_envs_the_text_layer_renders():
                 " I choose an arm by what its name suggests."}
     heads = {t[: -len("</think><answer>")] for t in teacher_texts() if t.endswith("</think><answer>")}
     assert heads == expected | {""}
-    assert envs_jax.get_spec("rubikscube").teacher_thought not in heads
+    no_text = dataclasses.replace(envs_jax.get_spec("SimpleSudoku"), name="NoTextLayer", teacher="bfs",
+                                  teacher_thought=" A thought no run may see.")
+    assert not no_text.text_layer
+    envs_jax.register(no_text)
+    try:
+        assert not any(" A thought no run may see." in t for t in teacher_texts())
+    finally:
+        envs_jax.unregister("NoTextLayer")
