@@ -9,7 +9,7 @@ the two step by step. They are what a host-side agent loop does per env step:
 
 Randomness is drawn from a `random.Random` (the reference uses Python's `random` / numpy's RNG);
 `apply_*` functions take the realised draw as an argument so tests can feed the JAX env's draws.
-Only the reference's texts (Bandit state template) are imported, as data.
+Only data is imported: the reference's texts (Bandit state template) and the cube's move gathers.
 """
 
 from __future__ import annotations
@@ -21,6 +21,8 @@ from typing import Optional, Sequence
 import numpy as np
 
 from envs_jax.bandit import STATE_TEMPLATE as BANDIT_TEMPLATE
+from envs_jax.rubiks_cube import ACTION_NAMES as CUBE_ACTIONS
+from envs_jax.rubiks_cube import move_table as CUBE_MOVE_TABLE
 
 # ---------------------------------------------------------------------------------------------------
 # Conversation text (RAGEN ctx_manager wording; see ragen_jax/text/conversation.py for the JAX side)
@@ -377,6 +379,57 @@ class NpBandit:
 
 def bandit_from_jax(state) -> BanditState:
     return BanditState(bool(state.high_first), int(state.arm), int(state.time), bool(state.done))
+
+
+# ---------------------------------------------------------------------------------------------------
+# 2x2 cube (RAGEN-2's rubikscube; the sticker gathers of its twelve moves are imported as data)
+# ---------------------------------------------------------------------------------------------------
+CUBE_COLORS = "WOGRBY"
+CUBE_FACES = ("Up (U):    ", "Left (L):  ", "Front (F): ", "Right (R): ", "Back (B):  ", "Down (D):  ")
+
+
+class CubeState:
+    __slots__ = ("stickers", "time", "done")
+
+    def __init__(self, stickers, time=0, done=False):
+        self.stickers, self.time, self.done = list(stickers), int(time), bool(done)
+
+    def copy(self) -> "CubeState":
+        return CubeState(self.stickers, self.time, self.done)
+
+
+class NpCube:
+    def __init__(self, max_steps: int = 20, moves: str = "correct"):
+        self.max_steps = max_steps
+        self.perms = [list(map(int, row)) for row in CUBE_MOVE_TABLE(moves)]
+        self.action_names = CUBE_ACTIONS
+
+    @staticmethod
+    def solved(st) -> bool:
+        return all(st[4 * f] == st[4 * f + 1] == st[4 * f + 2] == st[4 * f + 3] for f in range(6))
+
+    def step(self, s: CubeState, action: int, rng: Optional[random.Random] = None):
+        if s.done:
+            return s, 0.0, True, {"action_is_effective": False, "success": self.solved(s.stickers)}
+        s.stickers = [s.stickers[i] for i in self.perms[action]]
+        s.time += 1
+        ok = self.solved(s.stickers)
+        s.done = ok or s.time >= self.max_steps
+        return s, float(ok), s.done, {"action_is_effective": True, "success": ok}
+
+    def render(self, s: CubeState) -> str:
+        c = [CUBE_COLORS[x] for x in s.stickers]
+        lines = ["=== Rubik's Cube 2x2 State ===", f"Step: {s.time}/{self.max_steps}", ""]
+        lines += [f"{CUBE_FACES[f]}[{c[4 * f]}, {c[4 * f + 1]}]\n [{c[4 * f + 2]}, {c[4 * f + 3]}]" for f in range(6)]
+        if not s.done:
+            lines += ["", "Available Actions:", ", ".join(CUBE_ACTIONS), "\nWhat is your next move?"]
+        else:
+            lines += ["", f"=== Game Over: {'Cube Solved!' if self.solved(s.stickers) else 'Max steps reached.'} ==="]
+        return "\n".join(lines)
+
+
+def cube_from_jax(state) -> CubeState:
+    return CubeState(np.asarray(state.stickers).tolist(), int(state.time), bool(state.done))
 
 
 # ---------------------------------------------------------------------------------------------------
