@@ -32,6 +32,7 @@ ACTION_NAMES = ("Up", "Right", "Down", "Left")
 UP, RIGHT, DOWN, LEFT = range(4)
 NOOP_RULES = ("promised", "reference")
 MAX_EXPONENT = 17  # 2**17 = 131072, the largest tile a 4x4 board can hold
+SCORE_DIGITS = 10  # a non-negative int32 score
 # Tile texts by exponent: what a board cell shows (render_grid indexes these).
 SYMBOLS = tuple(str(2**k if k else 0) for k in range(MAX_EXPONENT + 1))
 # The reference's config/envs.yaml env_instruction of game_2048 (a YAML literal block, final newline kept).
@@ -251,6 +252,40 @@ class Game2048(AgentEnv):
 
     def render_grid(self, state, params):
         return state.board
+
+    # The text layer assembles the observation from slots: each cell ("Row i: [v", ", v", the row's
+    # last one with "]\n", the board's with "]\n\n", a single pre-token), the valid-action line with
+    # the goal line and "Current Score:" (16 alternatives), the score's digits (Qwen's pre-tokenizer
+    # cuts every digit on its own; the first carries the space) and the closing question.
+    def observation_format(self, params) -> str:
+        return "slots"
+
+    def text_slots(self, params) -> tuple[tuple[str, ...], ...]:
+        """Alternatives per slot of `observation_text` + "\n" (the final newline included)."""
+        n, cells = params.size, []
+        for r in range(n):
+            for c in range(n):
+                head = f"Row {r + 1}: [" if c == 0 else ", "
+                tail = "" if c < n - 1 else ("]\n\n" if r == n - 1 else "]\n")
+                cells.append(tuple(head + v + tail for v in SYMBOLS))
+        valid = tuple("Valid Actions: " + (", ".join(f"{a}({ACTION_NAMES[a]})" for a in range(4) if m >> a & 1)
+                                           or "None") + ".\nGoal: Merge same numbers to reach 2048.\nCurrent Score:"
+                      for m in range(16))
+        # The space before the score goes with its first digit: " X" would merge into one pre-token.
+        digits = [("",) + tuple(str(d) for d in range(10)) + tuple(f" {d}" for d in range(10))] * SCORE_DIGITS
+        return (("Current 2048 Grid:\n",), *cells, valid, *digits, ("\nWhat is your next move?\n",))
+
+    def text_slot_index(self, state, params) -> jax.Array:
+        """int32 [1 + size^2 + 1 + SCORE_DIGITS + 1]: each slot's alternative for `state` (jittable)."""
+        cells = jnp.clip(state.board.reshape(-1), 0, MAX_EXPONENT)
+        valid = jnp.sum(valid_moves(state.board).astype(jnp.int32) * (1 << jnp.arange(4)))
+        score = jnp.maximum(state.score, 0)
+        power = jnp.asarray([10 ** (SCORE_DIGITS - 1 - k) for k in range(SCORE_DIGITS)], jnp.int32)
+        shown = (score >= power) | (power == 1)
+        lead = shown & (jnp.cumsum(shown) == 1)
+        digits = jnp.where(shown, score // power % 10 + 1 + jnp.where(lead, 10, 0), 0)
+        zero = jnp.zeros((1,), jnp.int32)
+        return jnp.concatenate([zero, cells, valid[None], digits, zero]).astype(jnp.int32)
 
     def render_text(self, state, params) -> str:
         return observation_text(jax.device_get(state.board), jax.device_get(state.score),

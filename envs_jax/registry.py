@@ -170,10 +170,10 @@ for _spec in (
     # RAGEN-2's Bandit / BanditTest: a (low, high) name pair drawn per reset from its train / test list.
     _bandit("BanditPairs", BanditParams(name_pairs=ARM_NAME_PAIRS["train"])),
     _bandit("BanditPairsTest", BanditParams(name_pairs=ARM_NAME_PAIRS["test"])),
-    # RAGEN-2's game_2048. Not mixable until the text layer renders it (its text is not a symbol grid);
-    # its expectimax player (env.teacher_action) has no teacher kind on the rollout side yet.
+    # RAGEN-2's game_2048, rendered from slots. Not mixable yet (a mix with the Sokobans' Up/Down/Left/
+    # Right is untested); its expectimax player (env.teacher_action) has no teacher kind on the rollout side yet.
     EnvSpec("game_2048", dataclass_build(lambda: (game_2048.Game2048(), game_2048.Game2048Params())),
-            env_class=game_2048.Game2048, action_names=game_2048.ACTION_NAMES, mixable=False, text_layer=False),
+            env_class=game_2048.Game2048, action_names=game_2048.ACTION_NAMES, mixable=False),
     # RAGEN-2's rubikscube (envs.yaml: scramble_depth 1, max_steps 20), with a real B move by default.
     EnvSpec("rubikscube", dataclass_build(lambda: (rubiks_cube.RubiksCube(), rubiks_cube.RubiksCubeParams())),
             env_class=rubiks_cube.RubiksCube, action_names=rubiks_cube.ACTION_NAMES, teacher="bfs",
