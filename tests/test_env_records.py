@@ -120,10 +120,16 @@ def test_evaluation_handles_them(tok):
     assert res["pass@2"] == pytest.approx(3 / 4)  # states (0,1) (2,3) (4,5) (6,7): gold in 0, 1, 3
 
 
-@pytest.mark.parametrize("over", [["env.name=game_2048"], ["env.val_envs=('Sokoban','game_2048')"]])
+@pytest.mark.parametrize("over", [["env.name=NoTextLayer"], ["env.val_envs=('Sokoban','NoTextLayer')"]])
 def test_config_refuses_what_the_trainer_cannot_run_yet(over):
     """Registered envs without a text layer are refused by the config check with one sentence, not at
     trace time."""
+    import dataclasses
+
     from ragen_jax.experiment.config import ConfigError, load_config
-    with pytest.raises(ConfigError, match="text layer"):
-        load_config("tiny_cpu.py", over)
+    envs_jax.register(dataclasses.replace(envs_jax.get_spec("game_2048"), name="NoTextLayer", text_layer=False))
+    try:
+        with pytest.raises(ConfigError, match="text layer"):
+            load_config("tiny_cpu.py", over)
+    finally:
+        envs_jax.unregister("NoTextLayer")
