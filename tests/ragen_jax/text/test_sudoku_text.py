@@ -50,8 +50,15 @@ def random_states(env, params, n, seed=0, steps=40):
         def step(s, xs):
             t, k = xs
             k_kind, k_act, k_step = jax.random.split(k, 3)
-            rand = jax.random.randint(k_act, (), 0, params.grid_size ** 3)
-            act = jnp.where(jax.random.uniform(k_kind) < good, env.teacher_action(k_act, s, params), rand)
+            n = params.grid_size
+            rand = jax.random.randint(k_act, (), 0, n ** 3)
+            masks = sd.valid_masks(s.grid)  # a legal digit that may differ from the solution's
+            cell = jax.random.categorical(k_act, jnp.where(masks > 0, 0.0, -jnp.inf))
+            bits = (masks[cell] >> jnp.arange(n)) & 1
+            legal = cell * n + jax.random.categorical(jax.random.fold_in(k_act, 2), jnp.where(bits > 0, 0.0, -jnp.inf))
+            u = jax.random.uniform(k_kind)
+            act = jnp.where(u < good, env.teacher_action(k_act, s, params),
+                            jnp.where((u < (1 + good) / 2) & jnp.any(masks > 0), legal, rand))
             _, nxt, _, _, _ = env.step_env(k_step, s, act, params)
             keep = (t < stop) & ~s.done
             return jax.tree.map(lambda a, b: jnp.where(keep, a, b), nxt, s), None
@@ -102,9 +109,31 @@ def test_teacher_demos_place_valid_digits(text_env, qwen):
     teacher = teachers.get_teacher("SimpleSudoku", text_env)
     ro = Rollout(None, text_env, RolloutConfig(num_groups=2, group_size=2, max_context=2048), teacher=teacher)
     traj = jax.device_get(ro(None, jax.random.PRNGKey(0), jnp.arange(2, dtype=jnp.int32)))
-    assert traj.action_is_valid.all()
-    # 32 empty cells, 5 per turn, 5 turns: 20 actions (max_actions_per_traj), every one a valid placement.
-    assert np.allclose(traj.reward.sum(-1) if traj.reward.ndim > 1 else traj.reward, traj.reward) or True
+    # 32 empty cells, 5 per turn: 20 actions (max_actions_per_traj) in 4 turns, each a valid placement
+    # (1.0 for the drawn solution's digit, 0.5 for another solution's).
+    assert traj.action_is_valid.all() and np.all(np.asarray(traj.reward) >= 10.0)
+    # The first turn's ids are the tokenizer's encoding of the first five empty cells (row-major) with
+    # the digits of a plain-Python backtracking solver (digits tried in increasing order).
     st = jax.tree.map(lambda x: x[0], text_env.reset_rows(jnp.asarray([0])))
     ids, n = teacher(st, 1, jax.random.PRNGKey(0))
-    assert list(np.asarray(ids[:n])) == qwen.encode(teacher.text(st), add_special_tokens=False)
+    grid = np.asarray(st.grid).tolist()
+    assert solve(grid)
+    empty = [(r, c) for r in range(9) for c in range(9) if int(st.grid[r, c]) == 0][:5]
+    want = "</think><answer>" + " || ".join(f"{r + 1},{c + 1},{grid[r][c]}" for r, c in empty) + "</answer>"
+    assert list(np.asarray(ids[:n])) == qwen.encode(want, add_special_tokens=False) + [teacher.table.chat.im_end]
+
+
+def solve(grid) -> bool:
+    """Plain backtracking over the first empty cell, digits 1..9 in order (fills `grid` in place)."""
+    for k in range(81):
+        r, c = divmod(k, 9)
+        if grid[r][c] == 0:
+            for d in range(1, 10):
+                box = [grid[r // 3 * 3 + i][c // 3 * 3 + j] for i in range(3) for j in range(3)]
+                if d not in grid[r] and d not in [grid[i][c] for i in range(9)] and d not in box:
+                    grid[r][c] = d
+                    if solve(grid):
+                        return True
+            grid[r][c] = 0
+            return False
+    return True
