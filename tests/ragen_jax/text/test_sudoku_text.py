@@ -137,3 +137,4 @@ def solve(grid) -> bool:
             grid[r][c] = 0
             return False
     return True
+
