@@ -40,7 +40,7 @@ import numpy as np
 
 from bench import numpy_envs as npe
 
-ENVS = ("Bandit", "FrozenLake", "Sokoban", "LargerSokoban", "rubikscube")
+ENVS = ("Bandit", "FrozenLake", "Sokoban", "LargerSokoban", "rubikscube", "SimpleSudoku")
 SOKOBAN_LIKE = ("Sokoban", "LargerSokoban")
 RESULTS = Path(__file__).resolve().parent / "results" / "envs.json"
 
@@ -103,9 +103,10 @@ class Setup:
             "Sokoban": lambda: npe.NpSokoban(self.env.config.num_boxes, int(self.params.max_steps_in_episode)),
             "LargerSokoban": lambda: npe.NpSokoban(self.env.config.num_boxes, int(self.params.max_steps_in_episode)),
             "rubikscube": lambda: npe.NpCube(int(self.params.max_steps_in_episode), self.params.moves),
+            "SimpleSudoku": lambda: npe.NpSudoku(self.params),
         }[name]()
         self.from_jax = {"Bandit": npe.bandit_from_jax, "FrozenLake": npe.frozen_lake_from_jax,
-                         "rubikscube": npe.cube_from_jax}.get(name, npe.sokoban_from_jax)
+                         "rubikscube": npe.cube_from_jax, "SimpleSudoku": npe.sudoku_from_jax}.get(name, npe.sokoban_from_jax)
 
 
 def tree_where(c, a, b):

@@ -460,3 +460,55 @@ def host_steps(env, states: list, answers: Sequence[Sequence[int]], tokenizer, n
         seg = segment_text(env.render(s), turn, max_steps - s.time, reward)
         checksum += len(tokenizer.encode(seg, add_special_tokens=False))
     return checksum
+
+
+# ---------------------------------------------------------------------------------- Sudoku
+class SudokuState:
+    """Fields named as envs_jax.sudoku.SudokuState's, so its host `observation_text` renders it."""
+
+    def __init__(self, grid, given, solution, feedback=0, last=(0, 0, 0), time=0, done=False):
+        self.grid, self.given, self.solution = np.array(grid), np.array(given), np.array(solution)
+        self.feedback, self.last, self.time, self.done = feedback, tuple(last), time, done
+
+    def copy(self) -> "SudokuState":
+        return SudokuState(self.grid, self.given, self.solution, self.feedback, self.last, self.time, self.done)
+
+
+class NpSudoku:
+    """The reference's rules in plain Python (a step of index (r * n + c) * n + d - 1)."""
+
+    def __init__(self, params):
+        from envs_jax import sudoku as sd
+
+        self.sd, self.params = sd, params
+        self.action_names = sd.action_names(params.grid_size)
+        self.max_steps = int(params.max_steps_in_episode)
+
+    def step(self, s: SudokuState, action: int, rng=None):
+        sd, n = self.sd, self.params.grid_size
+        b = int(round(n ** 0.5))
+        r, c, d = action // (n * n), action // n % n, action % n + 1
+        s = s.copy()
+        g = s.grid
+        box = g[r // b * b:r // b * b + b, c // b * b:c // b * b + b]
+        conflict = d in g[r] or d in g[:, c] or d in box
+        valid = not s.given[r, c] and not conflict
+        s.feedback = sd.GIVEN_CELL if s.given[r, c] else sd.CONFLICT if conflict else (
+            sd.CORRECT if d == s.solution[r, c] else sd.VALID_NOT_SOLUTION)
+        s.last, s.time = (r, c, d), s.time + 1
+        reward = float(self.params.invalid_action_score)
+        if valid:
+            g[r, c] = d
+            reward = 1.0 if d == s.solution[r, c] else 0.5
+            reward += 10.0 if not (g == 0).any() else 0.0
+        s.done = bool(valid and not (g == 0).any()) or s.time >= self.max_steps
+        return s, reward, s.done, {}
+
+    def render(self, s: SudokuState) -> str:
+        return self.sd.observation_text(s, self.params)
+
+
+def sudoku_from_jax(state) -> SudokuState:
+    s = state
+    return SudokuState(np.asarray(s.grid), np.asarray(s.given), np.asarray(s.solution), int(s.feedback),
+                       tuple(int(x) for x in np.asarray(s.last)), int(s.time))

@@ -21,6 +21,7 @@ TEACHER_KINDS = {
     "value_iteration": "env.solve(state, params) -> (policy[actions left, state.pos], value): an optimal policy",
     "bandit_arm": "env.arm_action(state, arm, params): the action that pulls the low (0) or high (1) arm",
     "countdown_solution": "state.nums, state.signs, state.count: a +- solution of the task",
+    "backtracking": "env.solve(state, params) -> (grid, ok): the current grid completed; state.solution as fallback",
 }
 
 
@@ -179,11 +180,12 @@ for _spec in (
             env_class=rubiks_cube.RubiksCube, action_names=rubiks_cube.ACTION_NAMES, teacher="bfs",
             mixable=False),  # no thought: it would enter every run's task vocabulary (teacher_texts)
     # RAGEN-2's SimpleSudoku / MediumSudoku (envs.yaml: 9x9, easy / medium, max_actions_per_traj 20 / 30).
+    # Text: the with_feedback render from slot tables; answers "row,col,digit"; no thought (Countdown's reason).
     EnvSpec("SimpleSudoku", dataclass_build(lambda: (sudoku.Sudoku(), sudoku.SudokuParams())),
-            env_class=sudoku.Sudoku, action_names=sudoku.action_names(9), mixable=False, text_layer=False),
+            env_class=sudoku.Sudoku, action_names=sudoku.action_names(9), teacher="backtracking", mixable=False),
     EnvSpec("MediumSudoku", dataclass_build(lambda: (sudoku.Sudoku(), sudoku.SudokuParams(
         difficulty="medium", max_steps_in_episode=30))), env_class=sudoku.Sudoku,
-        action_names=sudoku.action_names(9), mixable=False, text_layer=False),
+        action_names=sudoku.action_names(9), teacher="backtracking", mixable=False),
     # RAGEN's Countdown: one free-form answer (an envs_jax.countdown.Answer the text layer parses), no names.
     EnvSpec("Countdown", dataclass_build(lambda: (countdown.Countdown(), countdown.CountdownParams())),
             env_class=countdown.Countdown, action_names=(), teacher="countdown_solution", single_action=True,

@@ -242,6 +242,160 @@ def observation_text(state, params: SudokuParams) -> str:
     return "\n".join(out)
 
 
+# ---- the reference's text as slots (the text layer assembles it in-graph) ------------------------
+# Why these cuts. Every piece ends where Qwen's pre-tokenizer always splits: right after a digit (a
+# digit is a pre-token of its own), after a cell's "." (always followed by its space), before a "\n"
+# that follows a letter, or after the "\n"s that a punctuation run absorbs (")\n\n" is one
+# pre-token, so every section after the legend carries the blank line that follows it). Grid piece
+# (i, j) runs from just after cell (i, j-1)'s digit or dot through cell (i, j)'s, so it depends on
+# the previous cell's closing character and its own kind only. Conflicts never show: a conflicting
+# placement is refused, so "*N*" and "CONFLICTS DETECTED" cannot occur.
+VALID_LINES = 10  # the reference lists valid numbers only when at most 10 cells are empty
+LEGEND = "Legend: [N]=initial cell, N=user-placed, *N*=conflict, .=empty"
+BANNER = "=" * 50 + "\nSUDOKU PUZZLE\n" + "=" * 50 + "\n"
+SOLVED_LINE = "\n🎉 Congratulations! Puzzle solved!"
+NOT_OPTIMAL = " - Valid but not optimal"
+
+
+def digit_list_text(mask: int, n: int) -> str:
+    """The reference's list of valid numbers for a bit mask (bit d-1 = digit d)."""
+    return str([d for d in range(1, n + 1) if mask >> (d - 1) & 1])
+
+
+def conflict_places(r: int, c: int, mask: int, n: int) -> str:
+    b = int(round(n ** 0.5))
+    names = (f"row {r + 1}", f"column {c + 1}", f"box ({r // b + 1},{c // b + 1})")
+    return ", ".join(w for k, w in enumerate(names) if mask >> k & 1)
+
+
+def cell_alternatives(params: SudokuParams, i: int, j: int) -> tuple[str, ...]:
+    """Grid piece (i, j), index prev * (1 + 2n) + kind: prev 1 when cell (i, j-1) is given (it closes
+    with "]"), kind 0 empty, d a given d, n + d a placed d. The last piece carries the legend and the
+    blank line after it."""
+    n = params.grid_size
+    b = int(round(n ** 0.5))
+    lead = (BANNER if i == j == 0 else "") + ("-" * (3 * n + b - 1) + "\n" if j == 0 and i and i % b == 0 else "")
+    sep = "| " if j and j % b == 0 else ""
+    out = []
+    for prev in (0, 1):
+        for kind in range(1 + 2 * n):
+            d = (kind - 1) % n + 1
+            text = lead + ("" if j == 0 else "]" if prev else " ") + sep
+            text += " ." if kind == 0 else f"[{d}" if kind <= n else f" {d}"
+            if j == n - 1:
+                text += ("]" if 0 < kind <= n else "") + "\n"
+                text += f"\n{LEGEND}\n\n" if i == n - 1 else ""
+            out.append(text)
+    return tuple(out)
+
+
+def feedback_alternatives(params: SudokuParams) -> tuple[tuple[str, ...], ...]:
+    """Three slots: the head up to "(" (a conflict's whole first line, see feedback_index), "r,c",
+    and the rest with the blank line after it."""
+    n = params.grid_size
+    head = ["", "❌ Cannot modify initial cell at ("]
+    head += [f"✓ Correct! Placed {d} at (" for d in range(1, n + 1)]
+    head += [f"⚠ Placed {d} at (" for d in range(1, n + 1)]
+    head += [f"❌ Invalid placement: {d} conflicts with {conflict_places(r, c, mask, n)}"
+             + ("\n   Valid numbers for (" if listed else "\n\n")
+             for r in range(n) for c in range(n) for d in range(1, n + 1) for mask in range(1, 8)
+             for listed in (0, 1)]
+    where = [""] + [f"{r + 1},{c + 1}" for r in range(n) for c in range(n)]
+    rest = ["", ")\n\n", f"){SOLVED_LINE}\n\n", f"){NOT_OPTIMAL}\n\n", f"){NOT_OPTIMAL}{SOLVED_LINE}\n\n"]
+    rest += [f"): {digit_list_text(m, n)}\n\n" for m in range(1, 2 ** n)]
+    return tuple(head), tuple(where), tuple(rest)
+
+
+def valid_alternatives(params: SudokuParams) -> tuple[tuple[str, ...], ...]:
+    """The header ("" / lines follow / no line follows), then per listed cell "  - (r,c" and
+    "): [..]\n" ("\n\n" after the last one)."""
+    n = params.grid_size
+    header = ("", "💡 VALID NUMBERS FOR EMPTY CELLS:\n", "💡 VALID NUMBERS FOR EMPTY CELLS:\n\n")
+    cell = ("",) + tuple(f"  - ({r + 1},{c + 1}" for r in range(n) for c in range(n))
+    lists = ("",) + tuple(f"): {digit_list_text(m, n)}\n" + ("\n" if last else "")
+                          for m in range(1, 2 ** n) for last in (0, 1))
+    return (header, *((cell, lists) * VALID_LINES))
+
+
+def progress_alternatives(params: SudokuParams) -> tuple[tuple[str, ...], ...]:
+    cells = params.grid_size ** 2
+    counts = range(cells + 1)
+    return (tuple(f"Progress: {k}" for k in counts), tuple(f"/{cells} cells filled ({k}" for k in counts),
+            tuple(f" initial, {k}" for k in counts),
+            tuple(f" placed)\nSteps: {t}" for t in range(params.max_steps + 1)), (f"/{params.max_steps}\n",))
+
+
+def text_slots(params: SudokuParams) -> tuple[tuple[str, ...], ...]:
+    """Alternatives per slot of the `with_feedback` text, its final newline included (see above)."""
+    if params.render_format != "with_feedback":
+        raise ValueError(f"the text layer renders Sudoku's render_format 'with_feedback' (the reference's for its "
+                         f"tags), got {params.render_format!r}; set render_format='with_feedback'")
+    n = params.grid_size
+    cells = tuple(cell_alternatives(params, i, j) for i in range(n) for j in range(n))
+    return (*cells, *feedback_alternatives(params), *valid_alternatives(params), *progress_alternatives(params))
+
+
+def valid_masks(grid: jax.Array) -> jax.Array:
+    """int32[n * n]: bit d-1 set when digit d can go in the (empty) cell; 0 for filled cells."""
+    n = grid.shape[0]
+    cells = jnp.arange(n * n)
+    used = jax.vmap(lambda k: used_digits(grid, k // n, k % n))(cells)[:, 1:]
+    bits = jnp.sum(jnp.where(used, 0, 1 << jnp.arange(n)), axis=1)
+    return jnp.where(grid.reshape(-1) == 0, bits, 0).astype(jnp.int32)
+
+
+def feedback_index(state: SudokuState, masks: jax.Array, params: SudokuParams) -> jax.Array:
+    """int32[3]: the feedback slots' alternatives."""
+    n = params.grid_size
+    b = int(round(n ** 0.5))
+    r, c, d = state.last[0], state.last[1], state.last[2]
+    kind, grid = state.feedback, state.grid
+    full = jnp.all(grid != 0)
+    rows, cols = jnp.arange(n)[:, None], jnp.arange(n)[None, :]
+    hits = jnp.stack([jnp.any(grid[r] == d), jnp.any(grid[:, c] == d),
+                      jnp.any((grid == d) & (rows // b == r // b) & (cols // b == c // b))])
+    place = jnp.sum(hits * jnp.array([1, 2, 4])) - 1
+    listed = masks[r * n + c]
+    conflict_head = 2 + 2 * n + (((r * n + c) * n + d - 1) * 7 + place) * 2 + (listed > 0)
+    head = jnp.select([kind == GIVEN_CELL, kind == CORRECT, kind == VALID_NOT_SOLUTION, kind == CONFLICT],
+                      [1, 1 + d, 1 + n + d, conflict_head], 0)
+    shown = (kind != NO_FEEDBACK) & ((kind != CONFLICT) | (listed > 0))
+    rest = jnp.select([kind == GIVEN_CELL, kind == CORRECT, kind == VALID_NOT_SOLUTION, kind == CONFLICT],
+                      [1, 1 + full, 3 + full, 4 + listed], 0)
+    return jnp.stack([head, jnp.where(shown, 1 + r * n + c, 0), jnp.where(shown, rest, 0)])
+
+
+def valid_index(state: SudokuState, masks: jax.Array, params: SudokuParams) -> jax.Array:
+    """int32[1 + 2 * VALID_LINES]: the valid-numbers block's alternatives."""
+    n = params.grid_size
+    empty = jnp.sum(state.grid == 0)
+    show = (empty >= 1) & (empty <= VALID_LINES) & params.show_valid_numbers
+    listed = show & (masks > 0)  # empty cells are never given; all of them are among the first 10
+    count = jnp.sum(listed)
+    cells = jnp.nonzero(listed, size=VALID_LINES, fill_value=0)[0]
+    line = jnp.arange(VALID_LINES)
+    live = line < count
+    cell = jnp.where(live, 1 + cells, 0)
+    lists = jnp.where(live, 1 + 2 * (masks[cells] - 1) + (line == count - 1), 0)
+    header = jnp.where(show, jnp.where(count > 0, 1, 2), 0)
+    return jnp.concatenate([header[None], jnp.stack([cell, lists], axis=1).reshape(-1)])
+
+
+def text_slot_index(state: SudokuState, params: SudokuParams) -> jax.Array:
+    """int32[len(text_slots(params))]: each slot's alternative for `state` (jittable)."""
+    n = params.grid_size
+    g = state.grid
+    kind = jnp.where(g == 0, 0, jnp.where(state.given, g, n + g))
+    prev = jnp.pad(state.given[:, :-1], ((0, 0), (1, 0))).astype(jnp.int32)
+    masks = valid_masks(g)
+    filled = jnp.sum(g != 0)
+    initial = jnp.sum(state.given)
+    progress = jnp.stack([filled, initial, filled - initial, jnp.clip(state.time, 0, params.max_steps), 0])
+    return jnp.concatenate([(prev * (1 + 2 * n) + kind).reshape(-1), feedback_index(state, masks, params),
+                            valid_index(state, masks, params), progress]
+                           ).astype(jnp.int32)
+
+
 # ---- the environment -----------------------------------------------------------------------------
 class Sudoku(AgentEnv):
     """Sudoku; `success` = the grid is full (and so solved)."""
@@ -311,6 +465,16 @@ class Sudoku(AgentEnv):
 
     def render_grid(self, state, params):
         return state.grid
+
+    # The text layer assembles the reference's text from slot tables (TextEnv "slots").
+    def observation_format(self, params) -> str:
+        return "slots"
+
+    def text_slots(self, params) -> tuple[tuple[str, ...], ...]:
+        return text_slots(params)
+
+    def text_slot_index(self, state, params) -> jax.Array:
+        return text_slot_index(state, params)
 
     def render_text(self, state, params) -> str:
         return observation_text(jax.device_get(state), params)

@@ -29,6 +29,9 @@ Teachers per kind (an environment's record, `envs_jax.get_spec(name).teacher`, n
   therefore names ONE action per turn: the optimal action for the current cell, planned with the
   actions it can really still take, min(actions left, turns left) (one per turn).
 - countdown_solution (Countdown): the +- solution the task was drawn with, as an expression.
+- backtracking (Sudoku): the current grid completed by the env's backtracking solver; the turn places
+  its digits in the first min(actions per turn, actions left) empty cells, row-major (the drawn
+  solution's digits where the grid has no completion, e.g. after a wrong placement).
 - bandit_arm (Bandit): the high-risk arm with probability `high_prob`, else the low-risk arm, drawn from the
   turn's key (a Bandit episode is one turn, so this is one draw per episode).
 """
@@ -48,6 +51,8 @@ ANSWER_SEP = " || "
 THINK_CLOSE = "</think>"
 ANSWER_OPEN, ANSWER_CLOSE = "<answer>", "</answer>"
 IM_END_TEXT = "<|im_end|>"
+# Joint checks of an AnswerTable beyond this many answers are sampled (each is one tokenizer call).
+MAX_JOINT_CHECKS = 20_000
 
 def teacher_texts() -> tuple[str, ...]:
     """The fixed texts every teacher answer is made of (besides action names), so that a small task
@@ -128,6 +133,10 @@ class AnswerTable:
         n = len(self.names)
         combos = [(a,) for a in range(n)] + [(a, b) for a in range(n) for b in range(n)]
         combos += [(0, b, c) for b in range(n) for c in range(n)]
+        if len(combos) > MAX_JOINT_CHECKS:  # Sudoku's 729 names: every single name, then sampled pairs/triples
+            rng = np.random.default_rng(0)
+            picks = rng.choice(len(combos) - n, MAX_JOINT_CHECKS - n, replace=False) + n
+            combos = combos[:n] + [combos[int(i)] for i in np.sort(picks)]
         whole = _encode(tokenizer, [self.text(c)[: -len(IM_END_TEXT)] for c in combos])
         for c, want in zip(combos, whole):
             got = first[len(c) == 1][c[0]] + sum((rest[i == len(c) - 1][a] for i, a in enumerate(c) if i), [])
@@ -292,7 +301,26 @@ class CountdownTeacher:
         return render.concat(pieces, self.max_tokens, self.chat.pad)
 
 
-TEACHERS = {cls.kind: cls for cls in (SokobanTeacher, FrozenLakeTeacher, BanditTeacher, CountdownTeacher)}
+class SudokuTeacher(_Teacher):
+    """Digits of the backtracking completion of the current grid, first empty cells first."""
+
+    kind = "backtracking"
+    keep_only_successful = False  # 20-30 actions per episode do not fill 32-40 cells: keep partial solutions
+
+    def __call__(self, state, turn, key):
+        n = self.env_params.grid_size
+        solved, ok = self.env.solve(state, self.env_params)
+        digits = jnp.where(ok, solved, state.solution).reshape(-1)
+        empty = state.grid.reshape(-1) == 0
+        k = self.actions_per_turn
+        cells = jnp.nonzero(empty, size=k, fill_value=0)[0]
+        acts = (cells * n + digits[cells] - 1).astype(jnp.int32)
+        num = jnp.maximum(jnp.minimum(jnp.sum(empty), self.actions_left(state)), 1)
+        return self.table.ids(acts, num)
+
+
+TEACHERS = {cls.kind: cls for cls in (SokobanTeacher, FrozenLakeTeacher, BanditTeacher, CountdownTeacher,
+                                      SudokuTeacher)}
 
 
 def get_teacher(env_name: str, text_env, **kw):
@@ -315,5 +343,6 @@ def get_teacher(env_name: str, text_env, **kw):
     return cls(text_env, **kw)
 
 
-__all__ = ["AnswerTable", "BanditTeacher", "CountdownTeacher", "FrozenLakeTeacher", "SokobanTeacher", "TEACHERS", "get_teacher",
+__all__ = ["AnswerTable", "BanditTeacher", "CountdownTeacher", "FrozenLakeTeacher", "SokobanTeacher", "SudokuTeacher",
+           "TEACHERS", "get_teacher",
            "teacher_texts"]

@@ -174,6 +174,30 @@ class PieceTable:
 
 
 @dataclasses.dataclass(frozen=True)
+class StackedTable:
+    """The PieceTables of S slots stacked: `lookup(index int32 [S])` gives every slot's entry at once."""
+
+    ids: np.ndarray      # int32 [sum of sizes, L]
+    lengths: np.ndarray  # int32 [sum of sizes]
+    offsets: np.ndarray  # int32 [S]: each slot's first row
+    sizes: np.ndarray    # int32 [S]
+
+    def lookup(self, index):
+        """(ids [S, L], lengths [S]) of each slot's entry (indices clipped into range); jittable."""
+        index = jnp.clip(jnp.asarray(index, jnp.int32), 0, jnp.asarray(self.sizes) - 1)
+        rows = jnp.asarray(self.offsets) + index
+        return jnp.asarray(self.ids)[rows], jnp.asarray(self.lengths)[rows]
+
+
+def stack_tables(tables: Sequence[PieceTable], pad_id: int) -> StackedTable:
+    width = max(t.width for t in tables)
+    ids = np.concatenate([np.pad(t.ids, ((0, 0), (0, width - t.width)), constant_values=pad_id) for t in tables])
+    sizes = np.array([t.ids.shape[0] for t in tables], np.int32)
+    return StackedTable(ids=ids.astype(np.int32), lengths=np.concatenate([t.lengths for t in tables]).astype(np.int32),
+                        offsets=(np.cumsum(sizes) - sizes).astype(np.int32), sizes=sizes)
+
+
+@dataclasses.dataclass(frozen=True)
 class GridTable:
     """Per-row token tables of a symbol grid, indexed in-graph from the cell symbols."""
 

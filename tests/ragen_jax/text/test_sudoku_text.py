@@ -1,0 +1,140 @@
+"""Sudoku's text layer: the `with_feedback` text assembled in-graph from slot tables equals the Qwen
+tokenizer's encoding of the host text (`observation_text`, the reference's render) over random states
+that cover every feedback kind and the valid-numbers block; the prompt is the reference's (its
+instruction, no action list); answers "r,c,d" parse to the env's actions; and the backtracking
+teacher's demonstrations, run through the compiled rollout, place only valid digits and solve."""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+import envs_jax
+from envs_jax import sudoku as sd
+from ragen_jax.rollout import teachers
+from ragen_jax.rollout.rollout import Rollout
+from ragen_jax.rollout.types import RolloutConfig
+from ragen_jax.text.conversation import PromptConfig
+from ragen_jax.text.text_env import TextEnv
+
+PC = PromptConfig(max_turns=5, max_actions_per_turn=5, max_response_tokens=96)
+N = 300  # CI; 3,000 measured once (docs/environments.md)
+
+
+@pytest.fixture(scope="module")
+def qwen():
+    from ragen_jax.text.tokenizer import load_tokenizer
+
+    return load_tokenizer()
+
+
+@pytest.fixture(scope="module")
+def text_env(qwen):
+    env, params = envs_jax.make("SimpleSudoku")
+    return TextEnv(env, params, qwen, PC)
+
+
+def random_states(env, params, n, seed=0, steps=40):
+    """States after a random number of steps (0..steps) of a mix of solution digits (to reach grids with
+    at most 10 empty cells) and uniformly random actions (given cells, conflicts, wrong digits)."""
+    params = params.replace(max_steps_in_episode=10_000)
+
+    def one(key):
+        k_reset, k_len, k_steps = jax.random.split(key, 3)
+        _, state = env.reset_env(k_reset, params)
+        stop = jax.random.randint(k_len, (), 0, steps + 1)
+        good = jax.random.uniform(jax.random.fold_in(k_len, 1), (), minval=0.5, maxval=1.0)
+
+        def step(s, xs):
+            t, k = xs
+            k_kind, k_act, k_step = jax.random.split(k, 3)
+            n = params.grid_size
+            rand = jax.random.randint(k_act, (), 0, n ** 3)
+            masks = sd.valid_masks(s.grid)  # a legal digit that may differ from the solution's
+            cell = jax.random.categorical(k_act, jnp.where(masks > 0, 0.0, -jnp.inf))
+            bits = (masks[cell] >> jnp.arange(n)) & 1
+            legal = cell * n + jax.random.categorical(jax.random.fold_in(k_act, 2), jnp.where(bits > 0, 0.0, -jnp.inf))
+            u = jax.random.uniform(k_kind)
+            act = jnp.where(u < good, env.teacher_action(k_act, s, params),
+                            jnp.where((u < (1 + good) / 2) & jnp.any(masks > 0), legal, rand))
+            _, nxt, _, _, _ = env.step_env(k_step, s, act, params)
+            keep = (t < stop) & ~s.done
+            return jax.tree.map(lambda a, b: jnp.where(keep, a, b), nxt, s), None
+
+        state, _ = jax.lax.scan(step, state, (jnp.arange(steps), jax.random.split(k_steps, steps)))
+        return state
+
+    return jax.jit(jax.vmap(one))(jax.random.split(jax.random.PRNGKey(seed), n))
+
+
+def render_mismatches(te, n, seed=0):
+    st = jax.device_get(random_states(te.env, te.env_params, n, seed))
+    turn = 1 + np.arange(n) % te.max_turns
+    ids, length = jax.device_get(jax.jit(jax.vmap(te.render_ids, (0, 0, None, None, None)))(
+        st, turn, 7, 0.5, True))
+    texts = [te.render_text(jax.tree.map(lambda x: x[b], st), int(turn[b]), 7, 0.5, True) for b in range(n)]
+    want = te.tokenizer(texts, add_special_tokens=False)["input_ids"]
+    bad = [texts[b] for b in range(n) if list(ids[b, :length[b]]) != list(want[b])]
+    return bad, texts
+
+
+def test_render_equals_qwen(text_env):
+    bad, texts = render_mismatches(text_env, N)
+    assert bad == [], bad[:2]
+    # The sample covers what the slots assemble: every feedback kind and the valid-numbers block.
+    for piece in ("Cannot modify", "Invalid placement", "Valid numbers for (", "✓ Correct", "Valid but not",
+                  "VALID NUMBERS FOR EMPTY CELLS", "Puzzle solved"):
+        assert any(piece in t for t in texts), piece
+
+
+def test_prompt_is_the_reference(text_env):
+    s = jax.tree.map(lambda x: x[0], text_env.reset_rows(jnp.arange(1)))
+    first = text_env.first_turn_text(s)
+    assert sd.ENV_INSTRUCTION in text_env.prefix_text and "Your available actions" not in text_env.prefix_text
+    assert "State:\n" + sd.observation_text(jax.device_get(s), text_env.env_params) + "\n" in first
+
+
+def test_answers_parse_to_actions(text_env):
+    names = sd.action_names(9)
+    p = text_env.parse_text("<think>ok</think><answer>2,3,5 || 9,9,9 || place 5 at row 2 col 3</answer>")
+    assert list(p.actions[:2]) == [names.index("2,3,5"), names.index("9,9,9")] and bool(p.has_invalid)
+    ids = text_env.tokenizer.encode("<think>ok</think><answer>2,3,5 || 9,9,9</answer>", add_special_tokens=False)
+    q = text_env.parse(jnp.asarray(ids + [0] * 8), len(ids))
+    assert list(np.asarray(q.actions[:2])) == list(p.actions[:2]) and int(q.num_actions) == 2
+
+
+def test_teacher_demos_place_valid_digits(text_env, qwen):
+    teacher = teachers.get_teacher("SimpleSudoku", text_env)
+    ro = Rollout(None, text_env, RolloutConfig(num_groups=2, group_size=2, max_context=2048), teacher=teacher)
+    traj = jax.device_get(ro(None, jax.random.PRNGKey(0), jnp.arange(2, dtype=jnp.int32)))
+    # 32 empty cells, 5 per turn: 20 actions (max_actions_per_traj) in 4 turns, each a valid placement
+    # (1.0 for the drawn solution's digit, 0.5 for another solution's).
+    assert traj.action_is_valid.all() and np.all(np.asarray(traj.reward) >= 10.0)
+    # The first turn's ids are the tokenizer's encoding of the first five empty cells (row-major) with
+    # the digits of a plain-Python backtracking solver (digits tried in increasing order).
+    st = jax.tree.map(lambda x: x[0], text_env.reset_rows(jnp.asarray([0])))
+    ids, n = teacher(st, 1, jax.random.PRNGKey(0))
+    grid = np.asarray(st.grid).tolist()
+    assert solve(grid)
+    empty = [(r, c) for r in range(9) for c in range(9) if int(st.grid[r, c]) == 0][:5]
+    want = "</think><answer>" + " || ".join(f"{r + 1},{c + 1},{grid[r][c]}" for r, c in empty) + "</answer>"
+    assert list(np.asarray(ids[:n])) == qwen.encode(want, add_special_tokens=False) + [teacher.table.chat.im_end]
+
+
+def solve(grid) -> bool:
+    """Plain backtracking over the first empty cell, digits 1..9 in order (fills `grid` in place)."""
+    for k in range(81):
+        r, c = divmod(k, 9)
+        if grid[r][c] == 0:
+            for d in range(1, 10):
+                box = [grid[r // 3 * 3 + i][c // 3 * 3 + j] for i in range(3) for j in range(3)]
+                if d not in grid[r] and d not in [grid[i][c] for i in range(9)] and d not in box:
+                    grid[r][c] = d
+                    if solve(grid):
+                        return True
+            grid[r][c] = 0
+            return False
+    return True
+
