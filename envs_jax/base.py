@@ -48,6 +48,11 @@ class AgentEnv(environment.Environment):
         """int32[H, W] indices into `symbols(params)`; jittable. The text is rows joined by newline."""
         raise NotImplementedError
 
+    def lists_actions(self, params: Any) -> bool | None:
+        """Whether the first user message lists the action names (the reference does where the env's
+        config has an `action_lookup`); None: the text layer's default (grid envs and named slot envs)."""
+        return None
+
     # ---- coordinate observations (optional; see envs_jax/coords.py) ------------------------------
     def observation_format(self, params: Any) -> str:
         """"grid" (the symbol grid), "grid_coord" (coordinates, then the grid) or "coord"."""

@@ -467,6 +467,9 @@ class Sudoku(AgentEnv):
         return state.grid
 
     # The text layer assembles the reference's text from slot tables (TextEnv "slots").
+    def lists_actions(self, params) -> bool:
+        return False  # the reference's Sudoku has no action_lookup: its 729 "row,col,digit" names stay unlisted
+
     def observation_format(self, params) -> str:
         return "slots"
 

@@ -136,9 +136,10 @@ class TextEnv:
         self.cell_symbols = render.check_cell_sets(cell_symbols, h, w, len(self.symbols))
 
         # The reference lists the actions of every env whose config has an action_lookup: the grid envs
-        # and the slot-assembled ones with names (the cube, 2048), not the Bandit or Countdown.
-        list_actions = config.list_actions if config.list_actions is not None else (
-            h * w > 1 or (self.observation_format == "slots" and bool(self.action_names)))
+        # and the slot-assembled ones with names (the cube, 2048), not the Bandit, Countdown or Sudoku.
+        env_lists = env.lists_actions(env_params) if hasattr(env, "lists_actions") else None
+        list_actions = (config.list_actions if config.list_actions is not None else env_lists if env_lists is not None
+                        else (h * w > 1 or (self.observation_format == "slots" and bool(self.action_names))))
         self.head_text = conv.first_user_message_head(
             env.instructions(env_params), self.action_names, self.max_actions_per_episode, list_actions)
         self.prefix_text = conv.prefix_text(self.head_text, config)
