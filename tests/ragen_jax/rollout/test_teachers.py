@@ -236,8 +236,7 @@ def test_teacher_texts_hold_only_envs_the_text_layer_renders():
     heads = {t[: -len("</think><answer>")] for t in teacher_texts() if t.endswith("</think><answer>")}
     assert heads == expected | {""}
     no_text = dataclasses.replace(envs_jax.get_spec("SimpleSudoku"), name="NoTextLayer", teacher="bfs",
-                                  teacher_thought=" A thought no run may see.")
-    assert not no_text.text_layer
+                                  teacher_thought=" A thought no run may see.", text_layer=False)
     envs_jax.register(no_text)
     try:
         assert not any(" A thought no run may see." in t for t in teacher_texts())
