@@ -18,6 +18,7 @@ from ragen_jax.rollout.rollout import Rollout
 from ragen_jax.rollout.types import RolloutConfig
 from ragen_jax.text.conversation import PromptConfig
 from ragen_jax.text.text_env import TextEnv
+from tests.ragen_jax.text.test_other_tokenizer import smol  # noqa: F401  (fixture)
 
 PC = PromptConfig(max_turns=5, max_actions_per_turn=5, max_response_tokens=96)
 N = 300  # CI; 3,000 measured once (docs/environments.md)
@@ -138,3 +139,11 @@ def solve(grid) -> bool:
             return False
     return True
 
+
+
+def test_a_tokenizer_that_merges_across_slots_is_refused(smol):  # noqa: F811
+    """SmolLM2's BPE merges a filled cell with the next slot (' [9]\\n' ...): the rendering would give
+    wrong ids, so TextEnv refuses it at build time, naming the slot, rather than render them."""
+    env, params = envs_jax.make("SimpleSudoku")
+    with pytest.raises(ValueError, match=r"under this tokenizer state slot \d+ .* wrong ids"):
+        TextEnv(env, params, smol, PC)
