@@ -192,7 +192,7 @@ class TextEnv:
                 for alts in slots]
 
     def _slot_texts(self, samples: int) -> list[list[str]]:
-        """The slot texts of the first states of `samples` seeds (the seam check's examples)."""
+        """The seam check's examples: slot texts of start states (even rows) and of random alternatives (odd)."""
         alts = self.env.text_slots(self.env_params)
         index = np.array(jax.vmap(lambda st: self.env.text_slot_index(st, self.env_params))(
             self.reset_rows(jnp.arange(samples))))
