@@ -147,20 +147,23 @@ def main(argv=None) -> int:
             row = {"iteration": it, "temperature": t, "success": after["success"], "format_ok": after["format_ok"],
                    "gained": pc["gained"], "lost": pc["lost"], "p_value": pc["p_value"], "change": pc["change"],
                    "rl_train_s": train_s, "rl_train_cpu_s": train_cpu, "eval_s": time.perf_counter() - e1,
-                   "loadavg": os.getloadavg()[0]}
+                   "loadavg": os.getloadavg()[0],
+                   # Per-state outcomes: variants of one warm start compare state by state
+                   # (scripts/compare_variants.py).
+                   "state_success": [float(x) for x in after["state_success"]]}
             rows.append(row)
             print(f"it {it:3d} (T={t:g}): success {before['success']:.3f} -> {after['success']:.3f} "
                   f"({pc['change']:+.3f}; {pc['gained']} gained / {pc['lost']} lost, p = {pc['p_value']:.2g}), format "
                   f"{after['format_ok']:.2f}; RL {train_s:.0f} s ({train_cpu:.0f} CPU s), load {row['loadavg']:.1f}",
                   flush=True)
     metrics_f.close()
-    strip = ("state_success", "key")
+    strip = ("key",)
     with open(os.path.join(args.out, "result.json"), "w") as f:
         json.dump({"family": args.family, "overrides": args.overrides, "sft": os.path.abspath(args.sft),
                    "before": {k: v for k, v in befores[temps[0]].items() if k not in strip},
                    "before_by_temperature": {f"{t:g}": {k: v for k, v in b.items() if k not in strip}
                                              for t, b in befores.items()},
-                   "setup_s": setup_s, "setup_cpu_s": setup_cpu,
+                   "eval_states": args.eval_states, "setup_s": setup_s, "setup_cpu_s": setup_cpu,
                    "points": [r for r in rows if r["temperature"] == temps[0]],
                    "points_by_temperature": rows}, f, indent=2)
     return 0
