@@ -22,6 +22,7 @@ TEACHER_KINDS = {
     "bandit_arm": "env.arm_action(state, arm, params): the action that pulls the low (0) or high (1) arm",
     "countdown_solution": "state.nums, state.signs, state.count: a +- solution of the task",
     "backtracking": "env.solve(state, params) -> (grid, ok): the current grid completed; state.solution as fallback",
+    "expectimax": "env.teacher_action(key, state, params) -> action: the env's own player's move for the current state",
 }
 
 
@@ -171,10 +172,10 @@ for _spec in (
     # RAGEN-2's Bandit / BanditTest: a (low, high) name pair drawn per reset from its train / test list.
     _bandit("BanditPairs", BanditParams(name_pairs=ARM_NAME_PAIRS["train"])),
     _bandit("BanditPairsTest", BanditParams(name_pairs=ARM_NAME_PAIRS["test"])),
-    # RAGEN-2's game_2048, rendered from slots. Not mixable yet (a mix with the Sokobans' Up/Down/Left/
-    # Right is untested); its expectimax player (env.teacher_action) has no teacher kind on the rollout side yet.
+    # RAGEN-2's game_2048, rendered from slots; mixable with the Sokobans and FrozenLakes (the same four
+    # names in another order: the mix maps them). No thought: it would enter every run's task vocabulary.
     EnvSpec("game_2048", dataclass_build(lambda: (game_2048.Game2048(), game_2048.Game2048Params())),
-            env_class=game_2048.Game2048, action_names=game_2048.ACTION_NAMES, mixable=False),
+            env_class=game_2048.Game2048, action_names=game_2048.ACTION_NAMES, teacher="expectimax"),
     # RAGEN-2's rubikscube (envs.yaml: scramble_depth 1, max_steps 20), with a real B move by default.
     EnvSpec("rubikscube", dataclass_build(lambda: (rubiks_cube.RubiksCube(), rubiks_cube.RubiksCubeParams())),
             env_class=rubiks_cube.RubiksCube, action_names=rubiks_cube.ACTION_NAMES, teacher="bfs",

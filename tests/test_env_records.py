@@ -127,7 +127,8 @@ def test_config_refuses_what_the_trainer_cannot_run_yet(over):
     import dataclasses
 
     from ragen_jax.experiment.config import ConfigError, load_config
-    envs_jax.register(dataclasses.replace(envs_jax.get_spec("game_2048"), name="NoTextLayer", text_layer=False))
+    envs_jax.register(dataclasses.replace(envs_jax.get_spec("game_2048"), name="NoTextLayer", text_layer=False,
+                                               mixable=False))
     try:
         with pytest.raises(ConfigError, match="text layer"):
             load_config("tiny_cpu.py", over)

@@ -32,6 +32,9 @@ Teachers per kind (an environment's record, `envs_jax.get_spec(name).teacher`, n
 - backtracking (Sudoku): the current grid completed by the env's backtracking solver; the turn places
   its digits in the first min(actions per turn, actions left) empty cells, row-major (the drawn
   solution's digits where the grid has no completion, e.g. after a wrong placement).
+- expectimax (2048): the env's depth-2 expectimax player (`env.teacher_action`), ONE move per turn:
+  every move spawns a random tile, so a second move named in the same turn would be planned for a
+  board the teacher has not seen (and the reference's instruction asks for a single action).
 - bandit_arm (Bandit): the high-risk arm with probability `high_prob`, else the low-risk arm, drawn from the
   turn's key (a Bandit episode is one turn, so this is one draw per episode).
 """
@@ -319,8 +322,19 @@ class SudokuTeacher(_Teacher):
         return self.table.ids(acts, num)
 
 
+class Game2048Teacher(_Teacher):
+    """The env's own player's move for the current board, one per turn (see the module docstring)."""
+
+    kind = "expectimax"
+    keep_only_successful = False  # success needs a 2048 tile at the game's end: no short episode has one
+
+    def __call__(self, state, turn, key):
+        action = self.env.teacher_action(key, state, self.env_params)
+        return self.table.ids(jnp.full((self.actions_per_turn,), action), 1)
+
+
 TEACHERS = {cls.kind: cls for cls in (SokobanTeacher, FrozenLakeTeacher, BanditTeacher, CountdownTeacher,
-                                      SudokuTeacher)}
+                                      SudokuTeacher, Game2048Teacher)}
 
 
 def get_teacher(env_name: str, text_env, **kw):
@@ -343,6 +357,7 @@ def get_teacher(env_name: str, text_env, **kw):
     return cls(text_env, **kw)
 
 
-__all__ = ["AnswerTable", "BanditTeacher", "CountdownTeacher", "FrozenLakeTeacher", "SokobanTeacher", "SudokuTeacher",
+__all__ = ["AnswerTable", "BanditTeacher", "CountdownTeacher", "FrozenLakeTeacher", "Game2048Teacher", "SokobanTeacher",
+           "SudokuTeacher",
            "TEACHERS", "get_teacher",
            "teacher_texts"]

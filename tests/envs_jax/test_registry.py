@@ -151,10 +151,10 @@ def test_every_record_matches_its_env(name):
     # Writable in an answer: non-empty, unpadded, no separator, distinct ignoring case.
     assert all(a and a == a.strip() and "||" not in a for a in spec.action_names)
     assert len({a.lower() for a in spec.action_names}) == len(spec.action_names)
-    # A thought per teacher, except Countdown's, the cube's and Sudoku's (a thought would enter every run's
+    # A thought per teacher, except Countdown's, the cube's, Sudoku's and 2048's (a thought would enter every run's
     # task vocabulary, teacher_texts, and change the runs made before them).
     assert spec.teacher == "" or (spec.teacher in envs_jax.TEACHER_KINDS
-                                  and (spec.teacher_thought.strip() or name in ("Countdown", "rubikscube")
+                                  and (spec.teacher_thought.strip() or name in ("Countdown", "rubikscube", "game_2048")
                                        or spec.teacher == "backtracking"))
     assert not (spec.mixable and spec.single_action)
     if spec.single_action:

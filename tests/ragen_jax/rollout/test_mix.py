@@ -118,11 +118,12 @@ def test_mixed_text_env_prompt_pieces(tok):
             row.members[e], turn, left, 0.5, False)
 
 
-def test_mixed_step_maps_action_names(tok):
-    """FrozenLake orders its actions Left, Down, Right, Up; Sokoban Up, Down, Left, Right: "Up" (mix
-    index 0) must move FrozenLake's player up, as a plain FrozenLake step with its own index 3."""
-    so, fl = _text_env(tok, "Sokoban"), _text_env(tok, "FrozenLake")
-    mixed = MixedTextEnv([("Sokoban", so, 1), ("FrozenLake", fl, 1)])
+@pytest.mark.parametrize("other", ["FrozenLake", "game_2048"])
+def test_mixed_step_maps_action_names(tok, other):
+    """FrozenLake orders its actions Left, Down, Right, Up, 2048 Up, Right, Down, Left; Sokoban Up, Down,
+    Left, Right: "Up" (mix index 0) must move the other's board up, as its plain step with its own index."""
+    so, fl = _text_env(tok, "Sokoban"), _text_env(tok, other)
+    mixed = MixedTextEnv([("Sokoban", so, 1), (other, fl, 1)])
     state = mixed.reset_rows(np.array([21, 22]))
     row = jax.tree.map(lambda x: x[1], state)
     key = jax.random.PRNGKey(0)

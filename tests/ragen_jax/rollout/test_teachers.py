@@ -71,8 +71,12 @@ def test_tables_fit_the_budget_or_fail_clearly(tok):
     with pytest.raises(ValueError, match="max_response_tokens=8 cannot hold"):
         AnswerTable(tok, names, think=True, thought=" I push the box toward the target.", max_tokens=8, max_actions=5)
     te = _te(tok, "FrozenLake", max_response_tokens=32)
-    with pytest.raises(ValueError, match="no solver teacher for environment 'game_2048'"):
-        get_teacher("game_2048", te)
+    envs_jax.register(dataclasses.replace(envs_jax.get_spec("FrozenLake"), name="NoTeacher", teacher=""))
+    try:
+        with pytest.raises(ValueError, match="no solver teacher for environment 'NoTeacher'"):
+            get_teacher("NoTeacher", te)
+    finally:
+        envs_jax.unregister("NoTeacher")
     with pytest.raises(ValueError, match="the Sokoban teacher needs a SokobanEnv"):
         get_teacher("Sokoban", te)
 
@@ -242,3 +246,76 @@ def test_teacher_texts_hold_only_envs_the_text_layer_renders():
         assert not any(" A thought no run may see." in t for t in teacher_texts())
     finally:
         envs_jax.unregister("NoTextLayer")
+
+
+# ------------------------------------------------------------------------------------ 2048
+def _py_board_value(grid):
+    """The teacher's board value in plain Python: snake-weighted tiles + 0.25 * max tile * empty share."""
+    n = len(grid)
+    order = [[r * n + (c if r % 2 == 0 else n - 1 - c) for c in range(n)] for r in range(n)]
+    flat = [v for row in grid for v in row]
+    snake = sum(grid[r][c] * 4.0 ** (-order[r][c] / 2.0) for r in range(n) for c in range(n))
+    return snake + 0.25 * max(flat) * sum(v == 0 for v in flat) / len(flat)
+
+
+def _py_expectimax_values(grid, two_prob=0.9):
+    """Per move: -inf if it changes nothing, else the mean over empty cells of the spawn's expected
+    best reply value (ref_game_2048's move rules on tile values)."""
+    from tests.envs_jax.ref_game_2048 import move_sim
+
+    values = []
+    for a in range(4):
+        after = [row[:] for row in grid]
+        if not move_sim(after, a)[1]:
+            values.append(-np.inf)
+            continue
+        empty = [(r, c) for r, row in enumerate(after) for c, v in enumerate(row) if v == 0]
+        total = 0.0
+        for r, c in empty:
+            for tile, p in ((2, two_prob), (4, 1.0 - two_prob)):
+                spawned = [row[:] for row in after]
+                spawned[r][c] = tile
+                replies = [-1.0]
+                for b in range(4):
+                    nb = [row[:] for row in spawned]
+                    if move_sim(nb, b)[1]:
+                        replies.append(_py_board_value(nb))
+                total += p * max(replies)
+        values.append(total / len(empty))
+    return values
+
+
+def test_2048_teacher_plays_plain_python_expectimax_and_parses_back(tok):
+    """On 120 random boards the teacher's answer is the tokenizer's encoding of one move, that move
+    parses back from the ids, and it is a best move of a plain-Python depth-2 expectimax (up to
+    float32 rounding; moves that change nothing are never named)."""
+    from envs_jax.game_2048 import Game2048State
+
+    te = _te(tok, "game_2048", max_response_tokens=32)
+    teacher = get_teacher("game_2048", te)
+    assert teacher.kind == "expectimax" and teacher.actions_per_turn == 5 and teacher.table.thought == ""
+    rng = np.random.default_rng(5)
+    n = 120
+    empty_p = rng.uniform(0.05, 0.9, (n, 1, 1))
+    board = np.where(rng.random((n, 4, 4)) < empty_p, 0, rng.integers(1, 11, (n, 4, 4))).astype(np.int32)
+    board[:, 0, 0] = np.where(board[:, 0, 0] == 0, 1, board[:, 0, 0])  # never an empty board
+    states = Game2048State(board=jnp.asarray(board), score=jnp.zeros(n, jnp.int32),
+                           time=jnp.zeros(n, jnp.int32), done=jnp.zeros(n, bool))
+    keys = jax.random.split(jax.random.PRNGKey(0), n)
+    ids, lengths = jax.device_get(jax.jit(jax.vmap(teacher, (0, None, 0)))(states, 1, keys))
+    prefix = np.asarray(te.forced_prefix_ids, np.int32)  # the forced "<think>" the answer continues
+    full = np.concatenate([np.broadcast_to(prefix, (n, len(prefix))), ids], axis=1)
+    parsed = jax.device_get(jax.jit(jax.vmap(te.parse))(jnp.asarray(full), jnp.asarray(lengths + len(prefix))))
+    checked = 0
+    for b in range(n):
+        grid = [[int(2 ** v) if v else 0 for v in row] for row in board[b]]
+        values = _py_expectimax_values(grid)
+        if max(values) == -np.inf:
+            continue  # no move changes the board: the game is over, the teacher is never asked
+        checked += 1
+        assert int(parsed.num_actions[b]) == 1 and not bool(parsed.has_invalid[b])
+        move = int(parsed.actions[b, 0])
+        assert values[move] >= max(values) - 1e-5 * abs(max(values)), (board[b], values, move)
+        want = tok.encode(f"</think><answer>{te.action_names[move]}</answer>", add_special_tokens=False) + [IM_END]
+        assert ids[b, : lengths[b]].tolist() == want
+    assert checked >= 100
