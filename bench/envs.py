@@ -40,7 +40,7 @@ import numpy as np
 
 from bench import numpy_envs as npe
 
-ENVS = ("Bandit", "FrozenLake", "Sokoban", "LargerSokoban", "rubikscube", "SimpleSudoku")
+ENVS = ("Bandit", "FrozenLake", "Sokoban", "LargerSokoban", "rubikscube", "SimpleSudoku", "game_2048")
 SOKOBAN_LIKE = ("Sokoban", "LargerSokoban")
 RESULTS = Path(__file__).resolve().parent / "results" / "envs.json"
 
@@ -104,9 +104,11 @@ class Setup:
             "LargerSokoban": lambda: npe.NpSokoban(self.env.config.num_boxes, int(self.params.max_steps_in_episode)),
             "rubikscube": lambda: npe.NpCube(int(self.params.max_steps_in_episode), self.params.moves),
             "SimpleSudoku": lambda: npe.NpSudoku(self.params),
+            "game_2048": lambda: npe.Np2048(int(self.params.max_steps_in_episode), float(self.params.two_prob)),
         }[name]()
         self.from_jax = {"Bandit": npe.bandit_from_jax, "FrozenLake": npe.frozen_lake_from_jax,
-                         "rubikscube": npe.cube_from_jax, "SimpleSudoku": npe.sudoku_from_jax}.get(name, npe.sokoban_from_jax)
+                         "rubikscube": npe.cube_from_jax, "SimpleSudoku": npe.sudoku_from_jax,
+                         "game_2048": npe.game_2048_from_jax}.get(name, npe.sokoban_from_jax)
 
 
 def tree_where(c, a, b):

@@ -14,6 +14,7 @@ Only data is imported: the reference's texts (Bandit state template) and the cub
 
 from __future__ import annotations
 
+import math
 import random
 import re
 from typing import Optional, Sequence
@@ -512,3 +513,81 @@ def sudoku_from_jax(state) -> SudokuState:
     s = state
     return SudokuState(np.asarray(s.grid), np.asarray(s.given), np.asarray(s.solution), int(s.feedback),
                        tuple(int(x) for x in np.asarray(s.last)), int(s.time))
+
+
+# ---------------------------------------------------------------------------------- 2048
+G2048_ACTIONS = ("Up", "Right", "Down", "Left")
+
+
+class Game2048NpState:
+    """Tile values (0 = empty) as a list of rows, the score and the move count."""
+
+    def __init__(self, grid, score=0, time=0, done=False):
+        self.grid, self.score, self.time, self.done = [list(r) for r in grid], int(score), int(time), bool(done)
+
+    def copy(self) -> "Game2048NpState":
+        return Game2048NpState(self.grid, self.score, self.time, self.done)
+
+
+def slide_2048(grid, action):
+    """The reference's _compress_and_merge on a copy -> (grid, merged sum, moved)."""
+    n = len(grid)
+    axis, reverse = {0: (0, False), 1: (1, True), 2: (0, True), 3: (1, False)}[action]
+    out, reward = [r[:] for r in grid], 0
+    for fixed in range(n):
+        line = [out[i][fixed] for i in range(n)] if axis == 0 else out[fixed][:]
+        vals = [v for v in (line[::-1] if reverse else line) if v]
+        merged, i = [], 0
+        while i < len(vals):
+            if i + 1 < len(vals) and vals[i] == vals[i + 1]:
+                merged.append(2 * vals[i])
+                reward += 2 * vals[i]
+                i += 2
+            else:
+                merged.append(vals[i])
+                i += 1
+        merged += [0] * (n - len(merged))
+        new = merged[::-1] if reverse else merged
+        for i in range(n):
+            if axis == 0:
+                out[i][fixed] = new[i]
+            else:
+                out[fixed][i] = new[i]
+    return out, reward, out != grid
+
+
+class Np2048:
+    """The reference's 2048 rules in plain Python (log reward, -0.1 for a move that changes nothing)."""
+
+    def __init__(self, max_steps: int = 700, two_prob: float = 0.9):
+        self.max_steps, self.two_prob, self.action_names = max_steps, two_prob, G2048_ACTIONS
+
+    def valid(self, grid):
+        return [a for a in range(4) if slide_2048(grid, a)[2]]
+
+    def step(self, s: Game2048NpState, action: int, rng: random.Random):
+        grid, raw, moved = slide_2048(s.grid, action)
+        s = s.copy()
+        s.time += 1
+        if not moved:
+            s.done = s.time >= self.max_steps
+            return s, -0.1, s.done, {"action_is_effective": False}
+        empty = [(r, c) for r, row in enumerate(grid) for c, v in enumerate(row) if v == 0]
+        r, c = empty[rng.randrange(len(empty))]
+        grid[r][c] = 2 if rng.random() < self.two_prob else 4
+        s.grid, s.score = grid, s.score + raw
+        s.done = not self.valid(grid) or s.time >= self.max_steps
+        return s, (0.1 * math.log2(raw + 1.0) if raw > 0 else 0.0), s.done, {"action_is_effective": True}
+
+    def render(self, s: Game2048NpState) -> str:
+        lines = ["Current 2048 Grid:"] + [f"Row {i + 1}: [{', '.join(map(str, row))}]" for i, row in enumerate(s.grid)]
+        valid = ", ".join(f"{a}({G2048_ACTIONS[a]})" for a in self.valid(s.grid)) or "None"
+        lines += ["", f"Valid Actions: {valid}.", "Goal: Merge same numbers to reach 2048.",
+                  f"Current Score: {s.score}", "What is your next move?"]
+        return "\n".join(lines)
+
+
+def game_2048_from_jax(state) -> Game2048NpState:
+    board = np.asarray(state.board)
+    return Game2048NpState([[int(2 ** v) if v else 0 for v in row] for row in board], int(state.score),
+                           int(state.time), bool(state.done))
