@@ -136,6 +136,9 @@ def build_vocab(cfg: Config, text_envs: dict, tokenizer):
     texts = list(TASK_VOCAB_TEXTS)
     for n in sorted(names):
         texts += [n, " " + n, n.lower(), " " + n.lower(), n.upper(), " " + n.upper()]
+        # A teacher writes the last name with "</answer>": a name ending in punctuation (the cube's
+        # U') merges with "</" into one token no other text has.
+        texts.append(n + "</answer>")
     texts += list(teacher_texts())  # the demonstrations' fixed texts
     return VocabMap.for_text_envs(list(text_envs.values()), tokenizer, extra_texts=texts)
 

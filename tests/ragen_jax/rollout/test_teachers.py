@@ -319,3 +319,17 @@ def test_2048_teacher_plays_plain_python_expectimax_and_parses_back(tok):
         want = tok.encode(f"</think><answer>{te.action_names[move]}</answer>", add_special_tokens=False) + [IM_END]
         assert ids[b, : lengths[b]].tolist() == want
     assert checked >= 100
+
+
+def test_task_vocabulary_holds_every_cube_teacher_answer(tok):
+    """model.vocab='task' covers the cube teacher's answers: "U'</answer>" puts "'</" in one token."""
+    from ragen_jax.experiment.build import build_vocab
+    from ragen_jax.experiment.config import load_config
+
+    cfg = load_config("demo_cpu_frozen_lake.py", ["env.name=rubikscube"])
+    te = _te(tok, "rubikscube", think=False, max_response_tokens=8)
+    vocab = set(build_vocab(cfg, {"rubikscube": te}, tok).to_qwen.tolist())
+    table = get_teacher("rubikscube", te).table
+    answers = [tok.encode(table.text((a,))[: -len("<|im_end|>")], add_special_tokens=False) for a in range(12)]
+    assert any(tok.decode([i]) == "'</" for ids in answers for i in ids)
+    assert all(set(ids) <= vocab for ids in answers)
