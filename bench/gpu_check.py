@@ -56,8 +56,8 @@ GIB = 2**30
 
 
 # The CPU rehearsal's run: tiny_cpu.py cut to one short iteration on one device (tests/.../test_memory_check.py).
-REHEARSAL_RUN = ["rollout.num_groups=2", "rollout.group_size=4", "algo.filter_ratio=0.5", "algo.mini_batch_size=4",
-                 "algo.micro_batch_size=2", "prompt.max_turns=2", "prompt.max_response_tokens=8",
+REHEARSAL_RUN = ["rollout.num_groups=2", "rollout.group_size=4", "filter.value=0.5", "batching.mini_batch_size=4",
+                 "batching.micro_batch_size=2", "prompt.max_turns=2", "prompt.max_response_tokens=8",
                  "rollout.max_context=512", "mesh.data=1"]
 
 
@@ -257,7 +257,7 @@ def part_iteration(sz: dict, env: dict, rehearsal: bool) -> dict:
         m = tr.iteration_step()
     dev = jax.devices()[0]
     stats = dev.memory_stats() or {}
-    r, a, mc = cfg.rollout, cfg.algo, tr.policy.cfg
+    r, a, mc = cfg.rollout, cfg.batching, tr.policy.cfg
     n_actor = _param_count(tr.state.actor)
     n_critic = _param_count(tr.state.critic) if tr.state.critic else 0
     rows = tr.programs.kept_rows if hasattr(tr, "programs") else r.batch_size
@@ -364,8 +364,8 @@ def part_fit_3b(sz: dict, setting: str = FIT_SETTING) -> dict:
     if sz["fit_row"] is not None:
         cfg = row_config(sz["fit_row"], setting)
     else:  # the rehearsal: the same GRPO settings on the tiny run
-        cfg = load_config(sz["config"], [*iteration_overrides(sz, True), "algo.adv_estimator=grpo", "model.critic=none",
-                                         "algo.reward_norm=mean_std"])
+        cfg = load_config(sz["config"], [*iteration_overrides(sz, True), "advantage.estimator=grpo", "model.critic=none",
+                                         "advantage.reward_norm=mean_std"])
     rollout, prepare, update, state, frozen, mesh = abstract_programs(cfg, donate=True, devices=jax.devices()[:1])
     key, seeds = abstract_inputs(cfg, mesh)
     traj = jax.eval_shape(rollout, state.actor, key, seeds)
@@ -374,7 +374,7 @@ def part_fit_3b(sz: dict, setting: str = FIT_SETTING) -> dict:
     compiled = update.lower(state, batch_sds).compile()
     compile_s = time.perf_counter() - t0
     est = program_memory(compiled)  # this backend's own compile: the GPU's buffer assignment, not the CPU's
-    out = {"row": "3b-grpo", "setting": setting, "micro_batch_size": cfg.algo.micro_batch_size,
+    out = {"row": "3b-grpo", "setting": setting, "micro_batch_size": cfg.batching.micro_batch_size,
            "preset": cfg.model.preset, "attention": cfg.model.attention, "compile_s": compile_s,
            "estimate_program_bytes": est["peak_bytes"], "estimate": est,
            "bytes_limit": (jax.devices()[0].memory_stats() or {}).get("bytes_limit")}

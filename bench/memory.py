@@ -85,10 +85,10 @@ def row_config(name: str, setting: str):
     preset, estimator, fsdp, _, lora_rank = ROWS[name]
     s = SETTINGS[setting]
     over = ["model.random_init=true", f"model.preset={preset}", f"model.attention={s['attention']}",
-            f"model.remat={str(s['remat']).lower()}", f"algo.micro_batch_size={s['micro_batch_size']}",
+            f"model.remat={str(s['remat']).lower()}", f"batching.micro_batch_size={s['micro_batch_size']}",
             "mesh.data=1", f"mesh.fsdp={fsdp}", "mesh.tensor=1", f"rollout.groups_per_pass={s.get('groups_per_pass', 0)}"]
     if estimator == "grpo":
-        over += ["algo.adv_estimator=grpo", "algo.reward_norm=mean_std", "model.critic=none"]
+        over += ["advantage.estimator=grpo", "advantage.reward_norm=mean_std", "model.critic=none"]
     if lora_rank:
         over += [f"model.lora_rank={lora_rank}", f"model.lora_alpha={lora_rank}", "model.param_dtype=bfloat16"]
     return load_config("sokoban.py", over)
@@ -109,7 +109,7 @@ def measure(name: str, setting: str) -> dict:
     _, usage = aot_compile(rollout, prepare, update, state, ref, key, seeds, frozen=frozen)
     compile_s = time.perf_counter() - t0
     preset, estimator, fsdp, target, lora_rank = ROWS[name]
-    a, r, p = cfg.algo, cfg.rollout, cfg.prompt
+    a, r, p = cfg.batching, cfg.rollout, cfg.prompt
     programs = {}
     for prog, (mem, resident) in usage.items():
         programs[prog] = {**mem, "resident_bytes": resident, "total_bytes": mem["peak_bytes"] + resident,

@@ -111,10 +111,10 @@ def build_programs(model, k: int, mini_batch: int, micro_batch: int = 0, lora_ra
     cfg = Config()
     cfg.model.random_init = True
     cfg.rollout.num_groups, cfg.rollout.group_size = k // 2, 2
-    a = cfg.algo
-    a.adv_estimator, a.filter_ratio, a.mini_batch_size, a.ppo_epochs = "grpo", 1.0, mini_batch, 1
-    a.micro_batch_size = micro_batch
-    a.eps_low, a.eps_high, a.dual_clip, a.entropy_coef, a.kl_coef = EPS_LOW, EPS_HIGH, DUAL_CLIP, ENTROPY_COEF, 0.0
+    cfg.advantage.estimator, cfg.filter.value = "grpo", 1.0
+    cfg.batching.mini_batch_size, cfg.batching.ppo_epochs, cfg.batching.micro_batch_size = mini_batch, 1, micro_batch
+    lo = cfg.loss
+    lo.eps_low, lo.eps_high, lo.dual_clip, lo.entropy_coef, lo.kl_coef = EPS_LOW, EPS_HIGH, DUAL_CLIP, ENTROPY_COEF, 0.0
     cfg.model.lora_rank = lora_rank
     cfg.validate()
     frozen = ()
@@ -287,7 +287,7 @@ def main(argv=None):
     p.add_argument("--seq-len", type=int, default=2048, help="T tokens per trajectory")
     p.add_argument("--mini-batch", type=int, default=None, help="rows per optimizer step (default: all K)")
     p.add_argument("--micro-batch", type=int, default=0,
-                   help="tiny shape: also run with algo.micro_batch_size=N and record the speed ratio to one pass")
+                   help="tiny shape: also run with batching.micro_batch_size=N and record the speed ratio to one pass")
     p.add_argument("--lora-rank", type=int, default=0,
                    help="also run every shape with LoRA adapters of this rank and record the speed ratio to full")
     p.add_argument("--device-gib", type=float, default=24.0,

@@ -35,13 +35,13 @@ def get_config() -> Config:
     cfg.rollout.num_groups = 8
     cfg.rollout.group_size = 8
     # -- algorithm: GRPO with per-group mean/std normalisation (no critic to warm up in a short run).
-    cfg.algo.adv_estimator = "grpo"
-    cfg.algo.reward_norm = "mean_std"
-    cfg.algo.filter_ratio = 0.5  # keep 4 of 8 groups: fewer groups than the reference, so keep more
+    cfg.advantage.estimator = "grpo"
+    cfg.advantage.reward_norm = "mean_std"
+    cfg.filter.value = 0.5  # keep 4 of 8 groups: fewer groups than the reference, so keep more
     # Two epochs of two mini-batches of 16: four optimizer steps per rollout, so the PPO ratio moves
     # off 1 and the clip acts; with one on-policy step per rollout RL left the warm start unchanged.
-    cfg.algo.ppo_epochs = 2
-    cfg.algo.mini_batch_size = 16
+    cfg.batching.ppo_epochs = 2
+    cfg.batching.mini_batch_size = 16
     # A tiny randomly initialised model needs a far larger step than a pretrained 0.5B (1e-6).
     cfg.optim.actor_lr = 1e-4  # 5e-5 moved too little; 2e-4 and more lost states (docs/demo.md)
     cfg.optim.critic_lr = 1e-4

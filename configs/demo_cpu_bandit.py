@@ -23,10 +23,10 @@ def get_config() -> Config:
     cfg.rollout.max_context = 256  # the longest Bandit conversation is 228 tokens at 24 response tokens (the update pads to this)
     cfg.rollout.num_groups = 8
     cfg.rollout.group_size = 16  # the reference's N: the noisy 0/1 jackpot needs many samples per group
-    cfg.algo.adv_estimator = "grpo"
-    cfg.algo.reward_norm = "mean_std"
-    cfg.algo.filter_ratio = 0.5  # 4 of 8 groups (64 trajectories)
-    cfg.algo.mini_batch_size = 64  # one optimizer step per iteration
+    cfg.advantage.estimator = "grpo"
+    cfg.advantage.reward_norm = "mean_std"
+    cfg.filter.value = 0.5  # 4 of 8 groups (64 trajectories)
+    cfg.batching.mini_batch_size = 64  # one optimizer step per iteration
     cfg.optim.actor_lr = 1e-3  # tiny random-init model (reference 1e-6 is for a pretrained 0.5B)
     cfg.mesh.data = 1  # one device
     cfg.train.iterations = 30

@@ -35,10 +35,10 @@ def get_config() -> Config:
     cfg.rollout.max_context = 1024  # the record of 10 turns: a 152-token prefix, then ~75 per turn
     cfg.rollout.num_groups = 8
     cfg.rollout.group_size = 8
-    cfg.algo.adv_estimator = "grpo"
-    cfg.algo.reward_norm = "mean_std"
-    cfg.algo.filter_ratio = 0.5  # keep 4 of 8 groups
-    cfg.algo.mini_batch_size = 32  # one optimizer step per iteration
+    cfg.advantage.estimator = "grpo"
+    cfg.advantage.reward_norm = "mean_std"
+    cfg.filter.value = 0.5  # keep 4 of 8 groups
+    cfg.batching.mini_batch_size = 32  # one optimizer step per iteration
     cfg.optim.actor_lr = 3e-4  # tiny random-init model; 1e-4 left success unchanged (docs/demo.md)
     cfg.mesh.data = 1  # one device
     cfg.train.iterations = 20

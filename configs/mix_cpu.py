@@ -23,8 +23,8 @@ def get_config() -> Config:
     cfg.rollout.num_groups = 4
     cfg.rollout.group_size = 4
     cfg.rollout.max_context = 768
-    cfg.algo.filter_ratio = 0.5  # 2 of 4 groups = 8 trajectories, from either env
-    cfg.algo.mini_batch_size = 4
+    cfg.filter.value = 0.5  # 2 of 4 groups = 8 trajectories, from either env
+    cfg.batching.mini_batch_size = 4
     cfg.optim.actor_lr = 1e-4
     cfg.optim.critic_lr = 1e-4
     cfg.train.iterations = 4

@@ -27,10 +27,10 @@ def get_config() -> Config:
     cfg.rollout.max_context = 256
     cfg.rollout.num_groups = 8
     cfg.rollout.group_size = 8
-    cfg.algo.adv_estimator = "grpo"
-    cfg.algo.reward_norm = "mean_std"
-    cfg.algo.filter_ratio = 0.5  # StarPO-S: the 4 of 8 groups with the highest reward spread
-    cfg.algo.mini_batch_size = 32  # one optimizer step per iteration
+    cfg.advantage.estimator = "grpo"
+    cfg.advantage.reward_norm = "mean_std"
+    cfg.filter.value = 0.5  # StarPO-S: the 4 of 8 groups with the highest reward spread
+    cfg.batching.mini_batch_size = 32  # one optimizer step per iteration
     cfg.optim.actor_lr = 3e-5  # ten optimizer steps must move the arm choice (reference: 1e-6 over 200 steps at 0.5B)
     cfg.mesh.data = 1
     cfg.train.iterations = 10

@@ -25,10 +25,10 @@ def get_config() -> Config:
     cfg.rollout.max_context = 768
     cfg.rollout.num_groups = 4
     cfg.rollout.group_size = 4
-    cfg.algo.adv_estimator = "grpo"
-    cfg.algo.reward_norm = "mean_std"
-    cfg.algo.filter_ratio = 0.5  # StarPO-S: the 2 of 4 groups with the highest reward spread
-    cfg.algo.mini_batch_size = 8  # one optimizer step per iteration
+    cfg.advantage.estimator = "grpo"
+    cfg.advantage.reward_norm = "mean_std"
+    cfg.filter.value = 0.5  # StarPO-S: the 2 of 4 groups with the highest reward spread
+    cfg.batching.mini_batch_size = 8  # one optimizer step per iteration
     cfg.optim.actor_lr = 3e-5  # see configs/smollm2_bandit.py
     cfg.mesh.data = 1
     cfg.train.iterations = 8

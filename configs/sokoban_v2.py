@@ -39,19 +39,19 @@ def get_config() -> Config:
     cfg.rollout.group_size = 16
     cfg.rollout.max_context = 3600
 
-    cfg.algo.adv_estimator = "gae"
-    cfg.algo.loss_agg = "token-mean"
-    cfg.algo.eps_low, cfg.algo.eps_high = 0.2, 0.28
-    cfg.algo.entropy_coef = 0.001
-    cfg.algo.kl_coef = 0.0
-    cfg.algo.filter_strategy = "top_p"
-    cfg.algo.filter_top_p_mode = "softmax"
-    cfg.algo.filter_value = 0.9
-    cfg.algo.filter_select = "largest"
-    cfg.algo.filter_metric = "reward_std"
-    cfg.algo.filter_include_zero = True
-    cfg.algo.filter_loss_scaling = "none"
-    cfg.algo.mini_batch_size = 32  # up to 128 rows (all 8 groups, unselected ones weight 0): 4 steps at most
+    cfg.advantage.estimator = "gae"
+    cfg.loss.agg = "token-mean"
+    cfg.loss.eps_low, cfg.loss.eps_high = 0.2, 0.28
+    cfg.loss.entropy_coef = 0.001
+    cfg.loss.kl_coef = 0.0
+    cfg.filter.strategy = "top_p"
+    cfg.filter.top_p_mode = "softmax"
+    cfg.filter.value = 0.9
+    cfg.filter.select = "largest"
+    cfg.filter.metric = "reward_std"
+    cfg.filter.include_zero = True
+    cfg.filter.loss_scaling = "none"
+    cfg.batching.mini_batch_size = 32  # up to 128 rows (all 8 groups, unselected ones weight 0): 4 steps at most
 
     cfg.optim.actor_lr = 1e-6
     cfg.optim.critic_lr = 1e-5

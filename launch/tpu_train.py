@@ -1,7 +1,7 @@
 """Train a RAGEN agent with StarPO / StarPO-S.
 
     python launch/tpu_train.py --config sokoban.py --workdir runs/sokoban \
-        --config.model.path=/path/to/Qwen2.5-0.5B-Instruct [--config.algo.filter_ratio=0.5 ...]
+        --config.model.path=/path/to/Qwen2.5-0.5B-Instruct [--config.filter.value=0.5 ...]
 
 Configs are Python files in configs/ (bare name) or a path. Rerunning the same command resumes from
 the last complete checkpoint in --workdir; a second launch into a run directory that a live run

@@ -196,7 +196,7 @@ def memory_section(d) -> list[str]:
            f"{d.get('formula', 'arguments + outputs - aliases + temporaries, plus resident train state')}), "
            f"measured on {_machine(d['machine'])}. Reference settings: P=8 x N=16, 5 turns x 400 tokens, context "
            "3,600, mini-batch 32, bf16 compute, float32 params + AdamW. before = xla attention, no remat, one pass, "
-           "no donation; after = `model.attention=auto` (chunked on CPU), remat, `algo.micro_batch_size`, donated state. "
+           "no donation; after = `model.attention=auto` (chunked on CPU), remat, `batching.micro_batch_size`, donated state. "
            "Rows named *-lora: LoRA rank 64 on all seven projections over a bfloat16 frozen base, AdamW for the "
            "adapters (and the critic's value head) only.",
            "", "| model, estimator | devices | settings | micro-batch | rollout | prepare | update | target | met |",

@@ -1,7 +1,7 @@
 """One CPU-demo RL stage from a finished warm start, with the demo's paired evaluation (issue 15).
 
     python scripts/rl_variant.py --family sokoban --sft runs/demo/sokoban/sft --out /tmp/rl15/ppo4 \
-        --eval-at 10,20 algo.ppo_epochs=4 algo.mini_batch_size=8
+        --eval-at 10,20 batching.ppo_epochs=4 batching.mini_batch_size=8
 
 Runs only launch/demo.py's second stage (StarPO-S RL from `model.init_from=<sft>`, the family's
 demo config plus the given overrides) and evaluates the policy on the demo's fixed states (same

@@ -14,19 +14,17 @@ import importlib.util
 import os
 import types
 import typing
+import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Optional
 
 import envs_jax
 
-from ragen_jax.algorithms.advantages import (ESTIMATORS, NEEDS_CRITIC, NORMALIZATIONS, SOFT_REWEIGHT_ESTIMATORS,
-                                            TOKEN_REWARD_MODES)
-from ragen_jax.algorithms.filters import (FILTER_METRICS, FILTER_SELECT, FILTER_STRATEGIES, LOSS_SCALINGS,
-                                         TOP_P_MODES, FilterSpec, num_kept_groups)
-from ragen_jax.algorithms.gigpo import GIGPO_NORMS, check_gigpo_args
-from ragen_jax.algorithms.losses import KL_ESTIMATORS, LOSS_AGG_MODES, check_clip_args
-from ragen_jax.algorithms.mismatch import TIS_MODES, TIS_SEQUENCE_CAP, TIS_TOKEN_CAP, check_tis_args
+from ragen_jax.algorithms.advantages import NEEDS_CRITIC
+from ragen_jax.algorithms.filters import num_kept_groups
+from ragen_jax.experiment.sections import (AdvantageConfig, BatchingConfig, ConfigError, FilterConfig, LossConfig,
+                                          choice, micro_batch, positive)
 from ragen_jax.models.attention import IMPLEMENTATIONS as ATTENTION_IMPLEMENTATIONS
 from ragen_jax.models.attention import check_available as check_attention
 from ragen_jax.models.gguf import expand_model_path
@@ -36,37 +34,7 @@ from ragen_jax.rollout.types import RolloutConfig
 from ragen_jax.text.conversation import PromptConfig
 from ragen_jax.text.mix import format_mix, parse_mix
 
-# Estimators whose inputs the compiled step does not pass yet: refused here, before anything compiles,
-# instead of failing when prepare is traced. (GiGPO's per-turn state keys are recorded by the rollout.)
-UNWIRED_ESTIMATORS: tuple[str, ...] = ()
 CONFIG_DIR = Path(__file__).resolve().parent.parent.parent / "configs"
-
-
-class ConfigError(ValueError):
-    """A configuration problem, reported as one readable sentence."""
-
-
-def _choice(name: str, value, options):
-    if value not in options:
-        raise ConfigError(f"{name}={value!r} is not valid; choose one of {', '.join(map(repr, options))}")
-
-
-def _positive(name: str, value, allow_zero=False):
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or value < 0 or (value == 0 and not allow_zero):
-        raise ConfigError(f"{name} must be {'>= 0' if allow_zero else '> 0'}, got {value!r}")
-
-
-def _whole(name: str, value, low: int, what: str = ""):
-    if isinstance(value, bool) or not isinstance(value, int) or value < low:
-        raise ConfigError(f"{name} must be a whole number >= {low}{f' ({what})' if what else ''}, got {value!r}")
-
-
-def _micro_batch(name: str, value, batch_name: str, batch):
-    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
-        raise ConfigError(f"{name} must be a whole number of trajectories >= 0 (0: all of {batch_name}), got {value!r}")
-    if value and batch % value:
-        raise ConfigError(f"{name}={value} must divide {batch_name}={batch} (each optimizer step is an equal "
-                          "number of micro-batches)")
 
 
 @dataclass
@@ -121,7 +89,7 @@ class ModelConfig:
         if isinstance(self.lora_rank, bool) or not isinstance(self.lora_rank, int) or self.lora_rank < 0:
             raise ConfigError(f"model.lora_rank must be a whole number >= 0 (0: no LoRA), got {self.lora_rank!r}")
         if self.lora_rank:
-            _positive("model.lora_alpha", self.lora_alpha)
+            positive("model.lora_alpha", self.lora_alpha)
             try:
                 check_lora_targets(self.lora_targets)
             except ValueError as e:
@@ -139,14 +107,14 @@ class ModelConfig:
                 raise ConfigError(str(e)) from None
             if not (p.is_dir() or (p.is_file() and p.suffix.lower() == ".gguf")):
                 raise ConfigError(f"model.path {self.path!r} is neither a directory nor a .gguf file")
-        _choice("model.dtype", self.dtype, ("float32", "bfloat16"))
-        _choice("model.param_dtype", self.param_dtype, ("float32", "bfloat16"))
+        choice("model.dtype", self.dtype, ("float32", "bfloat16"))
+        choice("model.param_dtype", self.param_dtype, ("float32", "bfloat16"))
         if self.matmul_dtype is not None:
-            _choice("model.matmul_dtype", self.matmul_dtype, ("float32", "bfloat16"))
-        _choice("model.critic", self.critic, ("separate", "shared", "none"))
-        _choice("model.vocab", self.vocab, ("full", "task"))
-        _choice("model.remat_policy", self.remat_policy, tuple(REMAT_POLICIES))
-        _choice("model.attention", self.attention, ATTENTION_IMPLEMENTATIONS)
+            choice("model.matmul_dtype", self.matmul_dtype, ("float32", "bfloat16"))
+        choice("model.critic", self.critic, ("separate", "shared", "none"))
+        choice("model.vocab", self.vocab, ("full", "task"))
+        choice("model.remat_policy", self.remat_policy, tuple(REMAT_POLICIES))
+        choice("model.attention", self.attention, ATTENTION_IMPLEMENTATIONS)
         if self.remat is not None and not isinstance(self.remat, bool):
             raise ConfigError(f"model.remat must be true, false or None (on from 0.5B up), got {self.remat!r}")
         try:
@@ -193,9 +161,9 @@ class EnvConfig:
     def validate(self):
         valid = envs_jax.registered_envs()
         if not self.mix:
-            _choice("env.name", self.name, valid)
+            choice("env.name", self.name, valid)
         for name in self.val_envs:
-            _choice("env.val_envs", name, valid)
+            choice("env.val_envs", name, valid)
         for key, name in [("env.name", self.name)] * (not self.mix) + [("env.val_envs", n) for n in self.val_envs]:
             if not envs_jax.get_spec(name).text_layer:
                 trainable = [n for n in valid if envs_jax.get_spec(n).text_layer]
@@ -210,7 +178,7 @@ class EnvConfig:
             raise ConfigError(str(e)) from None
         for key, entries in (("env.mix", self.mix), ("env.val_set", self.val_set)):
             for name, _ in entries:
-                _choice(key, name, valid)
+                choice(key, name, valid)
         if self.val_set and self.val_envs:
             raise ConfigError("env.val_set lists the whole validation set; put the env.val_envs "
                               f"{', '.join(self.val_envs)} into it (with their sizes) and leave env.val_envs empty")
@@ -270,201 +238,6 @@ class EnvConfig:
 
 
 @dataclass
-class AlgoConfig:
-    # Advantage estimator: "gae" (PPO with critic), "grpo", "drgrpo", "rloo", "gigpo" (GRPO's episode
-    # advantage + an anchor-state step advantage, verl-agent; algorithms/gigpo.py).
-    adv_estimator: str = "gae"
-    # Reward normalisation grouped by initial state: identity (PPO default) / mean_std / mean / asym_clip.
-    reward_norm: str = "identity"
-    gamma: float = 1.0
-    lam: float = 1.0
-    bi_level_gae: bool = False
-    # "trajectory": the episode reward on its last sampled token; "turn": each turn's on its last token.
-    reward_placement: str = "trajectory"
-    # PPO clip, decoupled (StarPO-S "clip-higher": 0.2 / 0.28; vanilla StarPO 0.2 / 0.2).
-    eps_low: float = 0.2
-    eps_high: float = 0.28
-    dual_clip: float = 3.0  # dual-clip constant c for negative advantages
-    loss_agg: str = "token-mean"
-    entropy_coef: float = 0.001
-    # KL to the frozen initial policy; 0 = off (StarPO-S), and then the reference is never computed.
-    kl_coef: float = 0.0
-    kl_type: str = "k3"
-    kl_in_reward: bool = False
-    value_clip: float = 0.5
-    # verl trainer.critic_warmup: the actor trains from global step k on (steps count from 1), so k gives
-    # k - 1 critic-only iterations (0 and 1: none).
-    critic_warmup: int = 0
-    # StarPO-S filter: keep this fraction of groups with the largest in-group reward std (1 = off).
-    filter_ratio: float = 0.25
-    filter_mode: str = "largest"
-    filter_rounding: str = "floor"  # k = floor(ratio * P) as the reference's int(ratio * P)
-    filter_type: str = "top_k"  # or "variance_cover"
-    filter_cover: float = 0.9  # variance_cover: fraction of total variance to cover
-    # RAGEN-2 group filter (ragen_jax/algorithms/filters.py). The V1 knobs above stay valid; these
-    # override them when set (None: take the V1 knob). Unselected groups keep their rows with loss
-    # weight 0 (static shapes), so top_p / min_p train on all P groups' rows unless capped.
-    # top_k (value = fraction of groups) | top_k_abs (value = groups) | top_p (value = nucleus) |
-    # min_p (value = fraction of the best score). None: filter_type (variance_cover = top_p linear).
-    filter_strategy: Optional[str] = None
-    filter_value: Optional[float] = None  # None: filter_ratio (top_k) or filter_cover (top_p)
-    filter_select: Optional[str] = None  # largest | smallest; None: filter_mode
-    # Group score: reward_std (RAGEN "reward_variance") | reward_mean | entropy_mean | entropy_std |
-    # length. The entropy metrics run the old-log-prob pass over every row before filtering.
-    filter_metric: str = "reward_std"
-    filter_include_zero: bool = True  # False: groups whose score is 0 are never kept
-    filter_top_p_mode: str = "linear"  # top_p: linear (score sums) | softmax (nucleus over softmax(scores))
-    # Group slots (rows = slots x group_size) of top_p / min_p; 0: all groups. Fewer slots = less
-    # update compute, but a selection larger than the cap loses its lowest-ranked groups.
-    filter_max_groups: int = 0
-    # Advantages x the kept fraction of groups ("linear") or its square root ("sqrt") (RAGEN
-    # actor.filter_loss_scaling).
-    filter_loss_scaling: str = "none"
-    # Advantages x group std / max group std over the kept groups (RAGEN algorithm.soft_advantage_reweight).
-    # GRPO only, as RAGEN (only its GRPO branch returns the group std the reweighting reads); with
-    # another estimator the config refuses it rather than ignore it silently.
-    soft_advantage_reweight: bool = False
-    # GiGPO (adv_estimator="gigpo"): A = A_episode + gigpo_weight * A_step (verl-agent step_advantage_w).
-    gigpo_weight: float = 1.0
-    # Normalisation of both terms within their groups: "std" (x - mean) / (std + 1e-6) (verl-agent
-    # mean_std_norm, its function default) | "none" x - mean (mean_norm, used by many of its scripts).
-    gigpo_norm: str = "std"
-    # Discount of the step returns G_k = r_k + gamma G_{k+1} over an episode's turns (verl-agent gamma 0.95).
-    gigpo_gamma: float = 0.95
-    # Truncated importance sampling against the sampler/trainer mismatch (algorithms/mismatch.py): the
-    # policy loss of each token x min(exp(trainer old log-prob - sampler log-prob), cap), no gradient.
-    # "none" | "token" (per token, Tunix / SkyRL) | "sequence" (product over the row, SkyRL). The
-    # mismatch/ metrics are logged every iteration whatever this is.
-    tis: str = "none"
-    # Cap of the TIS weights and threshold of mismatch/ratio_above_cap; None: 2.0 (token, none) / 5.0
-    # (sequence), the Tunix / SkyRL defaults.
-    tis_cap: Optional[float] = None
-    # SkyRL's geometric sequence mask: (low, high), rows whose geometric-mean ratio leaves it get
-    # weight 0 (SkyRL: (0.99, 1.01)); () = off. Needs tis != "none".
-    tis_geo_mask: tuple = ()
-    ppo_epochs: int = 1
-    mini_batch_size: int = 32  # trajectories per optimizer step
-    # Trajectories per forward/backward pass (verl's ppo_micro_batch_size_per_gpu, but for the whole
-    # mesh): a mini-batch's gradient is accumulated over mini_batch_size / micro_batch_size passes,
-    # which bounds activation memory without changing the optimizer step (same loss and gradient
-    # for every loss_agg mode). Also the row block of the no-grad log-prob/value passes. 0: the
-    # whole mini-batch in one pass. Must divide mini_batch_size and be a multiple of the mesh's
-    # data x fsdp devices.
-    micro_batch_size: int = 0
-
-    def validate(self):
-        # Option names come from the registries that implement them (one list per option).
-        _choice("algo.adv_estimator", self.adv_estimator, tuple(ESTIMATORS))
-        if self.adv_estimator in UNWIRED_ESTIMATORS:
-            raise ConfigError(f"algo.adv_estimator={self.adv_estimator!r} exists in ragen_jax.algorithms but the "
-                              "trainer does not feed it its per-turn state keys yet; choose one of "
-                              f"{', '.join(e for e in ESTIMATORS if e not in UNWIRED_ESTIMATORS)}")
-        _choice("algo.reward_norm", self.reward_norm, tuple(NORMALIZATIONS))
-        _choice("algo.reward_placement", self.reward_placement, TOKEN_REWARD_MODES)
-        _choice("algo.loss_agg", self.loss_agg, LOSS_AGG_MODES)
-        _choice("algo.kl_type", self.kl_type, tuple(KL_ESTIMATORS))
-        _choice("algo.filter_mode", self.filter_mode, ("largest", "smallest"))
-        _choice("algo.filter_type", self.filter_type, ("top_k", "variance_cover"))
-        _choice("algo.filter_rounding", self.filter_rounding, ("floor", "ceil"))
-        if not 0 < self.filter_ratio <= 1:
-            raise ConfigError(f"algo.filter_ratio must be in (0, 1], got {self.filter_ratio!r}")
-        if self.filter_strategy is not None:
-            _choice("algo.filter_strategy", self.filter_strategy, tuple(FILTER_STRATEGIES))
-        if self.filter_select is not None:
-            _choice("algo.filter_select", self.filter_select, FILTER_SELECT)
-        _choice("algo.filter_metric", self.filter_metric, tuple(FILTER_METRICS))
-        _choice("algo.filter_top_p_mode", self.filter_top_p_mode, TOP_P_MODES)
-        _choice("algo.filter_loss_scaling", self.filter_loss_scaling, tuple(LOSS_SCALINGS))
-        for name in ("filter_include_zero", "soft_advantage_reweight"):
-            if not isinstance(getattr(self, name), bool):
-                raise ConfigError(f"algo.{name} must be true or false, got {getattr(self, name)!r}")
-        if self.filter_value is not None:
-            _positive("algo.filter_value", self.filter_value)
-        if isinstance(self.filter_max_groups, bool) or not isinstance(self.filter_max_groups, int) \
-                or self.filter_max_groups < 0:
-            raise ConfigError(f"algo.filter_max_groups must be a whole number >= 0 (0: all groups), "
-                              f"got {self.filter_max_groups!r}")
-        try:
-            check_clip_args(self.eps_low, self.eps_high, self.dual_clip)
-        except ValueError as e:
-            raise ConfigError(f"algo.{e}") from None
-        # The update scans ppo_epochs x (kept rows / mini_batch_size) steps: both are static counts.
-        _whole("algo.ppo_epochs", self.ppo_epochs, 1)
-        _whole("algo.mini_batch_size", self.mini_batch_size, 1, "trajectories per optimizer step")
-        _micro_batch("algo.micro_batch_size", self.micro_batch_size, "algo.mini_batch_size", self.mini_batch_size)
-        _whole("algo.critic_warmup", self.critic_warmup, 0, "global step the actor starts training at")
-        _positive("algo.kl_coef", self.kl_coef, allow_zero=True)
-        _positive("algo.entropy_coef", self.entropy_coef, allow_zero=True)
-        _positive("algo.value_clip", self.value_clip)
-        _positive("algo.filter_cover", self.filter_cover)
-        for name in ("gamma", "lam"):
-            v = getattr(self, name)
-            if isinstance(v, bool) or not isinstance(v, (int, float)) or not 0 <= v <= 1:
-                raise ConfigError(f"algo.{name} must be a number in [0, 1] (a discount of the GAE returns), got {v!r}")
-        self._validate_gigpo_tis()
-
-    def _validate_gigpo_tis(self):
-        if self.soft_advantage_reweight and self.adv_estimator not in SOFT_REWEIGHT_ESTIMATORS:
-            raise ConfigError(f"algo.soft_advantage_reweight works only with algo.adv_estimator="
-                              f"{' or '.join(sorted(SOFT_REWEIGHT_ESTIMATORS))} (as in RAGEN), not "
-                              f"{self.adv_estimator!r}; set algo.soft_advantage_reweight=false")
-        _choice("algo.gigpo_norm", self.gigpo_norm, GIGPO_NORMS)
-        _choice("algo.tis", self.tis, TIS_MODES)
-        try:
-            check_gigpo_args(self.gigpo_weight, self.gigpo_norm, self.gigpo_gamma)
-            check_tis_args(self.tis, self.effective_tis_cap)
-        except ValueError as e:
-            raise ConfigError(f"algo.{e}") from None
-        try:
-            if not isinstance(self.tis_geo_mask, (tuple, list)):
-                raise ValueError
-            check_tis_args(self.tis, self.effective_tis_cap, tuple(self.tis_geo_mask) or None)
-        except (ValueError, TypeError):
-            raise ConfigError(f"algo.tis_geo_mask must be (low, high) with 0 < low <= 1 <= high (SkyRL: (0.99, 1.01)) "
-                              f"or () for off, got {self.tis_geo_mask!r}") from None
-        if self.tis_geo_mask and self.tis == "none":
-            raise ConfigError("algo.tis_geo_mask applies to the TIS weights; set algo.tis to 'token' or 'sequence' "
-                              "or leave algo.tis_geo_mask empty")
-
-    @property
-    def needs_state_keys(self) -> bool:
-        """The training rollout records per-turn observation keys (GiGPO's anchor states)."""
-        return self.adv_estimator == "gigpo"
-
-    @property
-    def effective_tis_cap(self) -> float:
-        """`tis_cap`, or the default cap of the TIS mode (2.0 token and none, 5.0 sequence)."""
-        if self.tis_cap is not None:
-            return self.tis_cap
-        return TIS_SEQUENCE_CAP if self.tis == "sequence" else TIS_TOKEN_CAP
-
-    def filter_spec(self, num_groups: int) -> FilterSpec:
-        """The effective group filter: the RAGEN-2 knobs where set, else the V1 ones (filter_type
-        variance_cover = top_p linear with filter_cover, at most num_kept_groups(filter_ratio) groups)."""
-        legacy_cover = self.filter_strategy is None and self.filter_type == "variance_cover"
-        strategy = self.filter_strategy or ("top_p" if legacy_cover else "top_k")
-        value = self.filter_value
-        if value is None:
-            if strategy not in ("top_k", "top_p"):
-                raise ConfigError(f"algo.filter_strategy={strategy!r} needs algo.filter_value "
-                                  "(top_k_abs: a number of groups; min_p: a fraction of the best score)")
-            value = self.filter_ratio if strategy == "top_k" else self.filter_cover
-        max_groups = self.filter_max_groups
-        if legacy_cover and not max_groups:
-            max_groups = num_kept_groups(num_groups, self.filter_ratio, self.filter_rounding)
-        if max_groups > num_groups:
-            raise ConfigError(f"algo.filter_max_groups={max_groups} exceeds rollout.num_groups={num_groups}")
-        try:
-            return FilterSpec(strategy=strategy, value=value, select=self.filter_select or self.filter_mode,
-                              metric=self.filter_metric, include_zero=self.filter_include_zero,
-                              top_p_mode=self.filter_top_p_mode, max_groups=max_groups,
-                              rounding=self.filter_rounding)
-        except ValueError as e:
-            # FilterSpec names its fields ("filter value ..."); the keys they come from are algo.filter_<field>.
-            raise ConfigError(f"algo.{str(e).replace('filter ', 'filter_', 1)}") from None
-
-
-@dataclass
 class OptimConfig:
     actor_lr: float = 1e-6
     critic_lr: float = 1e-5
@@ -475,9 +248,9 @@ class OptimConfig:
     warmup_steps: int = 0  # linear warm-up of the learning rate, then constant
 
     def validate(self):
-        _positive("optim.actor_lr", self.actor_lr)
-        _positive("optim.critic_lr", self.critic_lr)
-        _positive("optim.grad_clip", self.grad_clip)
+        positive("optim.actor_lr", self.actor_lr)
+        positive("optim.critic_lr", self.critic_lr)
+        positive("optim.grad_clip", self.grad_clip)
 
 
 @dataclass
@@ -548,12 +321,12 @@ class TrainConfig:
             raise ConfigError(f"train.stop_val_success must be in [0, 1] (0: off), got {self.stop_val_success!r}")
         if self.stop_val_success and not self.stop_val_count:
             raise ConfigError("train.stop_val_count must be >= 1 when train.stop_val_success is set")
-        _positive("train.iterations", self.iterations)
-        _positive("train.val_every", self.val_every, allow_zero=True)
-        _positive("train.val_size", self.val_size)
-        _positive("train.save_every", self.save_every)
-        _positive("train.keep_checkpoints", self.keep_checkpoints)
-        _positive("train.device_memory_gib", self.device_memory_gib, allow_zero=True)
+        positive("train.iterations", self.iterations)
+        positive("train.val_every", self.val_every, allow_zero=True)
+        positive("train.val_size", self.val_size)
+        positive("train.save_every", self.save_every)
+        positive("train.keep_checkpoints", self.keep_checkpoints)
+        positive("train.device_memory_gib", self.device_memory_gib, allow_zero=True)
 
 
 @dataclass
@@ -588,15 +361,15 @@ class SFTConfig:
     length_bucket: int = 64
 
     def validate(self):
-        _positive("sft.num_demos", self.num_demos)
+        positive("sft.num_demos", self.num_demos)
         if isinstance(self.length_bucket, bool) or not isinstance(self.length_bucket, int) or self.length_bucket < 0:
             raise ConfigError(f"sft.length_bucket must be a whole number of tokens >= 0 (0: no buckets), "
                               f"got {self.length_bucket!r}")
-        _positive("sft.epochs", self.epochs)
-        _positive("sft.batch_size", self.batch_size)
-        _micro_batch("sft.micro_batch_size", self.micro_batch_size, "sft.batch_size", self.batch_size)
-        _positive("sft.lr", self.lr)
-        _choice("sft.lr_schedule", self.lr_schedule, ("constant", "cosine"))
+        positive("sft.epochs", self.epochs)
+        positive("sft.batch_size", self.batch_size)
+        micro_batch("sft.micro_batch_size", self.micro_batch_size, "sft.batch_size", self.batch_size)
+        positive("sft.lr", self.lr)
+        choice("sft.lr_schedule", self.lr_schedule, ("constant", "cosine"))
         if not 0 <= self.bandit_high_prob <= 1:
             raise ConfigError(f"sft.bandit_high_prob must be in [0, 1], got {self.bandit_high_prob!r}")
 
@@ -609,13 +382,45 @@ class Config:
     # (ragen_jax.rollout.RolloutConfig) are configured by the classes that use them.
     prompt: PromptConfig = field(default_factory=PromptConfig)
     rollout: RolloutConfig = field(default_factory=RolloutConfig)
-    algo: AlgoConfig = field(default_factory=AlgoConfig)
+    # The algorithm, one section per object that reads it (ragen_jax/experiment/sections.py); the old
+    # `algo.*` names still work through `Config.algo` (LEGACY_ALGO_KEYS).
+    advantage: AdvantageConfig = field(default_factory=AdvantageConfig)
+    loss: LossConfig = field(default_factory=LossConfig)
+    filter: FilterConfig = field(default_factory=FilterConfig)
+    batching: BatchingConfig = field(default_factory=BatchingConfig)
     optim: OptimConfig = field(default_factory=OptimConfig)
     mesh: MeshConfig = field(default_factory=MeshConfig)
     train: TrainConfig = field(default_factory=TrainConfig)
     sft: SFTConfig = field(default_factory=SFTConfig)
 
+    def __post_init__(self):
+        # Set through the old `algo.*` names: the V1 filter knobs, translated in `validate` (they depend on
+        # rollout.num_groups), and new key -> old name, so an error names the key the user wrote.
+        self.legacy_filter: dict = {}
+        self.legacy_names: dict = {}
+
+    @property
+    def algo(self) -> "LegacyAlgo":
+        """The old `algo` section: reads and writes go to the new sections, with a deprecation warning."""
+        return LegacyAlgo(self)
+
     def validate(self) -> "Config":
+        try:
+            self._validate()
+        except ConfigError as e:
+            key = str(e).split("=")[0].split(" ")[0]
+            if key in self.legacy_names:
+                raise ConfigError(f"{e} (set through the old name {self.legacy_names[key]})") from None
+            raise
+        return self
+
+    def _validate(self):
+        if self.legacy_filter:
+            r = self.rollout.num_groups
+            for k, v in translate_v1_filter(self.legacy_filter, self.filter,
+                                            r if isinstance(r, int) and r > 0 else 1).items():
+                setattr(self.filter, k, v)
+            self.legacy_filter = {}
         for f in dataclasses.fields(self):
             sub = getattr(self, f.name)
             try:
@@ -625,8 +430,8 @@ class Config:
             except ValueError as e:  # the text and rollout stages name their own classes
                 raise ConfigError(str(e).replace(f"{type(sub).__name__}.", f"{f.name}.")) from None
         if self.rollout.cache_dtype is not None:
-            _choice("rollout.cache_dtype", self.rollout.cache_dtype, ("float32", "bfloat16"))
-        a, r = self.algo, self.rollout
+            choice("rollout.cache_dtype", self.rollout.cache_dtype, ("float32", "bfloat16"))
+        r, b, spec = self.rollout, self.batching, self.filter.spec
         if self.env.mix and sum(g for _, g in self.env.mix) != r.num_groups:
             raise ConfigError(f"env.mix={format_mix(self.env.mix)!r} has {sum(g for _, g in self.env.mix)} groups in all "
                               f"but rollout.num_groups={r.num_groups}; make the mix's group counts sum to num_groups")
@@ -637,30 +442,125 @@ class Config:
         if self.prompt.single_turn and self.env.mix:
             raise ConfigError("prompt.context_window_mode='single_turn' does not work with env.mix yet (each turn is "
                               "scored behind one prompt prefix shared by every row); use 'full' or one env")
-
-        spec = a.filter_spec(r.num_groups)
+        if spec.max_groups > r.num_groups:
+            raise ConfigError(f"filter.max_groups={spec.max_groups} exceeds rollout.num_groups={r.num_groups}")
         slots = spec.slots(r.num_groups)
         kept = slots * r.group_size
-        if kept < a.mini_batch_size:
+        if kept < b.mini_batch_size:
             raise ConfigError(
                 f"the filter keeps {kept} trajectories per iteration ({slots} of rollout.num_groups={r.num_groups} "
                 f"groups ({spec.strategy}, value {spec.value}) x rollout.group_size={r.group_size}), fewer than "
-                f"algo.mini_batch_size={a.mini_batch_size}")
-        if kept % a.mini_batch_size:
+                f"batching.mini_batch_size={b.mini_batch_size}")
+        if kept % b.mini_batch_size:
             raise ConfigError(f"kept trajectories per iteration ({kept} = {slots} groups x {r.group_size}) must be a "
-                              f"multiple of algo.mini_batch_size={a.mini_batch_size}")
+                              f"multiple of batching.mini_batch_size={b.mini_batch_size}")
         if spec.input_name == "entropy" and (r.num_groups * r.group_size) % min(
-                a.micro_batch_size or a.mini_batch_size, r.num_groups * r.group_size):
-            raise ConfigError(f"algo.filter_metric={a.filter_metric!r} runs the log-prob pass over all "
+                b.micro_batch_size or b.mini_batch_size, r.num_groups * r.group_size):
+            raise ConfigError(f"filter.metric={spec.metric!r} runs the log-prob pass over all "
                               f"{r.num_groups * r.group_size} rollout rows before filtering, in blocks of "
-                              f"algo.micro_batch_size (0: mini_batch_size); the block must divide the rows")
-        if a.adv_estimator in NEEDS_CRITIC and self.model.critic == "none":
-            raise ConfigError(f"algo.adv_estimator={a.adv_estimator!r} needs a critic; set model.critic to 'separate' "
-                              "or 'shared'")
-        return self
+                              f"batching.micro_batch_size (0: mini_batch_size); the block must divide the rows")
+        if self.advantage.estimator in NEEDS_CRITIC and self.model.critic == "none":
+            raise ConfigError(f"advantage.estimator={self.advantage.estimator!r} needs a critic; set model.critic to "
+                              "'separate' or 'shared'")
 
     def to_dict(self) -> dict:
         return dataclasses.asdict(self)
+
+
+# ----------------------------------------------------------------------------------- old algo.* names
+def _section_keys(section: str, names: str, renames: dict | None = None) -> dict:
+    renames = renames or {}
+    return {old: (section, renames.get(old, old)) for old in names.split()}
+
+
+# The old `algo` section, key by key: old name -> (section, key). Overrides, `cfg.algo.x = v` in config
+# files and saved config.json files keep working through it, with a deprecation warning.
+LEGACY_ALGO_KEYS = {
+    **_section_keys("advantage", "adv_estimator reward_norm gamma lam bi_level_gae reward_placement "
+                    "soft_advantage_reweight gigpo_weight gigpo_norm gigpo_gamma",
+                    {"adv_estimator": "estimator", "soft_advantage_reweight": "soft_reweight"}),
+    **_section_keys("loss", "eps_low eps_high dual_clip loss_agg entropy_coef kl_coef kl_type kl_in_reward "
+                    "value_clip tis tis_cap tis_geo_mask", {"loss_agg": "agg"}),
+    **_section_keys("batching", "ppo_epochs mini_batch_size micro_batch_size critic_warmup"),
+    **_section_keys("filter", "filter_metric filter_include_zero filter_top_p_mode filter_max_groups "
+                    "filter_rounding filter_loss_scaling",
+                    {f"filter_{k}": k for k in ("metric", "include_zero", "top_p_mode", "max_groups", "rounding",
+                                                "loss_scaling")}),
+}
+# The old filter knobs with no one new key (V1's ratio / mode / type / cover, and RAGEN-2's
+# strategy / value / select whose None meant "take the V1 knob"): old name -> (type, V1 default).
+# They are translated together by `translate_v1_filter` once rollout.num_groups is known.
+V1_FILTER_KEYS = {"filter_ratio": (float, 0.25), "filter_mode": (str, "largest"), "filter_type": (str, "top_k"),
+                  "filter_cover": (float, 0.9), "filter_strategy": (Optional[str], None),
+                  "filter_value": (Optional[float], None), "filter_select": (Optional[str], None)}
+
+
+def _deprecated(old: str, new: str):
+    warnings.warn(f"algo.{old} is deprecated; use {new}", FutureWarning, stacklevel=4)
+
+
+def translate_v1_filter(legacy: dict, current: FilterConfig, num_groups: int) -> dict:
+    """The filter section's strategy / value / select / max_groups that the old knobs in `legacy` meant,
+    exactly as the old AlgoConfig.filter_spec: an explicit RAGEN-2 strategy (old name, or a non-default
+    filter.strategy) wins; otherwise filter_type variance_cover = top_p linear with filter_cover, at most
+    num_kept_groups(P, filter_ratio, rounding) groups, and top_k = filter_ratio."""
+    v1 = {k: legacy.get(k, d) for k, (_, d) in V1_FILTER_KEYS.items()}
+    if isinstance(v1["filter_ratio"], bool) or not isinstance(v1["filter_ratio"], (int, float)) \
+            or not 0 < v1["filter_ratio"] <= 1:
+        raise ConfigError(f"algo.filter_ratio must be in (0, 1], got {v1['filter_ratio']!r}")
+    choice("algo.filter_mode", v1["filter_mode"], ("largest", "smallest"))
+    choice("algo.filter_type", v1["filter_type"], ("top_k", "variance_cover"))
+    positive("algo.filter_cover", v1["filter_cover"])
+    choice("filter.rounding", current.rounding, ("floor", "ceil"))
+    strategy, value, select = v1["filter_strategy"], v1["filter_value"], v1["filter_select"]
+    if strategy is None and current.strategy != FilterConfig.strategy and "filter_type" not in legacy:
+        strategy, value = current.strategy, current.value if value is None else value
+    if select is None and current.select != FilterConfig.select and "filter_mode" not in legacy:
+        select = current.select
+    legacy_cover = strategy is None and v1["filter_type"] == "variance_cover"
+    strategy = strategy or ("top_p" if legacy_cover else "top_k")
+    if value is None:
+        if strategy not in ("top_k", "top_p"):
+            raise ConfigError(f"algo.filter_strategy={strategy!r} needs a value; set filter.value "
+                              "(top_k_abs: a number of groups; min_p: a fraction of the best score)")
+        value = v1["filter_ratio"] if strategy == "top_k" else v1["filter_cover"]
+    max_groups = current.max_groups
+    if legacy_cover and not max_groups:
+        max_groups = num_kept_groups(num_groups, v1["filter_ratio"], current.rounding)
+    return {"strategy": strategy, "value": value, "select": select or v1["filter_mode"], "max_groups": max_groups}
+
+
+class LegacyAlgo:
+    """`cfg.algo`: the old section's names, read and written on the new sections (deprecated)."""
+
+    def __init__(self, cfg: Config):
+        object.__setattr__(self, "cfg", cfg)
+
+    def __getattr__(self, name):
+        cfg = object.__getattribute__(self, "cfg")
+        if name in LEGACY_ALGO_KEYS:
+            section, key = LEGACY_ALGO_KEYS[name]
+            _deprecated(name, f"{section}.{key}")
+            return getattr(getattr(cfg, section), key)
+        if name in V1_FILTER_KEYS:
+            _deprecated(name, "filter.strategy / filter.value / filter.select / filter.max_groups")
+            return cfg.legacy_filter.get(name, V1_FILTER_KEYS[name][1])
+        raise AttributeError(f"algo has no key {name!r}; the algorithm's keys are in the sections advantage, loss, "
+                             "filter and batching")
+
+    def __setattr__(self, name, value):
+        cfg = object.__getattribute__(self, "cfg")
+        if name in LEGACY_ALGO_KEYS:
+            section, key = LEGACY_ALGO_KEYS[name]
+            _deprecated(name, f"{section}.{key}")
+            cfg.legacy_names[f"{section}.{key}"] = f"algo.{name}"
+            setattr(getattr(cfg, section), key, value)
+        elif name in V1_FILTER_KEYS:
+            _deprecated(name, "filter.strategy / filter.value / filter.select / filter.max_groups")
+            cfg.legacy_filter[name] = value
+        else:
+            raise ConfigError(f"unknown config key 'algo.{name}'; the old algo keys are "
+                              f"{', '.join([*LEGACY_ALGO_KEYS, *V1_FILTER_KEYS])}")
 
 
 # ----------------------------------------------------------------------------------- loading
@@ -702,6 +602,9 @@ def apply_override(cfg: Config, text: str) -> None:
         raise ConfigError(f"override {text!r} must look like --config.section.key=value")
     dotted, raw = body.split("=", 1)
     parts = dotted.split(".")
+    if parts[0] == "algo" and len(parts) == 2:
+        _legacy_override(cfg, parts[1], raw)
+        return
     obj = cfg
     for i, name in enumerate(parts):
         if not dataclasses.is_dataclass(obj):
@@ -718,6 +621,17 @@ def apply_override(cfg: Config, text: str) -> None:
             setattr(obj, name, _coerce(".".join(parts), raw, hint))
             return
         obj = getattr(obj, name)
+
+
+def _legacy_override(cfg: Config, name: str, raw: str) -> None:
+    if name in LEGACY_ALGO_KEYS:
+        section, key = LEGACY_ALGO_KEYS[name]
+        setattr(cfg.algo, name, _coerce(f"algo.{name}", raw, typing.get_type_hints(type(getattr(cfg, section)))[key]))
+    elif name in V1_FILTER_KEYS:
+        setattr(cfg.algo, name, _coerce(f"algo.{name}", raw, V1_FILTER_KEYS[name][0]))
+    else:
+        raise ConfigError(f"unknown config key 'algo.{name}'; the algorithm's keys are now in advantage, loss, "
+                          "filter and batching (docs/configuration.md)")
 
 
 def _parse_literal(raw: str):
@@ -765,8 +679,9 @@ def _coerce(key: str, raw: str, hint) -> Any:
     return value
 
 
-# Keys that moved since runs were saved: old dotted name -> new one. A saved run directory's
-# config.json is read through `migrate_saved`, so old runs resume and evaluate unchanged.
+# Keys that moved since runs were saved: old dotted name -> new one (the old algo section: LEGACY_ALGO_KEYS).
+# A saved run directory's config.json is read through `migrate_saved`, so old runs resume and evaluate
+# unchanged.
 RENAMED_KEYS = {"model.cache_dtype": "rollout.cache_dtype"}
 
 
@@ -777,6 +692,18 @@ def migrate_saved(d: dict) -> dict:
         (os_, ok), (ns, nk) = old.split("."), new.split(".")
         if ok in out.get(os_, {}):
             out.setdefault(ns, {})[nk] = out[os_].pop(ok)
+    legacy = {}
+    for old, value in out.pop("algo", {}).items():
+        if old in LEGACY_ALGO_KEYS:
+            section, key = LEGACY_ALGO_KEYS[old]
+            out.setdefault(section, {})[key] = value
+        elif old in V1_FILTER_KEYS:
+            legacy[old] = value
+        else:
+            raise ConfigError(f"saved config has unknown keys in algo: {old}")
+    if legacy:
+        num_groups = out.get("rollout", {}).get("num_groups", RolloutConfig.num_groups)
+        out.setdefault("filter", {}).update(translate_v1_filter(legacy, FilterConfig(**out.get("filter", {})), num_groups))
     return out
 
 

@@ -70,14 +70,14 @@ EVAL_TEMPERATURE = 0.5  # the reference's validation temperature
 
 # --quick: every shape and count shrunk so the whole demo (compilations included) takes ~1-2 min.
 QUICK_BANDIT = ("sft.num_demos=32", "sft.epochs=1", "sft.batch_size=16", "rollout.num_groups=2",
-                "rollout.group_size=8", "algo.filter_ratio=1.0", "algo.mini_batch_size=16", "train.iterations=2",
+                "rollout.group_size=8", "filter.value=1.0", "batching.mini_batch_size=16", "train.iterations=2",
                 "train.save_every=2")
 QUICK_SOKOBAN = ("sft.num_demos=32", "sft.epochs=1", "sft.batch_size=16", "prompt.max_turns=2",
-                 "rollout.max_context=640", "rollout.num_groups=2", "rollout.group_size=4", "algo.filter_ratio=1.0",
-                 "algo.mini_batch_size=8", "train.iterations=2", "train.save_every=2")
+                 "rollout.max_context=640", "rollout.num_groups=2", "rollout.group_size=4", "filter.value=1.0",
+                 "batching.mini_batch_size=8", "train.iterations=2", "train.save_every=2")
 QUICK_FROZEN_LAKE = ("sft.num_demos=32", "sft.epochs=1", "sft.batch_size=16", "prompt.max_turns=3",
                      "prompt.max_actions_per_episode=3", "rollout.max_context=384", "rollout.num_groups=2",
-                     "rollout.group_size=4", "algo.filter_ratio=1.0", "algo.mini_batch_size=8",
+                     "rollout.group_size=4", "filter.value=1.0", "batching.mini_batch_size=8",
                      "train.iterations=2", "train.save_every=2")
 FAMILIES = ("bandit", "sokoban", "frozen_lake")
 QUICK_EVAL_STATES = 8
@@ -234,7 +234,7 @@ def run_family(family: str, config_name: str, envs, quick_over, user_over, args,
     del sft, hist  # its demos, optimizer state and compiled programs are not needed for RL (peak memory)
     gc.collect()
 
-    log(f"{family}: stage 2, StarPO-S RL ({rl_cfg.algo.adv_estimator}, {rl_cfg.train.iterations} iterations of "
+    log(f"{family}: stage 2, StarPO-S RL ({rl_cfg.advantage.estimator}, {rl_cfg.train.iterations} iterations of "
         f"P={rl_cfg.rollout.num_groups} x N={rl_cfg.rollout.group_size}) -> {root}/rl")
     t0, c0 = time.perf_counter(), time.process_time()
     rl = Trainer(rl_cfg, os.path.join(root, "rl"), quiet=args.quiet)

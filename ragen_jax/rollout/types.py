@@ -38,7 +38,7 @@ class RolloutConfig:
     # Operand dtype of the weight matmuls while sampling only (Qwen2Config.matmul_dtype of the rollout's
     # view of the policy); None = the model's own. The trainer's log-probs keep model.matmul_dtype, so
     # "bfloat16" here is a faster sampler that differs from the trainer: the mismatch/ metrics measure
-    # it and algo.tis corrects for it (docs/algorithms.md).
+    # it and loss.tis corrects for it (docs/algorithms.md).
     matmul_dtype: str | None = None
     # Groups generated together (0: all P at once). With fewer, the P groups run in P / groups_per_pass
     # passes one after another inside the same compiled program, and the KV cache (rows x max_context

@@ -189,7 +189,7 @@ class CollapseProbe:
         self.x_cap = max(len(e.prefix_ids) + e.max_segment_len for e in text_envs.values())
         self.z_cap = cfg.prompt.max_response_tokens
         self.width = min(self.x_cap + self.z_cap, cfg.rollout.max_context)
-        a = cfg.algo
+        a = cfg.batching
         rows = self.m * self.p
         self.block = min(effective_micro_batch(a.mini_batch_size, a.micro_batch_size), rows)
         shards = mesh.shape["data"] * mesh.shape["fsdp"] if mesh is not None else 1

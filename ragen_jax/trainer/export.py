@@ -76,7 +76,7 @@ def abstract_programs(cfg: Config, donate: bool = True, devices=None):
     if m.lora_rank:  # the train state holds the adapters; the base is the programs' frozen argument
         actor, frozen = nnx.split_state(actor, POLICY_TRAINABLE, ...)
     critic_graph, critic = None, {}
-    if m.critic == "separate" and cfg.algo.adv_estimator == "gae":
+    if m.critic == "separate" and cfg.advantage.estimator == "gae":
         critic_model = nnx.eval_shape(lambda: critic_from_policy(make_policy(), nnx.Rngs(1)))
         critic_graph, critic = nnx.split(critic_model)
         critic = sds(critic)
@@ -99,7 +99,7 @@ def abstract_programs(cfg: Config, donate: bool = True, devices=None):
     prepare = jax.jit(on_mesh(programs.prepare, mesh))
     update = jax.jit(on_mesh(programs.update, mesh), out_shardings=(state_shardings, None),
                      donate_argnums=(0,) if donate else ())
-    rollout = Rollout(policy, text_env, cfg.rollout, mesh=mesh, vocab=vocab, state_keys=cfg.algo.needs_state_keys)
+    rollout = Rollout(policy, text_env, cfg.rollout, mesh=mesh, vocab=vocab, state_keys=cfg.advantage.needs_state_keys)
     return rollout, prepare, update, state, frozen, mesh
 
 

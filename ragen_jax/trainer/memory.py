@@ -103,13 +103,13 @@ def check_memory_fits(cfg: Config, usage: dict, limit: int) -> None:
     for name, (mem, resident) in usage.items():
         need = mem["peak_bytes"] + resident
         if need > limit:
-            a = cfg.algo
+            a = cfg.batching
             micro = effective_micro_batch(a.mini_batch_size, a.micro_batch_size)
             if name == "rollout":  # its largest buffer is the KV cache of all P x N rows
                 knobs = (f"generate fewer groups at a time with rollout.groups_per_pass (now "
                          f"{cfg.rollout.groups_per_pass or cfg.rollout.num_groups} of {cfg.rollout.num_groups})")
             else:
-                knobs = (f"lower algo.micro_batch_size (now {micro}), set model.remat=true (now "
+                knobs = (f"lower batching.micro_batch_size (now {micro}), set model.remat=true (now "
                          f"{str(cfg.model.use_remat).lower()})")
             raise ConfigError(
                 f"the compiled {name} program needs {_size(need)} per device ({_size(mem['peak_bytes'])} "

@@ -42,7 +42,7 @@ RESUMABLE_CHANGES = ("train.iterations", "train.val_every", "train.save_every", 
                      "train.collapse_samples", "train.stop_empty_filter", "train.stop_std_fraction",
                      "train.stop_std_window", "train.stop_val_success", "train.stop_val_count",
                      # memory/speed knobs: the same numbers up to float rounding
-                     "model.remat", "model.remat_policy", "model.attention", "algo.micro_batch_size")
+                     "model.remat", "model.remat_policy", "model.attention", "batching.micro_batch_size")
 
 
 class Trainer(RunAssembly):
@@ -58,7 +58,7 @@ class Trainer(RunAssembly):
                          check_shards=lambda n: check_batch_fits_mesh(cfg, n))
         cfg = self.cfg
         critic_graph, critic = None, {}
-        if cfg.model.critic == "separate" and cfg.algo.adv_estimator == "gae":
+        if cfg.model.critic == "separate" and cfg.advantage.estimator == "gae":
             # The critic's trunk starts from the actor's weights, cloned on the mesh: nnx.clone shares the
             # (immutable) sharded arrays, jnp.copy then gives the critic its own buffers shard by shard
             # (the update donates both models, so they may not share one). With LoRA it keeps only its
@@ -74,7 +74,7 @@ class Trainer(RunAssembly):
         actor = self.take_trainable()
         # The frozen initial policy: a copy, because the update donates (overwrites) the actor's arrays
         # (with LoRA, of the initial adapters: the base is frozen anyway).
-        self.ref = jax.tree.map(jnp.copy, actor) if cfg.algo.kl_coef > 0 else None
+        self.ref = jax.tree.map(jnp.copy, actor) if cfg.loss.kl_coef > 0 else None
         actor_opt = make_optimizer(cfg.optim.actor_lr, cfg.optim)
         critic_opt = make_optimizer(cfg.optim.critic_lr, cfg.optim)
         state = TrainState(
@@ -91,7 +91,7 @@ class Trainer(RunAssembly):
 
         # Rollouts: training (P x N) and validation (val_size states x 1, lower temperature).
         self.rollout = Rollout(self.policy, self.text_env, cfg.rollout, mesh=self.mesh, vocab=self.vocab,
-                               state_keys=cfg.algo.needs_state_keys)
+                               state_keys=cfg.advantage.needs_state_keys)
         for name, size in cfg.env.validation_set(cfg.train.val_size) if cfg.train.val_every > 0 else ():
             if size % self.n_batch_shards:
                 raise ConfigError(f"the validation size {size} of {name} (train.val_size or env.val_set) is not "

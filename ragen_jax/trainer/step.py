@@ -66,7 +66,7 @@ class Batch:
     returns: jax.Array  # [K, T-1]
     row_weight: jax.Array  # [K] 1 for rows that train, 0 for padding rows of variance_cover
     turn_start: jax.Array | None = None  # [K, M] single-turn records only (`TurnBlocks`)
-    tis_weight: jax.Array | None = None  # [K, T-1] truncated importance weights (algo.tis); None: off
+    tis_weight: jax.Array | None = None  # [K, T-1] truncated importance weights (loss.tis); None: off
 
 
 # ----------------------------------------------------------------------------------- LoRA split
@@ -209,11 +209,11 @@ class StepPrograms:
         self.actor_graph, self.critic_graph = actor_graph, critic_graph
         self.actor_opt, self.critic_opt = actor_opt, critic_opt
         self.has_critic = critic_graph is not None
-        self.use_ref = cfg.algo.kl_coef > 0
+        self.use_ref = cfg.loss.kl_coef > 0
         # Log-probs and entropy of the policy the rollout sampled from: logits / rollout temperature.
         self.temperature = 1.0 if cfg.rollout.greedy else float(cfg.rollout.temperature)
-        r, a = cfg.rollout, cfg.algo
-        self.filter_spec = a.filter_spec(r.num_groups)
+        r = cfg.rollout
+        self.filter_spec = cfg.filter.spec
         self.kept_groups = self.filter_spec.slots(r.num_groups)  # static group slots (some may be unused)
         self.kept_rows = self.kept_groups * r.group_size
         self.trace_counts = {"prepare": 0, "update": 0}
@@ -233,7 +233,7 @@ class StepPrograms:
     def prepare(self, actor, critic, ref, traj, frozen=None) -> tuple[Batch, dict]:
         """`frozen`: the LoRA base (None without LoRA); `ref` is then the reference's adapters."""
         self.trace_counts["prepare"] += 1
-        a, r = self.cfg.algo, self.cfg.rollout
+        bt, r = self.cfg.batching, self.cfg.rollout
         n = r.group_size
         if self.turn_blocks is not None and traj.turn_start is None:
             raise ValueError("single-turn training needs Trajectories.turn_start (recorded by the Rollout)")
@@ -241,7 +241,7 @@ class StepPrograms:
         ts_all = traj.turn_start if self.turn_blocks is not None else jnp.zeros((traj.tokens.shape[0], 1), jnp.int32)
         logp_fn = functools.partial(sequence_logprobs, self.actor_graph, full_params(actor, frozen), vocab=self.vocab,
                                     temperature=self.temperature, inference=True)
-        micro = effective_micro_batch(a.mini_batch_size, a.micro_batch_size)
+        micro = effective_micro_batch(bt.mini_batch_size, bt.micro_batch_size)
         # Group filter (StarPO-S / RAGEN-2) on raw rewards, static slots; unselected slots get row
         # weight 0. Entropy metrics need every row's entropy: the old-log-prob pass then runs over
         # all P x N rows before filtering (the rollout records no entropy) and its kept rows are
@@ -301,44 +301,44 @@ class StepPrograms:
     def _importance_weights(self, t, mask, old_logp):
         """(TIS weights [K, T-1] or None, metrics) of the kept rows `t`: the sampler's recorded log-probs
         against the trainer's `old_logp` over the tokens that train (`mask`). The mismatch/ metrics are
-        computed whatever `algo.tis` is; the weights only with TIS on (the programs are unchanged without)."""
-        a = self.cfg.algo
+        computed whatever `loss.tis` is; the weights only with TIS on (the programs are unchanged without)."""
+        lo = self.cfg.loss
         # The rollout records each sampled token's log-prob at its own position; target column t is token t+1.
         sampler_logp = t.logprobs[:, 1:]
-        metrics = mismatch_lib.mismatch_metrics(old_logp, sampler_logp, mask, a.effective_tis_cap)
-        if a.tis == "none":
+        metrics = mismatch_lib.mismatch_metrics(old_logp, sampler_logp, mask, lo.effective_tis_cap)
+        if lo.tis == "none":
             return None, metrics
-        weight, tm = mismatch_lib.tis_weights(old_logp, sampler_logp, mask, a.tis, a.effective_tis_cap,
-                                              tuple(a.tis_geo_mask) or None)
+        weight, tm = mismatch_lib.tis_weights(old_logp, sampler_logp, mask, lo.tis, lo.effective_tis_cap,
+                                              tuple(lo.tis_geo_mask) or None)
         return weight, {**metrics, **tm}
 
     def _advantages(self, t, f, mask, old_logp, ref_logp, values):
         """(advantages, returns, metrics) of the kept rows `t` of filter result `f`."""
-        a, n = self.cfg.algo, self.cfg.rollout.group_size
+        adv, lo, flt, n = self.cfg.advantage, self.cfg.loss, self.cfg.filter, self.cfg.rollout.group_size
         metrics = {}
         # Trajectory scores normalised within each initial-state group (identity for PPO), placed
         # on the last sampled token (or per turn). Turn ends move to target coordinates (index - 1).
-        scores = adv_lib.normalize_rewards(t.reward, n, a.reward_norm)
+        scores = adv_lib.normalize_rewards(t.reward, n, adv.reward_norm)
         turn_end = jnp.where(t.turn_end >= 1, t.turn_end - 1, -1)
-        tok_rewards = adv_lib.token_rewards(mask, turn_end, t.turn_reward, scores, mode=a.reward_placement)
-        if self.use_ref and a.kl_in_reward:
-            tok_rewards, klm = loss_lib.kl_in_reward(tok_rewards, old_logp, ref_logp, mask, a.kl_coef, a.kl_type)
+        tok_rewards = adv_lib.token_rewards(mask, turn_end, t.turn_reward, scores, mode=adv.reward_placement)
+        if self.use_ref and lo.kl_in_reward:
+            tok_rewards, klm = loss_lib.kl_in_reward(tok_rewards, old_logp, ref_logp, mask, lo.kl_coef, lo.kl_type)
             metrics.update({f"actor/{k_}": v for k_, v in klm.items()})
-        estimator = "bilevel_gae" if (a.adv_estimator == "gae" and a.bi_level_gae) else a.adv_estimator
+        estimator = "bilevel_gae" if (adv.estimator == "gae" and adv.bi_level_gae) else adv.estimator
         inputs = {"turn_end": turn_end, **self._gigpo_inputs(t, f, turn_end)}
         advantages, returns, est_metrics = adv_lib.compute_advantages(
-            estimator, tok_rewards, mask, values=values, group_size=n, gamma=a.gamma, lam=a.lam, with_metrics=True,
+            estimator, tok_rewards, mask, values=values, group_size=n, gamma=adv.gamma, lam=adv.lam, with_metrics=True,
             **inputs)
         metrics.update(est_metrics)
         # RAGEN-2 after the advantages: soft reweighting by group std (GRPO only: the config refuses it
         # with other estimators, as RAGEN applies it only there), then the kept-fraction scale (both on
         # the advantages only; the critic's returns are untouched, as RAGEN).
-        if a.soft_advantage_reweight:
+        if adv.soft_reweight:
             w = filter_lib.soft_reweight(scores, n, f.group_used)
             advantages = advantages * jnp.repeat(w, n)[:, None]
             metrics["actor/soft_reweight_mean"] = jnp.sum(w) / jnp.maximum(jnp.sum(f.group_used), 1)
-        if a.filter_loss_scaling != "none":
-            scale = filter_lib.loss_scale(f.kept_fraction, a.filter_loss_scaling)
+        if flt.loss_scaling != "none":
+            scale = filter_lib.loss_scale(f.kept_fraction, flt.loss_scaling)
             advantages = advantages * scale
             metrics["actor/filter_loss_scale"] = scale
         return advantages, returns, metrics
@@ -347,15 +347,15 @@ class StepPrograms:
         """GiGPO's extra inputs (none for the other estimators): the rollout's per-turn observation keys
         and rewards. The turns of rows the filter dropped (weight 0) are marked not taken, so they join
         no anchor group, no episode statistics and no gigpo/ metric."""
-        a = self.cfg.algo
-        if a.adv_estimator != "gigpo":
+        adv = self.cfg.advantage
+        if adv.estimator != "gigpo":
             return {}
         if t.state_key is None:
-            raise ValueError("algo.adv_estimator='gigpo' needs Trajectories.state_key: build the Rollout with "
+            raise ValueError("advantage.estimator='gigpo' needs Trajectories.state_key: build the Rollout with "
                              "state_keys=True (the Trainer does)")
         return {"turn_end": jnp.where(f.row_weight[:, None] > 0, turn_end, -1), "turn_reward": t.turn_reward,
-                "state_key": t.state_key, "gigpo_weight": a.gigpo_weight, "gigpo_norm": a.gigpo_norm,
-                "gigpo_gamma": a.gigpo_gamma}
+                "state_key": t.state_key, "gigpo_weight": adv.gigpo_weight, "gigpo_norm": adv.gigpo_norm,
+                "gigpo_gamma": adv.gigpo_gamma}
 
     # -- update: epochs x mini-batches ---------------------------------------------------------
     def _actor_loss(self, params, mb: Batch, norms, frozen=None):
@@ -363,23 +363,23 @@ class StepPrograms:
         mini-batch, so that micro-batch values add up to the mini-batch's (token-mean weighs each
         micro-batch by its masked tokens, the seq-mean modes by its rows). The masked-mean metrics
         are weighted by the micro-batch's share of the masked tokens for the same reason."""
-        a = self.cfg.algo
+        lo = self.cfg.loss
         tok_norm, row_norm = norms
-        norm = tok_norm if a.loss_agg == "token-mean" else row_norm
+        norm = tok_norm if lo.agg == "token-mean" else row_norm
         share = jnp.sum(mb.mask.astype(jnp.float32)) / tok_norm
         logp, entropy = sequence_logprobs(self.actor_graph, full_params(params, frozen), mb.tokens, mb.valid,
                                           vocab=self.vocab, temperature=self.temperature,
                                           blocks=self._blocks(mb.turn_start))
         pg_loss, pm = loss_lib.ppo_policy_loss(
-            logp, mb.old_logp, mb.advantages, mb.mask, eps_low=a.eps_low, eps_high=a.eps_high,
-            dual_clip=a.dual_clip, agg_mode=a.loss_agg, norm=norm, tis_weights=mb.tis_weight)
-        ent = loss_lib.entropy_loss(entropy, mb.mask, a.loss_agg, norm)
-        loss = pg_loss - a.entropy_coef * ent
+            logp, mb.old_logp, mb.advantages, mb.mask, eps_low=lo.eps_low, eps_high=lo.eps_high,
+            dual_clip=lo.dual_clip, agg_mode=lo.agg, norm=norm, tis_weights=mb.tis_weight)
+        ent = loss_lib.entropy_loss(entropy, mb.mask, lo.agg, norm)
+        loss = pg_loss - lo.entropy_coef * ent
         m = {f"actor/{k}": (v if k == "pg_loss" else v * share) for k, v in pm.items()}
         m["actor/approx_kl"] = m["actor/ppo_kl"]
-        if self.use_ref and not a.kl_in_reward:
-            kl = loss_lib.kl_loss(logp, mb.ref_logp, mb.mask, a.kl_type, a.loss_agg, norm)
-            loss = loss + a.kl_coef * kl
+        if self.use_ref and not lo.kl_in_reward:
+            kl = loss_lib.kl_loss(logp, mb.ref_logp, mb.mask, lo.kl_type, lo.agg, norm)
+            loss = loss + lo.kl_coef * kl
             m["actor/kl_loss"] = jax.lax.stop_gradient(kl)
         m["actor/entropy"] = jax.lax.stop_gradient(ent)
         return loss, m
@@ -389,36 +389,36 @@ class StepPrograms:
         share = jnp.sum(mb.mask.astype(jnp.float32)) / tok_norm
         v = sequence_values(self.critic_graph, full_params(params, critic_frozen(frozen)), mb.tokens, mb.valid,
                             vocab=self.vocab, blocks=self._blocks(mb.turn_start))
-        loss, m = loss_lib.value_loss(v, mb.values, mb.returns, mb.mask, clip=self.cfg.algo.value_clip,
+        loss, m = loss_lib.value_loss(v, mb.values, mb.returns, mb.mask, clip=self.cfg.loss.value_clip,
                                       agg_mode="token-mean", norm=tok_norm)
         return loss, {"critic/value_loss": m["vf_loss"], "critic/vf_clipfrac": m["vf_clipfrac"] * share,
                       "critic/vpred_mean": m["vpred_mean"] * share}
 
     def actor_value_and_grad(self, params, mbatch: Batch, frozen=None):
-        """((loss, metrics), grads) of one mini-batch, over `algo.micro_batch_size` micro-batches.
+        """((loss, metrics), grads) of one mini-batch, over `batching.micro_batch_size` micro-batches.
         With LoRA the gradient is of the adapters alone (`frozen` is a constant of the loss)."""
-        a = self.cfg.algo
-        n_micro = a.mini_batch_size // effective_micro_batch(a.mini_batch_size, a.micro_batch_size)
+        bt = self.cfg.batching
+        n_micro = bt.mini_batch_size // effective_micro_batch(bt.mini_batch_size, bt.micro_batch_size)
         norms = loss_norms(mbatch.mask)
         return accumulated_value_and_grad(lambda p, b: self._actor_loss(p, b, norms, frozen), params, mbatch, n_micro)
 
     def critic_value_and_grad(self, params, mbatch: Batch, frozen=None):
-        a = self.cfg.algo
-        n_micro = a.mini_batch_size // effective_micro_batch(a.mini_batch_size, a.micro_batch_size)
+        bt = self.cfg.batching
+        n_micro = bt.mini_batch_size // effective_micro_batch(bt.mini_batch_size, bt.micro_batch_size)
         norms = loss_norms(mbatch.mask)
         return accumulated_value_and_grad(lambda p, b: self._critic_loss(p, b, norms, frozen), params, mbatch, n_micro)
 
     def update(self, state: TrainState, batch: Batch, frozen=None) -> tuple[TrainState, dict]:
         """`frozen`: the LoRA base (None without LoRA), an argument the caller does not donate."""
         self.trace_counts["update"] += 1
-        a = self.cfg.algo
+        bt = self.cfg.batching
         k = batch.tokens.shape[0]
-        mb = a.mini_batch_size
+        mb = bt.mini_batch_size
         n_mb = k // mb
         # verl: `if critic_warmup <= global_steps: update_actor`, with global_steps = 1 on the first
         # iteration; `state.iteration` counts completed iterations, so global_steps = iteration + 1 and
         # critic_warmup = k gives k - 1 critic-only iterations (none for k <= 1).
-        train_actor = state.iteration + 1 >= a.critic_warmup
+        train_actor = state.iteration + 1 >= bt.critic_warmup
 
         def minibatch_step(carry, idx):
             actor, actor_opt, critic, critic_opt, skipped = carry
@@ -449,7 +449,7 @@ class StepPrograms:
         key, perm_key = jax.random.split(state.key)
         carry = (state.actor, state.actor_opt, state.critic, state.critic_opt, state.skipped_updates)
         all_metrics, all_used = [], []
-        for epoch in range(a.ppo_epochs):
+        for epoch in range(bt.ppo_epochs):
             perm = jax.random.permutation(jax.random.fold_in(perm_key, epoch), k)
             # Rows that train first (a stable sort keeps their random order): filtered-out rows fill
             # the last mini-batches, which are skipped, so a partial selection takes
@@ -468,7 +468,7 @@ class StepPrograms:
         metrics["actor/grad_norm_max"] = jnp.max(jnp.stack([jnp.max(jnp.where(u, m["actor/grad_norm"], 0.0))
                                                             for m, u in zip(all_metrics, all_used)]))
         metrics["train/skipped_updates"] = skipped.astype(jnp.float32)
-        metrics["actor/lr"] = lr_at(state.iteration * n_mb * a.ppo_epochs, self.cfg.optim.actor_lr,
+        metrics["actor/lr"] = lr_at(state.iteration * n_mb * bt.ppo_epochs, self.cfg.optim.actor_lr,
                                      self.cfg.optim.warmup_steps)
         new_state = state.replace(actor=actor, actor_opt=actor_opt, critic=critic, critic_opt=critic_opt,
                                   skipped_updates=skipped, key=key, iteration=state.iteration + 1)
@@ -476,12 +476,12 @@ class StepPrograms:
 
 
 def check_batch_fits_mesh(cfg: Config, n_batch_shards: int) -> None:
-    r, a = cfg.rollout, cfg.algo
+    r, bt = cfg.rollout, cfg.batching
     b = r.num_groups * r.group_size
-    kept = a.filter_spec(r.num_groups).slots(r.num_groups) * r.group_size
-    micro = effective_micro_batch(a.mini_batch_size, a.micro_batch_size)
-    for what, n in (("rollout batch P*N", b), ("kept trajectories", kept), ("algo.mini_batch_size", a.mini_batch_size),
-                    ("algo.micro_batch_size (0: = mini_batch_size)", micro)):
+    kept = cfg.filter.spec.slots(r.num_groups) * r.group_size
+    micro = effective_micro_batch(bt.mini_batch_size, bt.micro_batch_size)
+    for what, n in (("rollout batch P*N", b), ("kept trajectories", kept), ("batching.mini_batch_size", bt.mini_batch_size),
+                    ("batching.micro_batch_size (0: = mini_batch_size)", micro)):
         if n % n_batch_shards:
             raise ConfigError(f"{what} = {n} is not divisible by the {n_batch_shards} devices of the mesh's "
                               "data x fsdp axes; change the batch settings or mesh.data/mesh.fsdp")
