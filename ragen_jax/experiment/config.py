@@ -12,6 +12,7 @@ import ast
 import dataclasses
 import importlib.util
 import os
+import re
 import types
 import typing
 import warnings
@@ -408,8 +409,8 @@ class Config:
         try:
             self._validate()
         except ConfigError as e:
-            key = str(e).split("=")[0].split(" ")[0]
-            if key in self.legacy_names:
+            key = next((k for k in self.legacy_names if re.search(rf"\b{re.escape(k)}\b", str(e))), None)
+            if key is not None:
                 raise ConfigError(f"{e} (set through the old name {self.legacy_names[key]})") from None
             raise
         return self
@@ -504,7 +505,11 @@ def translate_v1_filter(legacy: dict, current: FilterConfig, num_groups: int) ->
     exactly as the old AlgoConfig.filter_spec: an explicit RAGEN-2 strategy (old name, or a non-default
     filter.strategy) wins; otherwise filter_type variance_cover = top_p linear with filter_cover, at most
     num_kept_groups(P, filter_ratio, rounding) groups, and top_k = filter_ratio."""
-    v1 = {k: legacy.get(k, d) for k, (_, d) in V1_FILTER_KEYS.items()}
+    # A top_k section's value and select are V1's filter_ratio and filter_mode (configs now set those).
+    current_v1 = {"filter_mode": current.select}
+    if current.strategy == "top_k":
+        current_v1["filter_ratio"] = current.value
+    v1 = {k: legacy.get(k, current_v1.get(k, d)) for k, (_, d) in V1_FILTER_KEYS.items()}
     if isinstance(v1["filter_ratio"], bool) or not isinstance(v1["filter_ratio"], (int, float)) \
             or not 0 < v1["filter_ratio"] <= 1:
         raise ConfigError(f"algo.filter_ratio must be in (0, 1], got {v1['filter_ratio']!r}")
@@ -515,8 +520,6 @@ def translate_v1_filter(legacy: dict, current: FilterConfig, num_groups: int) ->
     strategy, value, select = v1["filter_strategy"], v1["filter_value"], v1["filter_select"]
     if strategy is None and current.strategy != FilterConfig.strategy and "filter_type" not in legacy:
         strategy, value = current.strategy, current.value if value is None else value
-    if select is None and current.select != FilterConfig.select and "filter_mode" not in legacy:
-        select = current.select
     legacy_cover = strategy is None and v1["filter_type"] == "variance_cover"
     strategy = strategy or ("top_p" if legacy_cover else "top_k")
     if value is None:
@@ -558,6 +561,8 @@ class LegacyAlgo:
         elif name in V1_FILTER_KEYS:
             _deprecated(name, "filter.strategy / filter.value / filter.select / filter.max_groups")
             cfg.legacy_filter[name] = value
+            if name in ("filter_strategy", "filter_value", "filter_select"):
+                cfg.legacy_names[name.replace("_", ".", 1)] = f"algo.{name}"
         else:
             raise ConfigError(f"unknown config key 'algo.{name}'; the old algo keys are "
                               f"{', '.join([*LEGACY_ALGO_KEYS, *V1_FILTER_KEYS])}")

@@ -1,5 +1,5 @@
-"""Every bound the algorithms and the compiled step enforce on an `algo.*` value is checked by
-`load_config`, before anything is built or traced, as one ConfigError that names the key.
+"""Every bound the algorithms and the compiled step enforce on an advantage / loss / filter / batching
+value is checked by `load_config`, before anything is built or traced, as one ConfigError that names the key.
 
 The truth: the bounds each consumer enforces itself (losses.ppo_policy_loss, FilterSpec, gigpo,
 mismatch), restated here as plain numbers; `test_consumers_refuse_the_same_values` checks that the
@@ -14,30 +14,30 @@ from ragen_jax.experiment.config import ConfigError, load_config
 
 # (override, the key the message must name); tiny_cpu.py is 4 groups x 4, filter 0.5, mini-batch 4.
 BAD = [
-    ("algo.eps_low=1.2", "algo.eps_low"),
-    ("algo.eps_low=1.0", "algo.eps_low"),
-    ("algo.eps_low=-0.1", "algo.eps_low"),
-    ("algo.eps_high=-0.1", "algo.eps_high"),
-    ("algo.dual_clip=1.0", "algo.dual_clip"),
-    ("algo.ppo_epochs=0", "algo.ppo_epochs"),
-    ("algo.mini_batch_size=0", "algo.mini_batch_size"),
-    ("algo.micro_batch_size=3", "algo.micro_batch_size"),
-    ("algo.critic_warmup=-1", "algo.critic_warmup"),
-    ("algo.kl_coef=-0.1", "algo.kl_coef"),
-    ("algo.entropy_coef=-0.1", "algo.entropy_coef"),
-    ("algo.value_clip=0", "algo.value_clip"),
-    ("algo.gamma=1.5", "algo.gamma"),
-    ("algo.lam=-0.5", "algo.lam"),
+    ("loss.eps_low=1.2", "loss.eps_low"),
+    ("loss.eps_low=1.0", "loss.eps_low"),
+    ("loss.eps_low=-0.1", "loss.eps_low"),
+    ("loss.eps_high=-0.1", "loss.eps_high"),
+    ("loss.dual_clip=1.0", "loss.dual_clip"),
+    ("batching.ppo_epochs=0", "batching.ppo_epochs"),
+    ("batching.mini_batch_size=0", "batching.mini_batch_size"),
+    ("batching.micro_batch_size=3", "batching.micro_batch_size"),
+    ("batching.critic_warmup=-1", "batching.critic_warmup"),
+    ("loss.kl_coef=-0.1", "loss.kl_coef"),
+    ("loss.entropy_coef=-0.1", "loss.entropy_coef"),
+    ("loss.value_clip=0", "loss.value_clip"),
+    ("advantage.gamma=1.5", "advantage.gamma"),
+    ("advantage.lam=-0.5", "advantage.lam"),
     ("algo.filter_ratio=0", "algo.filter_ratio"),
     ("algo.filter_ratio=1.5", "algo.filter_ratio"),
     ("algo.filter_cover=0", "algo.filter_cover"),
-    ("algo.filter_value=-1", "algo.filter_value"),
-    ("algo.filter_max_groups=-1", "algo.filter_max_groups"),
-    ("algo.filter_max_groups=5", "algo.filter_max_groups"),
-    ("algo.gigpo_weight=-1", "algo.gigpo_weight"),
-    ("algo.gigpo_gamma=1.5", "algo.gigpo_gamma"),
-    ("algo.tis_cap=0.5", "algo.tis_cap"),
-    ("algo.tis_geo_mask=(1.1, 1.2)", "algo.tis_geo_mask"),
+    ("filter.value=-1", "filter.value"),
+    ("filter.max_groups=-1", "filter.max_groups"),
+    ("filter.max_groups=5", "filter.max_groups"),
+    ("advantage.gigpo_weight=-1", "advantage.gigpo_weight"),
+    ("advantage.gigpo_gamma=1.5", "advantage.gigpo_gamma"),
+    ("loss.tis_cap=0.5", "loss.tis_cap"),
+    ("loss.tis_geo_mask=(1.1, 1.2)", "loss.tis_geo_mask"),
 ]
 
 
@@ -49,12 +49,12 @@ def test_bad_value_named_by_load_config(override, key):
 
 
 def test_top_k_abs_below_one_group_is_named():
-    with pytest.raises(ConfigError, match=r"algo\.filter_value of top_k_abs"):
-        load_config("tiny_cpu.py", ["algo.filter_strategy=top_k_abs", "algo.filter_value=0.5"])
+    with pytest.raises(ConfigError, match=r"filter\.value of top_k_abs"):
+        load_config("tiny_cpu.py", ["filter.strategy=top_k_abs", "filter.value=0.5"])
 
 
-@pytest.mark.parametrize("override", ["algo.eps_low=0", "algo.eps_low=0.99", "algo.eps_high=0", "algo.gamma=0",
-                                      "algo.lam=1", "algo.critic_warmup=0", "algo.dual_clip=1.01"])
+@pytest.mark.parametrize("override", ["loss.eps_low=0", "loss.eps_low=0.99", "loss.eps_high=0", "advantage.gamma=0",
+                                      "advantage.lam=1", "batching.critic_warmup=0", "loss.dual_clip=1.01"])
 def test_values_at_the_bounds_load(override):
     load_config("tiny_cpu.py", [override])
 
