@@ -125,7 +125,7 @@ def test_configs_and_bad_arguments(capsys):
     assert load_config(demo.BANDIT_CONFIG).sft.bandit_high_prob == 0.5
     assert demo.main(["--workdir", "/nonexistent/x", "--skip-bandit", "--skip-sokoban", "--skip-frozen-lake"]) == 2
     with pytest.raises(SystemExit):
-        demo.parse_args(["--workdir", "w", "--config.algo.eps_low=0.1"])
+        demo.parse_args(["--workdir", "w", "--config.loss.eps_low=0.1"])
     _, over = demo.parse_args(["--workdir", "w", "--sokoban.sft.epochs=3", "--bandit.optim.actor_lr=1e-3",
                                "--frozen_lake.train.iterations=4"])
     assert over == {"sokoban": ["sft.epochs=3"], "bandit": ["optim.actor_lr=1e-3"],

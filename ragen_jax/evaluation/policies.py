@@ -58,7 +58,8 @@ def _is_run_dir(p: Path) -> bool:
         d = json.loads((p / "config.json").read_text())
     except (OSError, ValueError):
         return False
-    return isinstance(d, dict) and isinstance(d.get("model"), dict) and "algo" in d
+    # "algo": a run saved before the advantage / loss / filter / batching sections.
+    return isinstance(d, dict) and isinstance(d.get("model"), dict) and ("advantage" in d or "algo" in d)
 
 
 def _qwen_config(cfg: Config, vocab=None):

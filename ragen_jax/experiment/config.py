@@ -523,7 +523,7 @@ def translate_v1_filter(legacy: dict, current: FilterConfig, num_groups: int) ->
     legacy_cover = strategy is None and v1["filter_type"] == "variance_cover"
     strategy = strategy or ("top_p" if legacy_cover else "top_k")
     if value is None:
-        if strategy not in ("top_k", "top_p"):
+        if strategy in ("top_k_abs", "min_p"):
             raise ConfigError(f"algo.filter_strategy={strategy!r} needs a value; set filter.value "
                               "(top_k_abs: a number of groups; min_p: a fraction of the best score)")
         value = v1["filter_ratio"] if strategy == "top_k" else v1["filter_cover"]

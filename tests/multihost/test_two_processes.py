@@ -39,11 +39,11 @@ RTOL, ATOL, PARAM_ATOL = 1e-5, 1e-6, 1e-6
 
 # tiny_cpu.py, smaller: P*N = 8 rows over 4 data shards, 4 kept trajectories, one optimizer step per iteration.
 RL = ["--config.train.val_size=8", "--config.train.save_every=1", "--config.rollout.num_groups=2",
-      "--config.rollout.group_size=4", "--config.algo.filter_ratio=0.5", "--config.algo.mini_batch_size=4",
+      "--config.rollout.group_size=4", "--config.filter.value=0.5", "--config.batching.mini_batch_size=4",
       "--config.prompt.max_turns=2", "--config.prompt.max_response_tokens=8", "--config.rollout.max_context=512",
       "--config.mesh.data=4", "--config.mesh.tensor=2"]
 PPO = [*RL, "--config.train.val_every=2", "--config.train.log_samples=1"]
-GRPO = [*RL, "--config.algo.adv_estimator=grpo", "--config.algo.reward_norm=mean_std", "--config.model.critic=none",
+GRPO = [*RL, "--config.advantage.estimator=grpo", "--config.advantage.reward_norm=mean_std", "--config.model.critic=none",
         "--config.train.val_every=0", "--config.train.log_samples=0", "--config.train.iterations=2"]
 SFT = ["--config.prompt.max_turns=2", "--config.prompt.max_response_tokens=32", "--config.rollout.max_context=512",
        "--config.sft.num_demos=16", "--config.sft.batch_size=4", "--config.sft.epochs=1", "--config.sft.length_bucket=0",
@@ -262,7 +262,7 @@ def test_live_run_is_refused_and_a_killed_process_ends_the_other(victim, tmp_pat
     assert json.loads((wd / "run.lock").read_text()) == holder
     capsys.readouterr()
     assert mod.main(["--config", "tiny_cpu.py", "--workdir", str(wd), "--quiet", *GRPO,
-                     "--config.rollout.group_size=2", "--config.algo.mini_batch_size=2"]) == 2
+                     "--config.rollout.group_size=2", "--config.batching.mini_batch_size=2"]) == 2
     err = capsys.readouterr().err
     assert "taking over the lock of a dead run" in err and f"pid {procs[0].pid}" in err, err
     assert not (wd / "run.lock").exists()

@@ -38,7 +38,7 @@ KEY = jax.random.PRNGKey(5)
 # compiled programs come from the persistent cache.
 TRAIN = ["--config.train.iterations=1", "--config.train.val_every=0", "--config.train.val_size=4",
          "--config.train.save_every=1", "--config.rollout.num_groups=2", "--config.rollout.group_size=4",
-         "--config.algo.filter_ratio=0.5", "--config.algo.mini_batch_size=4", "--config.prompt.max_turns=2",
+         "--config.filter.value=0.5", "--config.batching.mini_batch_size=4", "--config.prompt.max_turns=2",
          "--config.prompt.max_response_tokens=8", "--config.rollout.max_context=512",
          "--config.train.log_samples=0", "--config.mesh.data=1"]
 

@@ -19,7 +19,7 @@ from ragen_jax.trainer.rl import Trainer
 
 PALLAS_TPU = "tpu_custom_call"
 SMALL = ["--config.model.dtype=bfloat16", "--config.train.val_every=0", "--config.rollout.num_groups=8",
-         "--config.rollout.group_size=2", "--config.algo.filter_ratio=0.5", "--config.algo.mini_batch_size=8",
+         "--config.rollout.group_size=2", "--config.filter.value=0.5", "--config.batching.mini_batch_size=8",
          "--config.prompt.max_turns=2", "--config.prompt.max_response_tokens=8", "--config.rollout.max_context=512"]
 REFERENCE = ["model.random_init=true", "model.preset=qwen2.5-0.5b", "model.dtype=bfloat16"]
 

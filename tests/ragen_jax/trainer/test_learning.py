@@ -39,6 +39,7 @@ from ragen_jax.rollout import Trajectories
 from ragen_jax.experiment.config import Config
 from ragen_jax.trainer.optim import make_optimizer
 from ragen_jax.trainer.step import StepPrograms, TrainState
+from tests.ragen_jax.trainer.algo_knobs import set_algo
 
 V = 16
 HIGH, LOW = 5, 6
@@ -81,12 +82,12 @@ def _config(estimator: str, **algo) -> Config:
     cfg = Config()
     cfg.model.random_init = True
     cfg.rollout = dataclasses.replace(cfg.rollout, num_groups=P_GROUPS, group_size=N, max_context=T)
-    base = dict(filter_ratio=0.5, mini_batch_size=32, ppo_epochs=2)
+    base = dict(value=0.5, mini_batch_size=32, ppo_epochs=2)
     if estimator == "grpo":
-        base.update(adv_estimator="grpo", reward_norm="mean_std")
+        base.update(estimator="grpo", reward_norm="mean_std")
     else:
-        base.update(adv_estimator="gae", reward_norm="identity")
-    cfg.algo = dataclasses.replace(cfg.algo, **{**base, **algo})
+        base.update(estimator="gae", reward_norm="identity")
+    set_algo(cfg, **{**base, **algo})
     cfg.optim = dataclasses.replace(cfg.optim, actor_lr=3e-3, critic_lr=1e-2)
     return cfg.validate()
 

@@ -27,8 +27,8 @@ from ragen_jax.trainer.sft import SFTTrainer
 RANK = 4
 # The run of test_train_loop.py (PPO with a critic), with adapters of rank 4 and the AOT memory check.
 FAST = ["--config.train.iterations=3", "--config.train.val_every=0", "--config.train.save_every=1",
-        "--config.rollout.num_groups=2", "--config.rollout.group_size=4", "--config.algo.filter_ratio=0.5",
-        "--config.algo.mini_batch_size=2", "--config.prompt.max_turns=2", "--config.prompt.max_response_tokens=8",
+        "--config.rollout.num_groups=2", "--config.rollout.group_size=4", "--config.filter.value=0.5",
+        "--config.batching.mini_batch_size=2", "--config.prompt.max_turns=2", "--config.prompt.max_response_tokens=8",
         "--config.rollout.max_context=512", "--config.train.log_samples=0", "--config.mesh.data=1",
         f"--config.model.lora_rank={RANK}", "--config.model.lora_alpha=8", "--config.train.device_memory_gib=16"]
 
@@ -161,7 +161,7 @@ def test_eval_of_an_interrupted_run_rebuilds_the_base_under_its_checkpointed_ada
 # ------------------------------------------------------------------------------- forward equivalences
 BANDIT = ["env.name=Bandit", "prompt.max_turns=1", "prompt.max_actions_per_turn=1", "prompt.max_response_tokens=12",
           "rollout.max_context=256", "rollout.num_groups=2", "rollout.group_size=4", "rollout.temperature=0.5",
-          "algo.filter_ratio=1.0", "algo.mini_batch_size=8", "mesh.data=1", "train.val_every=0"]
+          "filter.value=1.0", "batching.mini_batch_size=8", "mesh.data=1", "train.val_every=0"]
 
 
 def _set_b(adapters, rng):
@@ -212,7 +212,7 @@ def test_fresh_adapters_equal_the_base_and_rollout_logprobs_equal_the_trainers(t
 def test_eight_devices_match_one_device(tmp_path):
     if jax.device_count() < 8:
         pytest.skip("needs 8 (simulated) devices")
-    over = ("--config.train.iterations=1", "--config.algo.mini_batch_size=4", "--config.train.device_memory_gib=0")
+    over = ("--config.train.iterations=1", "--config.batching.mini_batch_size=4", "--config.train.device_memory_gib=0")
     one = Trainer(_cfg(*over, "--config.mesh.data=1"), tmp_path / "one", quiet=True)
     init = _host(one.state.actor)
     eight = Trainer(_cfg(*over, "--config.mesh.data=2", "--config.mesh.fsdp=2", "--config.mesh.tensor=2"),
@@ -275,8 +275,8 @@ def test_sft_lora_trains_adapters_and_rl_continues_from_them(tmp_path):
     assert (wd / "policy").is_dir() and (wd / "adapter" / "adapter_config.json").is_file()
 
     rl_over = ["--config.train.iterations=1", "--config.train.val_every=0", "--config.rollout.num_groups=2",
-               "--config.rollout.group_size=4", "--config.algo.mini_batch_size=4", "--config.mesh.data=1",
-               "--config.model.critic=none", "--config.algo.adv_estimator=grpo", "--config.algo.reward_norm=mean_std"]
+               "--config.rollout.group_size=4", "--config.batching.mini_batch_size=4", "--config.mesh.data=1",
+               "--config.model.critic=none", "--config.advantage.estimator=grpo", "--config.advantage.reward_norm=mean_std"]
     # A PEFT adapter directory: the RL run's adapters start as the SFT run's.
     rl = Trainer(load_config("tiny_cpu.py", [*rl_over, f"--config.model.lora_rank={RANK}", "--config.model.lora_alpha=8",
                                              f"--config.model.init_from={wd / 'adapter'}"]), tmp_path / "rl", quiet=True)

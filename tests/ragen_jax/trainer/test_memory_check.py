@@ -16,8 +16,8 @@ from ragen_jax.trainer.rl import Trainer
 from ragen_jax.trainer.memory import GIB, bytes_per_device
 
 FAST = ["--config.train.iterations=1", "--config.train.val_every=0", "--config.rollout.num_groups=2",
-        "--config.rollout.group_size=4", "--config.algo.filter_ratio=0.5", "--config.algo.mini_batch_size=4",
-        "--config.algo.micro_batch_size=2", "--config.prompt.max_turns=2", "--config.prompt.max_response_tokens=8",
+        "--config.rollout.group_size=4", "--config.filter.value=0.5", "--config.batching.mini_batch_size=4",
+        "--config.batching.micro_batch_size=2", "--config.prompt.max_turns=2", "--config.prompt.max_response_tokens=8",
         "--config.rollout.max_context=512", "--config.mesh.data=1"]
 
 
@@ -58,7 +58,7 @@ def test_programs_that_fit_run_with_the_checked_executables(tmp_path):
     others = max(v for k, v in need.items() if k != "update")
     if need["update"] > others:
         limit_gib = (others + need["update"]) / 2 / GIB
-        with pytest.raises(ConfigError, match=r"compiled update program .* lower algo.micro_batch_size \(now 2\), "
+        with pytest.raises(ConfigError, match=r"compiled update program .* lower batching.micro_batch_size \(now 2\), "
                                               r"set model.remat=true"):
             Trainer(load_config("tiny_cpu.py", [*FAST, f"--config.train.device_memory_gib={limit_gib}"]),
                     tmp_path / "tight", quiet=True)
@@ -75,7 +75,7 @@ def test_remat_auto_is_decided_by_memory(tmp_path):
     hf = tmp_path / "hf"
     save_pretrained(Qwen2(Qwen2Config.from_preset("tiny"), nnx.Rngs(0)), str(hf))
     base = [*FAST, "--config.model.random_init=false", f"--config.model.path={hf}", "--config.model.vocab=full",
-            "--config.model.critic=none", "--config.algo.adv_estimator=grpo"]
+            "--config.model.critic=none", "--config.advantage.estimator=grpo"]
 
     def trainer(name, *extra):
         return Trainer(load_config("tiny_cpu.py", [*base, *extra]), tmp_path / name, quiet=True)

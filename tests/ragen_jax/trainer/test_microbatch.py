@@ -1,4 +1,4 @@
-"""Micro-batches with gradient accumulation (`algo.micro_batch_size`, `sft.micro_batch_size`) change
+"""Micro-batches with gradient accumulation (`batching.micro_batch_size`, `sft.micro_batch_size`) change
 memory, not the optimizer step: the loss, metrics and gradients accumulated over k micro-batches
 equal those of one pass over the whole mini-batch, for every `loss_agg` mode (token-mean weighs the
 micro-batches by their masked tokens, the seq-mean modes by their rows), for the critic, the whole
@@ -34,8 +34,9 @@ def _config(loss_agg: str, micro: int, kl: bool) -> Config:
     cfg = Config()
     cfg.model.random_init = True
     cfg.rollout.num_groups, cfg.rollout.group_size = ROWS // 2, 2
-    a = cfg.algo
-    a.filter_ratio, a.mini_batch_size, a.micro_batch_size, a.loss_agg = 1.0, ROWS, micro, loss_agg
+    cfg.filter.value, cfg.batching.mini_batch_size, cfg.batching.micro_batch_size = 1.0, ROWS, micro
+    a = cfg.loss
+    a.agg = loss_agg
     a.entropy_coef = 0.01  # large enough that the entropy gradient matters
     a.kl_coef, a.kl_type = (0.1, "k3") if kl else (0.0, "k3")
     return cfg.validate()
@@ -63,19 +64,19 @@ def _batch(model, seed=0) -> Batch:
 
 def _single_pass_actor(cfg, graph, params, b: Batch):
     """The truth: one pass over all rows, every loss with its own denominator."""
-    a = cfg.algo
+    a = cfg.loss
 
     def loss_fn(p):
         logp, ent = sequence_logprobs(graph, p, b.tokens, b.valid)
         pg, pm = loss_lib.ppo_policy_loss(logp, b.old_logp, b.advantages, b.mask, eps_low=a.eps_low,
-                                          eps_high=a.eps_high, dual_clip=a.dual_clip, agg_mode=a.loss_agg)
-        e = loss_lib.entropy_loss(ent, b.mask, a.loss_agg)
+                                          eps_high=a.eps_high, dual_clip=a.dual_clip, agg_mode=a.agg)
+        e = loss_lib.entropy_loss(ent, b.mask, a.agg)
         loss = pg - a.entropy_coef * e
         m = {f"actor/{k}": v for k, v in pm.items()}
         m["actor/approx_kl"] = pm["ppo_kl"]
         m["actor/entropy"] = e
         if a.kl_coef > 0:
-            kl = loss_lib.kl_loss(logp, b.ref_logp, b.mask, a.kl_type, a.loss_agg)
+            kl = loss_lib.kl_loss(logp, b.ref_logp, b.mask, a.kl_type, a.agg)
             loss = loss + a.kl_coef * kl
             m["actor/kl_loss"] = kl
         return loss, m
@@ -122,7 +123,7 @@ def test_critic_loss_and_gradient_equal_the_single_pass(setup, micro):
 
     def truth(p):
         v = sequence_values(cgraph, p, b.tokens, b.valid)
-        return loss_lib.value_loss(v, b.values, b.returns, b.mask, clip=cfg.algo.value_clip)
+        return loss_lib.value_loss(v, b.values, b.returns, b.mask, clip=cfg.loss.value_clip)
 
     (loss0, m0), g0 = jax.value_and_grad(truth, has_aux=True)(cparams)
     _assert_close(loss, loss0, "loss")
@@ -137,7 +138,7 @@ def test_update_program_with_micro_batches_takes_the_same_optimizer_steps(setup)
     out = []
     for micro in (0, 2):
         cfg = _config("seq-mean-token-mean", micro, kl=False)
-        cfg.algo.mini_batch_size = 4
+        cfg.batching.mini_batch_size = 4
         opt = make_optimizer(1e-3, cfg.optim)
         prog = StepPrograms(cfg, graph, cgraph, opt, opt)
         state = TrainState(iteration=jnp.zeros((), jnp.int32), key=jax.random.PRNGKey(0), actor=params,
@@ -175,7 +176,7 @@ def test_accumulation_sums_values_and_gradients():
     assert float(m1["n"]) == 6.0  # metrics add up too
 
 
-@pytest.mark.parametrize("section,key,batch_key", [("algo", "micro_batch_size", "mini_batch_size"),
+@pytest.mark.parametrize("section,key,batch_key", [("batching", "micro_batch_size", "mini_batch_size"),
                                                    ("sft", "micro_batch_size", "batch_size")])
 def test_micro_batch_size_must_divide_the_batch(section, key, batch_key):
     with pytest.raises(ConfigError, match=rf"{section}.{key}=3 must divide {section}.{batch_key}=4"):

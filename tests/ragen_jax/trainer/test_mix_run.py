@@ -15,7 +15,7 @@ from ragen_jax.trainer.rl import RESUMABLE_CHANGES, Trainer
 from ragen_jax.experiment.build import check_run_dir_config
 
 TINY = ["train.iterations=1", "train.val_every=1", "env.val_set=Sokoban:2,FrozenLake:3", "train.save_every=1",
-        "rollout.group_size=2", "algo.mini_batch_size=2", "prompt.max_response_tokens=12", "rollout.max_context=640",
+        "rollout.group_size=2", "batching.mini_batch_size=2", "prompt.max_response_tokens=12", "rollout.max_context=640",
         "train.log_samples=1", "train.collapse_every=1", "train.collapse_samples=4", "mesh.data=1"]
 METRICS = ("success", "reward_mean", "format_ok", "num_actions", "in_group_std", "pass_at_n")
 

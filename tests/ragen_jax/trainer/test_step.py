@@ -32,6 +32,7 @@ from ragen_jax.rollout import Trajectories
 from ragen_jax.experiment.config import Config, load_config
 from ragen_jax.trainer.rl import Trainer
 from ragen_jax.trainer.step import StepPrograms, TrainState
+from tests.ragen_jax.trainer.algo_knobs import algo_view, set_algo
 
 V = 32  # model vocabulary
 P, N, T, K = 4, 4, 12, 2  # groups, group size, tokens, turns
@@ -46,7 +47,7 @@ def _config(**algo) -> Config:
     cfg.model.random_init = True
     cfg.rollout = dataclasses.replace(cfg.rollout, num_groups=P, group_size=N, max_context=T,
                                       temperature=algo.pop("temperature", 1.0))
-    cfg.algo = dataclasses.replace(cfg.algo, filter_ratio=0.5, mini_batch_size=4, ppo_epochs=2, **algo)
+    set_algo(cfg, **{"value": 0.5, "mini_batch_size": 4, "ppo_epochs": 2, **algo})
     return cfg.validate()
 
 
@@ -108,14 +109,15 @@ class Setup:
 
 CONFIGS = {
     # PPO with a critic, KL (k3) in the loss, critic warm-up, sampling temperature 0.7.
-    "ppo": (dict(adv_estimator="gae", kl_coef=0.1, kl_type="k3", critic_warmup=2, temperature=0.7,
+    "ppo": (dict(estimator="gae", kl_coef=0.1, kl_type="k3", critic_warmup=2, temperature=0.7,
                  entropy_coef=0.01), True),
     # Bi-level GAE on per-turn rewards, KL (k1) in the reward, variance-cover filter, seq-mean-token-sum.
-    "bilevel": (dict(adv_estimator="gae", bi_level_gae=True, reward_placement="turn", gamma=0.9, lam=0.8,
-                     kl_coef=0.05, kl_type="k1", kl_in_reward=True, filter_type="variance_cover",
-                     filter_cover=0.3, loss_agg="seq-mean-token-sum"), True),
+    # (V1's filter_type="variance_cover", filter_cover=0.3 with ratio 0.5: top_p 0.3 over at most 2 groups.)
+    "bilevel": (dict(estimator="gae", bi_level_gae=True, reward_placement="turn", gamma=0.9, lam=0.8,
+                     kl_coef=0.05, kl_type="k1", kl_in_reward=True, strategy="top_p", value=0.3, max_groups=2,
+                     agg="seq-mean-token-sum"), True),
     # GRPO on group-normalised scores, no critic, seq-mean-token-mean, no dual clip.
-    "grpo": (dict(adv_estimator="grpo", reward_norm="mean_std", loss_agg="seq-mean-token-mean", eps_high=0.2,
+    "grpo": (dict(estimator="grpo", reward_norm="mean_std", agg="seq-mean-token-mean", eps_high=0.2,
                   entropy_coef=0.0), False),
 }
 
@@ -186,19 +188,19 @@ def _plain_token_rewards(a, rw, n: int, k: int, mask, traj, rows, old, ref):
 
 
 def plain_prepare(s: Setup, traj: Trajectories) -> dict:
-    a, r = s.cfg.algo, s.cfg.rollout
+    a, r = algo_view(s.cfg), s.cfg.rollout
     n, temp = r.group_size, r.temperature
     reward = np.asarray(traj.reward)
     std = np.array([np.std(reward[g * n:(g + 1) * n], ddof=1) for g in range(P)])
     order = sorted(range(P), key=lambda g: -std[g])  # stable: the lower index wins a tie
-    k = int(a.filter_ratio * P)
+    k = int(a.value * P) if a.strategy == "top_k" else a.max_groups
     groups = order[:k]
-    if a.filter_type == "top_k":
+    if a.strategy == "top_k":
         used = [True] * k
     else:
         used, before = [], 0.0
         for g in groups:
-            used.append(bool(before < a.filter_cover * std.sum() - 0.01 and std[g] > 0))
+            used.append(bool(before < a.value * std.sum() - 0.01 and std[g] > 0))
             before += std[g]
     rows = np.array([g * n + j for g in groups for j in range(n)])
     row_w = np.repeat(np.array(used, np.float32), n)
@@ -219,12 +221,12 @@ def plain_prepare(s: Setup, traj: Trajectories) -> dict:
     te = np.asarray(traj.turn_end)[rows] - 1  # target coordinates
 
     adv = np.zeros_like(tok_r)
-    if a.adv_estimator == "gae" and not a.bi_level_gae:
+    if a.estimator == "gae" and not a.bi_level_gae:
         for b in range(kk):
             adv[b] = _gae_row(tok_r[b], values[b], mask[b], a.gamma, a.lam)
         ret = np.where(mask, adv + values, 0.0)
         adv = _whiten(adv, mask)
-    elif a.adv_estimator == "gae":
+    elif a.estimator == "gae":
         hg = 0.95  # bi-level GAE's turn-level discount (advantages.bilevel_gae default)
         for b in range(kk):
             ends = [int(e) for e in te[b] if e >= 0]
@@ -265,7 +267,7 @@ def _agg(x, m, mode):
 
 
 def plain_actor_loss(s: Setup, params, mb: dict):
-    a = s.cfg.algo
+    a = algo_view(s.cfg)
     logp, ent = plain_logp(s.graph, params, mb["tokens"], mb["valid"], s.cfg.rollout.temperature)
     m, adv = mb["mask"], mb["advantages"]
     log_ratio = jnp.clip(logp - mb["old_logp"], -20, 20)  # verl clamps before exp and in its approx KL
@@ -273,11 +275,11 @@ def plain_actor_loss(s: Setup, params, mb: dict):
     l1, l2 = -adv * ratio, -adv * jnp.clip(ratio, 1 - a.eps_low, 1 + a.eps_high)
     per_tok = jnp.maximum(l1, l2)
     per_tok = jnp.where(adv < 0, jnp.minimum(per_tok, -adv * a.dual_clip), per_tok)
-    pg = _agg(per_tok, m, a.loss_agg)
-    loss = pg - a.entropy_coef * _agg(ent, m, a.loss_agg)
+    pg = _agg(per_tok, m, a.agg)
+    loss = pg - a.entropy_coef * _agg(ent, m, a.agg)
     if a.kl_coef > 0 and not a.kl_in_reward:
         d = jnp.clip(mb["ref_logp"] - logp, -20, 20)
-        loss = loss + a.kl_coef * _agg(jnp.clip(jnp.exp(d) - d - 1, -10, 10), m, a.loss_agg)
+        loss = loss + a.kl_coef * _agg(jnp.clip(jnp.exp(d) - d - 1, -10, 10), m, a.agg)
     mf = m.astype(jnp.float32)
     clipped = ((adv > 0) & (ratio > 1 + a.eps_high)) | ((adv < 0) & (ratio < 1 - a.eps_low))
     metrics = {"actor/pg_loss": pg, "actor/pg_clipfrac": jnp.sum(clipped * mf) / jnp.sum(mf),
@@ -287,14 +289,14 @@ def plain_actor_loss(s: Setup, params, mb: dict):
 
 def plain_critic_loss(s: Setup, params, mb: dict):
     v = nnx.merge(s.critic_graph, params)(mb["tokens"], mb["valid"])[:, :-1]
-    c = s.cfg.algo.value_clip
+    c = s.cfg.loss.value_clip
     vc = jnp.clip(v, mb["values"] - c, mb["values"] + c)
     return 0.5 * _agg(jnp.maximum((v - mb["returns"]) ** 2, (vc - mb["returns"]) ** 2), mb["mask"], "token-mean")
 
 
 def plain_update(s: Setup, state: TrainState, batch: dict):
     """Epochs x mini-batches of plain SGD; a non-finite gradient leaves the parameters as they are."""
-    a = s.cfg.algo
+    a = algo_view(s.cfg)
     kk = batch["tokens"].shape[0]
     _, perm_key = jax.random.split(state.key)
     actor, critic = state.actor, state.critic
@@ -380,7 +382,7 @@ def test_critic_warmup_counted_as_verl(setup):
     critic_warmup = 2 the first iteration trains only the critic, the second trains both."""
     if setup.name != "ppo":
         pytest.skip("the ppo configuration carries critic_warmup = 2")
-    assert setup.cfg.algo.critic_warmup == 2
+    assert setup.cfg.batching.critic_warmup == 2
     batch, _ = setup.prepare(setup.actor, setup.critic, setup.ref, setup.traj)
     first, _ = setup.update(setup.state(iteration=0), batch)
     assert _moved(first.actor, setup.actor) == 0.0
@@ -405,7 +407,7 @@ def test_nonfinite_gradient_is_skipped_and_counted(setup):
     new, metrics = setup.update(state, bad)
     actor, _, skipped, _ = plain_update(setup, state, {**d, "advantages": adv})
     # The bad row sits in exactly one mini-batch per epoch: one skipped step per epoch, added to the count.
-    assert skipped == setup.cfg.algo.ppo_epochs
+    assert skipped == setup.cfg.batching.ppo_epochs
     assert int(new.skipped_updates) == 4 + skipped
     assert float(metrics["train/skipped_updates"]) == 4 + skipped
     _assert_trees_close(new.actor, actor, atol=2e-5)
@@ -420,8 +422,8 @@ def test_rollout_logprobs_equal_trainer_old_logprobs_at_temperature(tmp_path):
     (KV-cache decode vs one full forward, float32); at T = 0.5 without the scaling it is ~O(1)."""
     over = ["env.name=Bandit", "prompt.max_turns=1", "prompt.max_actions_per_turn=1",
             "prompt.max_response_tokens=12", "rollout.max_context=256", "rollout.num_groups=2",
-            "rollout.group_size=4", "rollout.temperature=0.5", "algo.filter_ratio=1.0",
-            "algo.mini_batch_size=8", "algo.adv_estimator=grpo", "model.critic=none", "mesh.data=1",
+            "rollout.group_size=4", "rollout.temperature=0.5", "filter.value=1.0",
+            "batching.mini_batch_size=8", "advantage.estimator=grpo", "model.critic=none", "mesh.data=1",
             "train.val_every=0"]
     cfg = load_config("tiny_cpu.py", over)
     tr = Trainer(cfg, tmp_path, quiet=True)

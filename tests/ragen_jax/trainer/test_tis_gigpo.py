@@ -31,18 +31,19 @@ from ragen_jax.rollout import Rollout, Trajectories, group_seeds_for_iteration
 from ragen_jax.trainer.rl import Trainer
 from ragen_jax.trainer.step import StepPrograms, sequence_logprobs
 from tests.ragen_jax.algorithms.ref_gigpo import port_gigpo
+from tests.ragen_jax.trainer.algo_knobs import set_algo
 
 
 # ------------------------------------------------------------------------------------ config
 @pytest.mark.parametrize("override, message", [
-    ("algo.tis=tokens", "algo.tis='tokens' is not valid; choose one of 'none', 'token', 'sequence'"),
-    ("algo.tis_cap=0.5", "algo.tis_cap must be a number >= 1"),
-    ("algo.tis_geo_mask=(1.01, 0.99)", "algo.tis_geo_mask must be (low, high) with 0 < low <= 1 <= high"),
-    ("algo.tis_geo_mask=(0.99, 1.01)", "algo.tis_geo_mask applies to the TIS weights; set algo.tis"),
-    ("algo.gigpo_norm=mean", "algo.gigpo_norm='mean' is not valid; choose one of 'std', 'none'"),
-    ("algo.gigpo_gamma=1.5", "algo.gigpo_gamma must be a number in [0, 1]"),
-    ("algo.gigpo_weight=-1", "algo.gigpo_weight must be a number >= 0"),
-    ("algo.soft_advantage_reweight=true", "algo.soft_advantage_reweight works only with algo.adv_estimator=grpo"),
+    ("loss.tis=tokens", "loss.tis='tokens' is not valid; choose one of 'none', 'token', 'sequence'"),
+    ("loss.tis_cap=0.5", "loss.tis_cap must be a number >= 1"),
+    ("loss.tis_geo_mask=(1.01, 0.99)", "loss.tis_geo_mask must be (low, high) with 0 < low <= 1 <= high"),
+    ("loss.tis_geo_mask=(0.99, 1.01)", "loss.tis_geo_mask applies to the TIS weights; set loss.tis"),
+    ("advantage.gigpo_norm=mean", "advantage.gigpo_norm='mean' is not valid; choose one of 'std', 'none'"),
+    ("advantage.gigpo_gamma=1.5", "advantage.gigpo_gamma must be a number in [0, 1]"),
+    ("advantage.gigpo_weight=-1", "advantage.gigpo_weight must be a number >= 0"),
+    ("advantage.soft_reweight=true", "advantage.soft_reweight works only with advantage.estimator=grpo"),
     ("rollout.matmul_dtype=float16", "rollout.matmul_dtype must be None (the model's), 'float32' or 'bfloat16'"),
 ])
 def test_bad_settings_name_the_key(override, message):
@@ -52,12 +53,13 @@ def test_bad_settings_name_the_key(override, message):
 
 
 def test_settings_reach_the_config():
-    cfg = load_config("tiny_cpu.py", ["algo.adv_estimator=gigpo", "algo.tis=sequence", "algo.tis_geo_mask=0.99,1.01",
-                                      "algo.gigpo_norm=none", "algo.gigpo_gamma=0.9"])
-    a = cfg.algo
-    assert (a.tis, a.effective_tis_cap, a.tis_geo_mask, a.needs_state_keys) == ("sequence", 5.0, (0.99, 1.01), True)
-    assert load_config("tiny_cpu.py").algo.effective_tis_cap == 2.0
-    assert load_config("tiny_cpu.py", ["algo.adv_estimator=grpo", "algo.soft_advantage_reweight=true"])
+    cfg = load_config("tiny_cpu.py", ["advantage.estimator=gigpo", "loss.tis=sequence", "loss.tis_geo_mask=0.99,1.01",
+                                      "advantage.gigpo_norm=none", "advantage.gigpo_gamma=0.9"])
+    a = cfg.loss
+    assert (a.tis, a.effective_tis_cap, a.tis_geo_mask, cfg.advantage.needs_state_keys) == ("sequence", 5.0, (0.99, 1.01),
+                                                                                           True)
+    assert load_config("tiny_cpu.py").loss.effective_tis_cap == 2.0
+    assert load_config("tiny_cpu.py", ["advantage.estimator=grpo", "advantage.soft_reweight=true"])
 
 
 # ------------------------------------------------------------------------------------ compiled programs
@@ -91,8 +93,7 @@ def _programs(graph, **algo):
     cfg.model.random_init = True
     cfg.model.critic = "none"
     cfg.rollout = dataclasses.replace(cfg.rollout, num_groups=P, group_size=N, max_context=T)
-    cfg.algo = dataclasses.replace(cfg.algo, **{"adv_estimator": "grpo", "mini_batch_size": P * N, "filter_ratio": 1.0,
-                                               "entropy_coef": 0.0, **algo})
+    set_algo(cfg, **{"estimator": "grpo", "mini_batch_size": P * N, "value": 1.0, "entropy_coef": 0.0, **algo})
     return StepPrograms(cfg.validate(), graph, None, optax.sgd(0.0), optax.sgd(0.0))
 
 
@@ -156,8 +157,8 @@ def test_sequence_tis_with_geometric_mask_by_hand(tiny):
 # ------------------------------------------------------------------------------------ the Trainer
 TINY = ["model.preset=tiny", "model.random_init=true", "model.vocab=task", "model.dtype=float32",
         "model.critic=none", "rollout.cache_dtype=float32", "rollout.num_groups=2", "rollout.group_size=4",
-        "rollout.max_context=512", "prompt.max_turns=3", "prompt.max_response_tokens=8", "algo.filter_ratio=1.0",
-        "algo.mini_batch_size=8", "algo.adv_estimator=gigpo", "algo.gigpo_gamma=0.9", "algo.tis=token",
+        "rollout.max_context=512", "prompt.max_turns=3", "prompt.max_response_tokens=8", "filter.value=1.0",
+        "batching.mini_batch_size=8", "advantage.estimator=gigpo", "advantage.gigpo_gamma=0.9", "loss.tis=token",
         "train.iterations=1", "train.val_every=0", "train.log_samples=0", "train.collapse_every=0", "mesh.data=1"]
 
 

@@ -21,7 +21,7 @@ ROOT = Path(__file__).resolve().parents[3]
 # Smaller than configs/tiny_cpu.py so each run is a few seconds after compilation.
 FAST = ["--config.train.iterations=3", "--config.train.val_every=2", "--config.train.val_size=4",
         "--config.train.save_every=1", "--config.rollout.num_groups=2", "--config.rollout.group_size=4",
-        "--config.algo.filter_ratio=0.5", "--config.algo.mini_batch_size=2", "--config.prompt.max_turns=2",
+        "--config.filter.value=0.5", "--config.batching.mini_batch_size=2", "--config.prompt.max_turns=2",
         "--config.prompt.max_response_tokens=8", "--config.rollout.max_context=512", "--config.train.log_samples=1",
         "--config.mesh.data=1"]
 
@@ -56,7 +56,7 @@ def test_ppo_run_logs_checkpoints_and_finite_metrics(ppo_run):
     assert any("val/Sokoban/success" in r for r in rows)  # validation at 0 and 2
     steps = sorted(int(p.name) for p in (wd / "checkpoints").iterdir() if p.name.isdigit())
     assert steps[-1] == 3
-    assert json.loads((wd / "config.json").read_text())["algo"]["adv_estimator"] == "gae"
+    assert json.loads((wd / "config.json").read_text())["advantage"]["estimator"] == "gae"
 
 
 def test_resume_continues_exactly(ppo_run, tmp_path):
@@ -74,7 +74,7 @@ def test_resume_continues_exactly(ppo_run, tmp_path):
 
 
 def test_grpo_without_critic_runs(tmp_path):
-    cfg = _cfg("--config.algo.adv_estimator=grpo", "--config.algo.reward_norm=mean_std", "--config.model.critic=none",
+    cfg = _cfg("--config.advantage.estimator=grpo", "--config.advantage.reward_norm=mean_std", "--config.model.critic=none",
                "--config.train.iterations=1", "--config.train.val_every=0")
     hist = Trainer(cfg, tmp_path / "grpo", quiet=True).train()
     assert len(hist) == 1 and math.isfinite(hist[0]["actor/pg_loss"])
@@ -84,7 +84,7 @@ def test_grpo_without_critic_runs(tmp_path):
 def test_eight_devices_match_one_device(tmp_path):
     if jax.device_count() < 8:
         pytest.skip("needs 8 (simulated) devices")
-    over = ("--config.train.iterations=1", "--config.train.val_every=0", "--config.algo.mini_batch_size=4",
+    over = ("--config.train.iterations=1", "--config.train.val_every=0", "--config.batching.mini_batch_size=4",
             "--config.train.log_samples=0")
     one = Trainer(_cfg(*over, "--config.mesh.data=1"), tmp_path / "one", quiet=True)
     eight = Trainer(_cfg(*over, "--config.mesh.data=2", "--config.mesh.fsdp=2", "--config.mesh.tensor=2"),
@@ -106,24 +106,24 @@ def test_eight_devices_match_one_device(tmp_path):
 def test_bad_input_fails_before_anything_is_written(tmp_path, ppo_run):
     with pytest.raises(ConfigError, match="unknown config key 'algo.epsilon'"):
         _cfg("--config.algo.epsilon=0.2")
-    with pytest.raises(ConfigError, match="algo.eps_high expects a number"):
-        _cfg("--config.algo.eps_high=wide")
-    with pytest.raises(ConfigError, match="fewer than algo.mini_batch_size"):
-        _cfg("--config.algo.mini_batch_size=64")
+    with pytest.raises(ConfigError, match="loss.eps_high expects a number"):
+        _cfg("--config.loss.eps_high=wide")
+    with pytest.raises(ConfigError, match="fewer than batching.mini_batch_size"):
+        _cfg("--config.batching.mini_batch_size=64")
     with pytest.raises(ConfigError, match="is neither a directory nor a .gguf file"):
         load_config("sokoban.py", ["--config.model.path=/nonexistent/qwen"])
     with pytest.raises(ConfigError, match="model.path is required"):
         load_config("sokoban.py")
     wd = tmp_path / "mesh"
     with pytest.raises(ConfigError, match="not divisible"):
-        Trainer(_cfg("--config.mesh.data=8", "--config.rollout.group_size=3", "--config.algo.mini_batch_size=3"), wd)
+        Trainer(_cfg("--config.mesh.data=8", "--config.rollout.group_size=3", "--config.batching.mini_batch_size=3"), wd)
     assert not wd.exists() or not any(wd.iterdir())
 
     # A run directory with a different config is refused; its files are untouched.
     src, _ = ppo_run
     before = (src / "config.json").read_text()
     with pytest.raises(ConfigError, match="different config"):
-        Trainer(_cfg("--config.algo.eps_high=0.3"), src, quiet=True)
+        Trainer(_cfg("--config.loss.eps_high=0.3"), src, quiet=True)
     assert (src / "config.json").read_text() == before
 
 
