@@ -42,7 +42,7 @@ def run(shape: str, groups: int, group_size: int, turns: int, max_new: int, repe
     cfg.prompt.max_turns, cfg.prompt.max_response_tokens = turns, max_new
     cfg.rollout.num_groups, cfg.rollout.group_size = groups, group_size
     cfg.env.mix = f"Sokoban:{groups // 2},FrozenLake:{groups // 2}"
-    cfg.env.validate()  # the mix alone (the algo section is not used here)
+    cfg.env.validate()  # the mix alone (the algorithm sections are not used here)
     envs = build_text_envs(cfg, tok)
     vocab = build_vocab(cfg, envs, tok)  # one vocabulary (both envs' ids) for all three rows
     model = Qwen2(Qwen2Config.from_preset(shape).replace(vocab_size=vocab.size), rngs=nnx.Rngs(0))

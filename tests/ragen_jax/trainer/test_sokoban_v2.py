@@ -101,7 +101,7 @@ def test_a_run_saved_before_the_new_keys_resumes(tmp_path):
     check_run_dir_config(tmp_path, cfg, RESUMABLE_CHANGES)  # the same run: no error
     assert config_from_dict(saved).filter.spec == cfg.filter.spec
     with pytest.raises(ConfigError, match="filter.strategy"):
-        check_run_dir_config(tmp_path, load_config("tiny_cpu.py", ["algo.filter_strategy=top_p",
+        check_run_dir_config(tmp_path, load_config("tiny_cpu.py", ["filter.strategy=top_p",
                                                                    "batching.mini_batch_size=4"]), RESUMABLE_CHANGES)
 
 
