@@ -85,20 +85,9 @@ def parse(argv=None):
     return args, cfg, points, temps
 
 
-def main(argv=None) -> int:
-    args, cfg, points, temps = parse(argv)
-    absl_logging.set_verbosity(absl_logging.ERROR)
-    env = FAMILIES[args.family]
-    n_it = cfg.train.iterations
-    os.makedirs(args.out, exist_ok=True)
-
-    t0, c0 = time.perf_counter(), time.process_time()
-    rl = Trainer(cfg, os.path.join(args.out, "rl"), quiet=True)
-    if rl.iteration:
-        raise SystemExit(f"{args.out}/rl already holds a run at iteration {rl.iteration}; use a fresh --out")
-    setup_s, setup_cpu = time.perf_counter() - t0, time.process_time() - c0
-    evaluators = {t: StageEvaluator(rl, (env,), args.eval_states, temperature=t) for t in temps}
-
+def warm_start_results(args, evaluators, rl, env, temps) -> dict:
+    """The warm start's evaluation per temperature, from <out>/../<family>_before*.json when that cache
+    was written for the same SFT export, state count and temperature, else evaluated and cached."""
     # A cache written for another warm start is re-evaluated and replaced, never compared with.
     policy = os.path.join(os.path.abspath(args.sft), "policy")
     befores = {}
@@ -123,6 +112,24 @@ def main(argv=None) -> int:
         befores[t] = before
         print(f"warm start (T={t:g}): {env} success {before['success']:.3f} (format {before['format_ok']:.2f})",
               flush=True)
+    return befores
+
+
+def main(argv=None) -> int:
+    args, cfg, points, temps = parse(argv)
+    absl_logging.set_verbosity(absl_logging.ERROR)
+    env = FAMILIES[args.family]
+    n_it = cfg.train.iterations
+    os.makedirs(args.out, exist_ok=True)
+
+    t0, c0 = time.perf_counter(), time.process_time()
+    rl = Trainer(cfg, os.path.join(args.out, "rl"), quiet=True)
+    if rl.iteration:
+        raise SystemExit(f"{args.out}/rl already holds a run at iteration {rl.iteration}; use a fresh --out")
+    setup_s, setup_cpu = time.perf_counter() - t0, time.process_time() - c0
+    evaluators = {t: StageEvaluator(rl, (env,), args.eval_states, temperature=t) for t in temps}
+
+    befores = warm_start_results(args, evaluators, rl, env, temps)
 
     rows, train_s, train_cpu = [], 0.0, 0.0
     metrics_f = open(os.path.join(args.out, "metrics.jsonl"), "w")
