@@ -70,12 +70,12 @@ def main(argv=None) -> int:
                 raise SystemExit(f"{v}: the export re-evaluates to success {out['success']:.4f}, not the recorded "
                                  f"{point['success']:.4f}; the comparison would not be of the trained policies")
             states = out["state_success"]
-        results.append((v, point, states))
-    base_v, base_point, base = results[0]
+        results.append((v, res, point, states))
+    base_v, _, base_point, base = results[0]
     rows = []
-    for v, point, states in results:
+    for v, res, point, states in results:
         pc = paired_change(base, states)
-        rows.append({"variant": v, "overrides": json.load(open(os.path.join(v, "result.json")))["overrides"],
+        rows.append({"variant": v, "overrides": res["overrides"],
                      "success": point["success"], "vs_baseline": pc, "rl_train_s": point["rl_train_s"]})
         print(f"{os.path.basename(v.rstrip('/'))}: success {point['success']:.3f} vs {base_point['success']:.3f} "
               f"({pc['gained']} gained / {pc['lost']} lost, p = {pc['p_value']:.2g}); RL {point['rl_train_s']:.0f} s",
