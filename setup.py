@@ -27,7 +27,7 @@ INSTALL_REQUIRES = [
 EXTRAS = {
     # torch is never an install requirement: parity fixtures are made with `pip install torch==2.13.0`.
     # sympy: the 2x2 cube's group order (Schreier-Sims) is the truth its moves are checked against.
-    "test": ["pytest>=8", "hypothesis>=6.100", "pytest-xdist>=3.5", "sympy"],
+    "test": ["pytest>=8", "hypothesis>=6.100", "pytest-xdist>=3.5", "pytest-timeout==2.4.0", "sympy"],
 }
 
 setup(

@@ -101,6 +101,20 @@ def make_group_scheduling(config, log):
                     self.groups.update(json.loads(f.read_text()))
             return self.groups.get(nodeid, nodeid)
 
+        def remove_node(self, node) -> str | None:
+            """xdist's, except that the test running when the worker died (killed for memory, or by
+            pytest-timeout for hanging) is reported failed and NOT queued again: xdist would run it a
+            second time on the replacement worker, which would crash or hang the same way."""
+            workload = self.assigned_work.pop(node)
+            crashed = next((nid for unit in workload.values() for nid, done in unit.items() if not done), None)
+            if crashed is None:
+                return None
+            workload[self._split_scope(crashed)][crashed] = True
+            self.workqueue.update({s: u for s, u in workload.items() if not all(u.values())})
+            for other in self.assigned_work:
+                self._reschedule(other)
+            return crashed
+
         def _reschedule(self, node) -> None:
             """xdist's, with one queued test per worker instead of up to three: the queue only hides
             the round trip, and near the end a longer one strands slow tests behind a busy worker
