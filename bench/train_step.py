@@ -104,7 +104,7 @@ def build_programs(model, k: int, mini_batch: int, micro_batch: int = 0, lora_ra
     from ragen_jax.models.lora import LoRAParam, add_lora
     from ragen_jax.experiment.config import Config
     from ragen_jax.trainer.optim import make_optimizer
-    from ragen_jax.trainer.step import StepPrograms, TrainState
+    from ragen_jax.trainer.step import StepPrograms, StepSettings, TrainState
 
     if k % 2 or k % mini_batch:
         raise ValueError(f"--rows {k} must be even and divisible by the mini-batch size {mini_batch}")
@@ -125,7 +125,7 @@ def build_programs(model, k: int, mini_batch: int, micro_batch: int = 0, lora_ra
     else:
         graph, actor = nnx.split(model)
     opt = make_optimizer(cfg.optim.actor_lr, cfg.optim)
-    programs = StepPrograms(cfg, graph, None, opt, None)
+    programs = StepPrograms(StepSettings.of(cfg), graph, None, opt, None)
     state = TrainState(iteration=jnp.zeros((), jnp.int32), key=jax.random.PRNGKey(0), actor=actor,
                        actor_opt=opt.init(actor), critic={}, critic_opt={}, skipped_updates=jnp.zeros((), jnp.int32))
     prepare, update = jax.jit(programs.prepare), jax.jit(programs.update)

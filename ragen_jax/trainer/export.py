@@ -34,7 +34,7 @@ from ragen_jax.rollout.rollout import turn_blocks
 from ragen_jax.experiment.config import Config, ConfigError
 from ragen_jax.trainer.optim import make_optimizer
 from ragen_jax.experiment.build import build_mesh, build_text_envs, build_vocab, load_task_tokenizer
-from ragen_jax.trainer.step import StepPrograms, TrainState, full_params
+from ragen_jax.trainer.step import StepPrograms, StepSettings, TrainState, full_params
 
 # `jax.export` platform names (a GPU backend is "cuda" or "rocm" there, "gpu" in jax.default_backend()).
 EXPORT_PLATFORMS = ("tpu", "cuda", "rocm", "cpu")
@@ -93,7 +93,7 @@ def abstract_programs(cfg: Config, donate: bool = True, devices=None):
         skipped_updates=scalar)
     shards = mesh.shape["data"] * mesh.shape["fsdp"]
     blocks = turn_blocks(text_env) if cfg.prompt.single_turn else None
-    programs = StepPrograms(cfg, graph, critic_graph, actor_opt, critic_opt, vocab=vocab, turn_blocks=blocks,
+    programs = StepPrograms(StepSettings.of(cfg), graph, critic_graph, actor_opt, critic_opt, vocab=vocab, turn_blocks=blocks,
                             batch_shards=shards)
     state_shardings = jax.tree.map(lambda x: x.sharding, state)
     prepare = jax.jit(on_mesh(programs.prepare, mesh))

@@ -34,7 +34,7 @@ from ragen_jax.trainer.collapse import CollapseProbe, EarlyStops, EchoTrapMonito
 from ragen_jax.trainer.export import PROGRAMS, export_programs
 from ragen_jax.trainer.memory import aot_compile, check_memory_fits, device_memory_limit
 from ragen_jax.trainer.optim import make_optimizer
-from ragen_jax.trainer.step import StepPrograms, TrainState, check_batch_fits_mesh, critic_frozen, full_params
+from ragen_jax.trainer.step import StepPrograms, StepSettings, TrainState, check_batch_fits_mesh, critic_frozen, full_params
 
 # Config keys that may change when a run is resumed (everything else must match the saved run).
 RESUMABLE_CHANGES = ("train.iterations", "train.val_every", "train.save_every", "train.log_samples",
@@ -113,7 +113,7 @@ class Trainer(RunAssembly):
 
     def _build_programs(self, state: TrainState, policy_graph, critic_graph) -> None:
         blocks = turn_blocks(self.text_env) if self.cfg.prompt.single_turn else None
-        self.programs = StepPrograms(self.cfg, policy_graph, critic_graph, *self.optimizers, vocab=self.vocab,
+        self.programs = StepPrograms(StepSettings.of(self.cfg), policy_graph, critic_graph, *self.optimizers, vocab=self.vocab,
                                      turn_blocks=blocks, batch_shards=self.n_batch_shards)
         state_shardings = jax.tree.map(lambda x: x.sharding, state)
         # Traced on the mesh: the splash kernel's shard_map reads it (models/attention.py `partitioned`).

@@ -23,6 +23,7 @@ TARGETS: column t holds what is known about token t+1 (its log-prob comes from t
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 from typing import Any
 
@@ -32,6 +33,7 @@ import optax
 from flax import nnx, struct
 
 from ragen_jax.experiment.config import Config, ConfigError
+from ragen_jax.experiment.sections import AdvantageConfig, BatchingConfig, FilterConfig, LossConfig
 from ragen_jax.trainer.optim import lr_at
 from ragen_jax.trainer.turn_blocks import TurnBlocks, fold_columns, over_taken_blocks
 from ragen_jax.algorithms import advantages as adv_lib
@@ -189,33 +191,59 @@ def _keep(grads, params, opt_state):
 
 
 # ----------------------------------------------------------------------------------- the programs
+@dataclasses.dataclass(frozen=True)
+class StepSettings:
+    """What the compiled step reads: the four algorithm sections, and the few rollout, prompt and
+    optimizer facts it needs (not the whole `Config`, so the step's inputs are visible here)."""
+
+    advantage: AdvantageConfig
+    loss: LossConfig
+    filter: FilterConfig
+    batching: BatchingConfig
+    num_groups: int  # P of the rollout batch P x N
+    group_size: int  # N
+    # Log-probs and entropy are of the policy the rollout sampled from: logits / rollout temperature.
+    temperature: float
+    single_turn: bool  # prompt.context_window_mode == "single_turn": records are turn blocks
+    actor_lr: float  # only for the logged actor/lr
+    warmup_steps: int
+
+    @classmethod
+    def of(cls, cfg: Config) -> StepSettings:
+        r = cfg.rollout
+        return cls(advantage=cfg.advantage, loss=cfg.loss, filter=cfg.filter, batching=cfg.batching,
+                   num_groups=r.num_groups, group_size=r.group_size,
+                   temperature=1.0 if r.greedy else float(r.temperature), single_turn=cfg.prompt.single_turn,
+                   actor_lr=cfg.optim.actor_lr, warmup_steps=cfg.optim.warmup_steps)
+
+
 class StepPrograms:
     """The compiled `prepare` and `update` programs of one config (built once per run)."""
 
-    def __init__(self, cfg: Config, actor_graph, critic_graph, actor_opt, critic_opt, vocab=None,
+    def __init__(self, settings: StepSettings | Config, actor_graph, critic_graph, actor_opt, critic_opt, vocab=None,
                  turn_blocks: tuple[int, int] | None = None, batch_shards: int = 1):
-        """`turn_blocks`: (prefix length, block width) of single-turn records (`TurnBlocks`;
+        """`settings`: `StepSettings` (a `Config` is read through `StepSettings.of`). `turn_blocks`:
+        (prefix length, block width) of single-turn records (`TurnBlocks`;
         `ragen_jax.rollout.rollout.turn_blocks(text_env)`), required when
         `prompt.context_window_mode="single_turn"`. `batch_shards`: the data-parallel devices the
         rows are sharded over (`over_taken_blocks` compacts turn blocks within each one)."""
-        self.cfg = cfg
+        s = settings if isinstance(settings, StepSettings) else StepSettings.of(settings)
+        self.settings = s
         self.vocab = vocab
-        if cfg.prompt.single_turn and turn_blocks is None:
+        if s.single_turn and turn_blocks is None:
             raise ConfigError("prompt.context_window_mode='single_turn' needs StepPrograms(turn_blocks=(prefix "
                               "length, block width)), from ragen_jax.rollout.rollout.turn_blocks(text_env)")
-        self.turn_blocks = turn_blocks if cfg.prompt.single_turn else None
+        self.turn_blocks = turn_blocks if s.single_turn else None
         self.skip_untaken = True  # `TurnBlocks.skip_untaken`; False only to measure the plain pass against it
         self.batch_shards = batch_shards
         self.actor_graph, self.critic_graph = actor_graph, critic_graph
         self.actor_opt, self.critic_opt = actor_opt, critic_opt
         self.has_critic = critic_graph is not None
-        self.use_ref = cfg.loss.kl_coef > 0
-        # Log-probs and entropy of the policy the rollout sampled from: logits / rollout temperature.
-        self.temperature = 1.0 if cfg.rollout.greedy else float(cfg.rollout.temperature)
-        r = cfg.rollout
-        self.filter_spec = cfg.filter.spec
-        self.kept_groups = self.filter_spec.slots(r.num_groups)  # static group slots (some may be unused)
-        self.kept_rows = self.kept_groups * r.group_size
+        self.use_ref = s.loss.kl_coef > 0
+        self.temperature = s.temperature
+        self.filter_spec = s.filter.spec
+        self.kept_groups = self.filter_spec.slots(s.num_groups)  # static group slots (some may be unused)
+        self.kept_rows = self.kept_groups * s.group_size
         self.trace_counts = {"prepare": 0, "update": 0}
 
     def _blocks(self, turn_start) -> TurnBlocks | None:
@@ -233,8 +261,8 @@ class StepPrograms:
     def prepare(self, actor, critic, ref, traj, frozen=None) -> tuple[Batch, dict]:
         """`frozen`: the LoRA base (None without LoRA); `ref` is then the reference's adapters."""
         self.trace_counts["prepare"] += 1
-        bt, r = self.cfg.batching, self.cfg.rollout
-        n = r.group_size
+        bt = self.settings.batching
+        n = self.settings.group_size
         if self.turn_blocks is not None and traj.turn_start is None:
             raise ValueError("single-turn training needs Trajectories.turn_start (recorded by the Rollout)")
         # Every pass takes (tokens, valid, turn_start); turn_start is a dummy without single-turn blocks.
@@ -302,7 +330,7 @@ class StepPrograms:
         """(TIS weights [K, T-1] or None, metrics) of the kept rows `t`: the sampler's recorded log-probs
         against the trainer's `old_logp` over the tokens that train (`mask`). The mismatch/ metrics are
         computed whatever `loss.tis` is; the weights only with TIS on (the programs are unchanged without)."""
-        lo = self.cfg.loss
+        lo = self.settings.loss
         # The rollout records each sampled token's log-prob at its own position; target column t is token t+1.
         sampler_logp = t.logprobs[:, 1:]
         metrics = mismatch_lib.mismatch_metrics(old_logp, sampler_logp, mask, lo.effective_tis_cap)
@@ -314,7 +342,8 @@ class StepPrograms:
 
     def _advantages(self, t, f, mask, old_logp, ref_logp, values):
         """(advantages, returns, metrics) of the kept rows `t` of filter result `f`."""
-        adv, lo, flt, n = self.cfg.advantage, self.cfg.loss, self.cfg.filter, self.cfg.rollout.group_size
+        s = self.settings
+        adv, lo, flt, n = s.advantage, s.loss, s.filter, s.group_size
         metrics = {}
         # Trajectory scores normalised within each initial-state group (identity for PPO), placed
         # on the last sampled token (or per turn). Turn ends move to target coordinates (index - 1).
@@ -347,7 +376,7 @@ class StepPrograms:
         """GiGPO's extra inputs (none for the other estimators): the rollout's per-turn observation keys
         and rewards. The turns of rows the filter dropped (weight 0) are marked not taken, so they join
         no anchor group, no episode statistics and no gigpo/ metric."""
-        adv = self.cfg.advantage
+        adv = self.settings.advantage
         if adv.estimator != "gigpo":
             return {}
         if t.state_key is None:
@@ -363,7 +392,7 @@ class StepPrograms:
         mini-batch, so that micro-batch values add up to the mini-batch's (token-mean weighs each
         micro-batch by its masked tokens, the seq-mean modes by its rows). The masked-mean metrics
         are weighted by the micro-batch's share of the masked tokens for the same reason."""
-        lo = self.cfg.loss
+        lo = self.settings.loss
         tok_norm, row_norm = norms
         norm = tok_norm if lo.agg == "token-mean" else row_norm
         share = jnp.sum(mb.mask.astype(jnp.float32)) / tok_norm
@@ -389,7 +418,7 @@ class StepPrograms:
         share = jnp.sum(mb.mask.astype(jnp.float32)) / tok_norm
         v = sequence_values(self.critic_graph, full_params(params, critic_frozen(frozen)), mb.tokens, mb.valid,
                             vocab=self.vocab, blocks=self._blocks(mb.turn_start))
-        loss, m = loss_lib.value_loss(v, mb.values, mb.returns, mb.mask, clip=self.cfg.loss.value_clip,
+        loss, m = loss_lib.value_loss(v, mb.values, mb.returns, mb.mask, clip=self.settings.loss.value_clip,
                                       agg_mode="token-mean", norm=tok_norm)
         return loss, {"critic/value_loss": m["vf_loss"], "critic/vf_clipfrac": m["vf_clipfrac"] * share,
                       "critic/vpred_mean": m["vpred_mean"] * share}
@@ -397,13 +426,13 @@ class StepPrograms:
     def actor_value_and_grad(self, params, mbatch: Batch, frozen=None):
         """((loss, metrics), grads) of one mini-batch, over `batching.micro_batch_size` micro-batches.
         With LoRA the gradient is of the adapters alone (`frozen` is a constant of the loss)."""
-        bt = self.cfg.batching
+        bt = self.settings.batching
         n_micro = bt.mini_batch_size // effective_micro_batch(bt.mini_batch_size, bt.micro_batch_size)
         norms = loss_norms(mbatch.mask)
         return accumulated_value_and_grad(lambda p, b: self._actor_loss(p, b, norms, frozen), params, mbatch, n_micro)
 
     def critic_value_and_grad(self, params, mbatch: Batch, frozen=None):
-        bt = self.cfg.batching
+        bt = self.settings.batching
         n_micro = bt.mini_batch_size // effective_micro_batch(bt.mini_batch_size, bt.micro_batch_size)
         norms = loss_norms(mbatch.mask)
         return accumulated_value_and_grad(lambda p, b: self._critic_loss(p, b, norms, frozen), params, mbatch, n_micro)
@@ -411,7 +440,7 @@ class StepPrograms:
     def update(self, state: TrainState, batch: Batch, frozen=None) -> tuple[TrainState, dict]:
         """`frozen`: the LoRA base (None without LoRA), an argument the caller does not donate."""
         self.trace_counts["update"] += 1
-        bt = self.cfg.batching
+        bt = self.settings.batching
         k = batch.tokens.shape[0]
         mb = bt.mini_batch_size
         n_mb = k // mb
@@ -468,8 +497,8 @@ class StepPrograms:
         metrics["actor/grad_norm_max"] = jnp.max(jnp.stack([jnp.max(jnp.where(u, m["actor/grad_norm"], 0.0))
                                                             for m, u in zip(all_metrics, all_used)]))
         metrics["train/skipped_updates"] = skipped.astype(jnp.float32)
-        metrics["actor/lr"] = lr_at(state.iteration * n_mb * bt.ppo_epochs, self.cfg.optim.actor_lr,
-                                     self.cfg.optim.warmup_steps)
+        metrics["actor/lr"] = lr_at(state.iteration * n_mb * bt.ppo_epochs, self.settings.actor_lr,
+                                     self.settings.warmup_steps)
         new_state = state.replace(actor=actor, actor_opt=actor_opt, critic=critic, critic_opt=critic_opt,
                                   skipped_updates=skipped, key=key, iteration=state.iteration + 1)
         return new_state, metrics
@@ -487,6 +516,6 @@ def check_batch_fits_mesh(cfg: Config, n_batch_shards: int) -> None:
                               "data x fsdp axes; change the batch settings or mesh.data/mesh.fsdp")
 
 
-__all__ = ["Batch", "GIB", "StepPrograms", "TrainState", "accumulated_value_and_grad", "check_batch_fits_mesh", "critic_frozen",
+__all__ = ["Batch", "GIB", "StepPrograms", "StepSettings", "TrainState", "accumulated_value_and_grad", "check_batch_fits_mesh", "critic_frozen",
            "effective_micro_batch", "full_params", "in_minibatches", "join_rows", "loss_norms", "sequence_logprobs",
            "sequence_values", "split_rows"]
