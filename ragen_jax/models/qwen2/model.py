@@ -311,35 +311,46 @@ def decoder_stack(cfg: Qwen2Config, layers, x, valid, cache: KVCache | None, pre
 
     Attention uses `cfg.attention` (models/attention.py: the kernel is chosen per call from the
     layout, shapes, dtype and backend; single-token decode always takes the cheap xla path)."""
+    if cache is None:
+        return _full_sequence_stack(cfg, layers, x, valid, prefix, return_kv, inference)
+    return _cached_stack(cfg, layers, x, valid, cache)
+
+
+def _full_sequence_stack(cfg: Qwen2Config, layers, x, valid, prefix, return_kv: bool, inference: bool):
+    """`decoder_stack` without a cache: every layer over the whole sequence (training, scoring)."""
+    b = x.shape[0]
+    attend = functools.partial(attention, implementation=cfg.attention, block=cfg.attention_block)
+    p_len = 0 if prefix is None else prefix.length
+    pos = p_len + jnp.cumsum(valid, axis=1, dtype=jnp.int32) - 1
+    # Self-attention layout: query t sees the P prefix slots and the row's valid keys <= t.
+    kv_valid = valid if prefix is None else jnp.concatenate([jnp.ones((b, p_len), bool), valid], axis=1)
+    cos, sin = rope_cos_sin(pos, cfg)
+
+    def layer(x, xs):
+        p, pk, pv = xs
+        q, k, v = _attn_in(cfg, p, x, cos, sin)
+        keys, vals = k, v
+        if prefix is not None:  # [P, nKV, D] broadcast over rows: the prefix is computed once
+            keys = jnp.concatenate([jnp.broadcast_to(pk.astype(k.dtype), (b, *pk.shape)), k], axis=1)
+            vals = jnp.concatenate([jnp.broadcast_to(pv.astype(v.dtype), (b, *pv.shape)), v], axis=1)
+        out = attend(q, keys, vals, kv_valid, q_valid=valid)
+        return _attn_out_mlp(cfg, p, x, out), ((k, v) if return_kv else None)
+
+    rest = (None, None) if prefix is None else (prefix.k, prefix.v)
+    if inference:  # no gradient flows through this forward (e.g. the old-log-prob pass)
+        return _scan_layers(layer, x, layers, *rest)
+    if cfg.lora_rank and cfg.remat and jax.default_backend() == "cpu":  # 16-bit leaves: the frozen base
+        return _scan_frozen_base(layer, x, layers, rest, REMAT_POLICIES[cfg.remat_policy])
+    if cfg.remat:
+        layer = jax.checkpoint(layer, policy=REMAT_POLICIES[cfg.remat_policy])
+    x, kv = jax.lax.scan(layer, x, (layers, *rest))
+    return x, kv
+
+
+def _cached_stack(cfg: Qwen2Config, layers, x, valid, cache):
+    """`decoder_stack` with a cache: prefill or decode, writing the new keys/values into it."""
     b, t, _ = x.shape
     attend = functools.partial(attention, implementation=cfg.attention, block=cfg.attention_block)
-    if cache is None:
-        p_len = 0 if prefix is None else prefix.length
-        pos = p_len + jnp.cumsum(valid, axis=1, dtype=jnp.int32) - 1
-        # Self-attention layout: query t sees the P prefix slots and the row's valid keys <= t.
-        kv_valid = valid if prefix is None else jnp.concatenate([jnp.ones((b, p_len), bool), valid], axis=1)
-        cos, sin = rope_cos_sin(pos, cfg)
-
-        def layer(x, xs):
-            p, pk, pv = xs
-            q, k, v = _attn_in(cfg, p, x, cos, sin)
-            keys, vals = k, v
-            if prefix is not None:  # [P, nKV, D] broadcast over rows: the prefix is computed once
-                keys = jnp.concatenate([jnp.broadcast_to(pk.astype(k.dtype), (b, *pk.shape)), k], axis=1)
-                vals = jnp.concatenate([jnp.broadcast_to(pv.astype(v.dtype), (b, *pv.shape)), v], axis=1)
-            out = attend(q, keys, vals, kv_valid, q_valid=valid)
-            return _attn_out_mlp(cfg, p, x, out), ((k, v) if return_kv else None)
-
-        rest = (None, None) if prefix is None else (prefix.k, prefix.v)
-        if inference:  # no gradient flows through this forward (e.g. the old-log-prob pass)
-            return _scan_layers(layer, x, layers, *rest)
-        if cfg.lora_rank and cfg.remat and jax.default_backend() == "cpu":  # 16-bit leaves: the frozen base
-            return _scan_frozen_base(layer, x, layers, rest, REMAT_POLICIES[cfg.remat_policy])
-        if cfg.remat:
-            layer = jax.checkpoint(layer, policy=REMAT_POLICIES[cfg.remat_policy])
-        x, kv = jax.lax.scan(layer, x, (layers, *rest))
-        return x, kv
-
     s = cache.max_len
     n_new = jnp.sum(valid, axis=1, dtype=jnp.int32)
     pos = cache.end[:, None] + jnp.cumsum(valid, axis=1, dtype=jnp.int32) - 1  # slot == RoPE position
