@@ -85,6 +85,29 @@ class GroupScheduler:
         return make_group_scheduling(config, log)
 
 
+DURATIONS = Path(__file__).with_name("durations.json")
+
+
+def _expected_durations() -> dict[str, float]:
+    return json.loads(DURATIONS.read_text()) if DURATIONS.exists() else {}
+
+
+def pytest_runtest_logreport(report):
+    """With RAGEN_JAX_TEST_DURATIONS_OUT=path, the controller writes each test's seconds (setup + call +
+    teardown) there at the end: `tests/durations.json` is refreshed that way from a whole-suite run."""
+    if os.environ.get("RAGEN_JAX_TEST_DURATIONS_OUT") and "PYTEST_XDIST_WORKER" not in os.environ:
+        _SEEN[report.nodeid] = _SEEN.get(report.nodeid, 0.0) + report.duration
+
+
+_SEEN: dict[str, float] = {}
+
+
+def pytest_sessionfinish(session):
+    out = os.environ.get("RAGEN_JAX_TEST_DURATIONS_OUT")
+    if out and _SEEN and "PYTEST_XDIST_WORKER" not in os.environ:
+        Path(out).write_text(json.dumps({k: round(v, 1) for k, v in sorted(_SEEN.items())}, indent=0) + "\n")
+
+
 def make_group_scheduling(config, log):
     from xdist.scheduler import LoadScopeScheduling
 
@@ -93,6 +116,7 @@ def make_group_scheduling(config, log):
         have all collected: xdist calls `_split_scope` only from then on)."""
 
         groups: dict | None = None
+        expected: dict | None = None
 
         def _split_scope(self, nodeid: str) -> str:
             if self.groups is None:
@@ -114,6 +138,16 @@ def make_group_scheduling(config, log):
             for other in self.assigned_work:
                 self._reschedule(other)
             return crashed
+
+        def _assign_work_unit(self, node) -> None:
+            """xdist's, taking the unit expected to take longest first (tests/durations.json, from an
+            earlier run; 1 s for a test it does not list): a long unit started last would leave one
+            worker alone with it at the end while the other idles."""
+            if self.expected is None:
+                self.expected = _expected_durations()
+            scope = max(self.workqueue, key=lambda u: sum(self.expected.get(n, 1.0) for n in self.workqueue[u]))
+            self.workqueue.move_to_end(scope, last=False)
+            super()._assign_work_unit(node)
 
         def _reschedule(self, node) -> None:
             """xdist's, with one queued test per worker instead of up to three: the queue only hides
