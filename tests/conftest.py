@@ -15,9 +15,15 @@ if "xla_force_host_platform_device_count" not in _flags:
 # that: at level 0 a tiny trainer's build + first iteration costs ~30% less CPU (docs/testing.md). HLO
 # passes (fusion, layout, the collectives) still run, so the programs the tests compare are the same
 # graphs; only their machine code is less optimised. Inherited by the multi-host test's subprocesses.
-# RAGEN_JAX_TEST_XLA_OPT=1 keeps XLA's default (to check a test against fully optimised code).
-if os.environ.get("RAGEN_JAX_TEST_XLA_OPT") != "1" and "xla_backend_optimization_level" not in os.environ["XLA_FLAGS"]:
-    os.environ["XLA_FLAGS"] += " --xla_backend_optimization_level=0"
+# RAGEN_JAX_TEST_XLA_OPT=1 keeps XLA's defaults (to check a test against fully optimised code).
+# XLA:CPU's newer MLIR fusion emitters cost more to compile than the classic elemental emitters: off,
+# a tiny trainer's build + 3 iterations took 28.0 instead of 43.1 CPU s (docs/testing.md). The fusion
+# decisions (HLO passes) are the same; only how each fusion becomes machine code differs.
+if os.environ.get("RAGEN_JAX_TEST_XLA_OPT") != "1":
+    if "xla_backend_optimization_level" not in os.environ["XLA_FLAGS"]:
+        os.environ["XLA_FLAGS"] += " --xla_backend_optimization_level=0"
+    if "xla_cpu_use_fusion_emitters" not in os.environ["XLA_FLAGS"]:
+        os.environ["XLA_FLAGS"] += " --xla_cpu_use_fusion_emitters=false"
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
 # Nothing may be downloaded at test time.
 os.environ["HF_HUB_OFFLINE"] = "1"
