@@ -253,19 +253,25 @@ def _cli(*args, cwd=None):
                           cwd=cwd, env=dict(os.environ), timeout=300)
 
 
-def test_cli_writes_eval_json_equal_to_the_library(tiny_results, tmp_path):
+def test_cli_writes_eval_json_equal_to_the_library(tiny_results, tmp_path, monkeypatch, capsys):
     # Same policy (preset:tiny = Rngs(0)), seeds, key (seed 5 = KEY) and shapes as tiny_results' Bandit row.
-    r = _cli("--model", "preset:tiny", "--envs", "bandit", "--num-states", "4", "--rollouts-per-state", "2",
-             "--max-response-tokens", "8", "--max-context", "512", "--seed", "5", cwd=tmp_path)
-    assert r.returncode == 0, r.stderr
-    assert "[1/1] Bandit" in r.stderr
+    # launch/eval.py's main in this process (its programs are this process's): the script itself, run as
+    # a program with its exit status and one-line errors, is test_cli_errors_are_one_line_exit_2's.
+    monkeypatch.chdir(tmp_path)
+    capsys.readouterr()
+    code = _cli_module().main(["--model", "preset:tiny", "--envs", "bandit", "--num-states", "4",
+                               "--rollouts-per-state", "2", "--max-response-tokens", "8", "--max-context", "512",
+                               "--seed", "5"])
+    out, err = capsys.readouterr()
+    assert code == 0, err
+    assert "[1/1] Bandit" in err
     doc = json.loads((tmp_path / "eval.json").read_text())
     assert doc["settings"]["envs"] == ["Bandit"] and doc["settings"]["num_states"] == 4
     want = tiny_results["Bandit"]
     got = doc["results"]["Bandit"]
     for k in ("success", "reward_mean", "format_ok", "pass@2", "response_length", "num_episodes"):
         assert got[k] == pytest.approx(want[k]), k
-    assert r.stdout.splitlines()[0].split()[0] == "env" and "Bandit" in r.stdout
+    assert out.splitlines()[0].split()[0] == "env" and "Bandit" in out
 
 
 def test_cli_errors_are_one_line_exit_2(tmp_path, capsys):

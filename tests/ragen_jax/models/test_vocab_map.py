@@ -42,32 +42,47 @@ def test_map_round_trips_and_covers_the_task(text_env):
     assert vm.size < 3000  # small: that is the point
 
 
-@pytest.mark.parametrize("mapped", [False, True])
-def test_rollout_logprobs_equal_recomputed_logprobs(text_env, mapped):
-    vm = VocabMap.for_text_envs([text_env], text_env.tokenizer) if mapped else None
-    check_rollout_logprobs(text_env, vm)
+@pytest.fixture(scope="module")
+def mapped(text_env):
+    """One rollout of a task-vocabulary model that two tests read: its log-probs against the trainer's
+    recomputation, and its episodes against a rollout whose parser has the full-vocabulary buffer."""
+    vm = VocabMap.for_text_envs([text_env], text_env.tokenizer, extra_texts=["<answer> Left || Up </answer>"])
+    return (vm, *rollout_of_a_tiny_model(text_env, vm, group_size=4))
 
 
-def check_rollout_logprobs(text_env, vm):
+def rollout_of_a_tiny_model(text_env, vm, group_size=2):
+    """(model, Rollout, trajectories) of a tiny model (over `vm` when given), sampled at temperature 1."""
     cfg = Qwen2Config.from_preset("tiny")
     if vm is not None:
         cfg = cfg.replace(vocab_size=vm.size)
-    mapped = vm is not None
     model = Qwen2(cfg, rngs=nnx.Rngs(0))
-    ro = Rollout(model, text_env, RolloutConfig(num_groups=2, group_size=2, max_context=400, temperature=1.0),
-                 vocab=vm)
+    ro = Rollout(model, text_env, RolloutConfig(num_groups=2, group_size=group_size, max_context=400,
+                                                temperature=1.0), vocab=vm)
+    traj = ro(nnx.split(model)[1], jax.random.PRNGKey(3), np.array([1, 2]))
+    return model, ro, jax.device_get(traj)
+
+
+def check_rollout_logprobs(model, traj, vm):
     graphdef, params = nnx.split(model)
-    traj = ro(params, jax.random.PRNGKey(3), np.array([1, 2]))
     t = traj.tokens
     valid = np.arange(t.shape[1])[None, :] < np.asarray(traj.length)[:, None]
     logp, _ = jax.jit(lambda p, x, v: sequence_logprobs(graphdef, p, x, v, vocab=vm))(params, t, valid)
     mask = np.asarray(traj.loss_mask)[:, 1:]
     assert mask.sum() > 0
     np.testing.assert_allclose(np.asarray(logp)[mask], np.asarray(traj.logprobs)[:, 1:][mask], atol=2e-4)
-    if mapped:
+    if vm is not None:
         sampled = np.asarray(t)[np.asarray(traj.loss_mask)]
         assert set(sampled.tolist()) <= set(vm.to_qwen.tolist())
-    return traj
+
+
+def test_rollout_logprobs_equal_recomputed_logprobs_full_vocabulary(text_env):
+    model, _, traj = rollout_of_a_tiny_model(text_env, None)
+    check_rollout_logprobs(model, traj, None)
+
+
+def test_rollout_logprobs_equal_recomputed_logprobs_task_vocabulary(mapped):
+    vm, model, _, traj = mapped
+    check_rollout_logprobs(model, traj, vm)
 
 
 def test_task_vocabulary_from_smollm2_tokenizer(smol, tmp_path):  # noqa: F811
@@ -89,7 +104,8 @@ def test_task_vocabulary_from_smollm2_tokenizer(smol, tmp_path):  # noqa: F811
     vm.save(tmp_path / "vocab.json")
     again = VocabMap.load(tmp_path / "vocab.json")
     np.testing.assert_array_equal(again.to_model, vm.to_model)
-    traj = check_rollout_logprobs(te, vm)
+    model, _, traj = rollout_of_a_tiny_model(te, vm)
+    check_rollout_logprobs(model, traj, vm)
     # A turn that stopped is padded with the tokenizer's pad (2), never Qwen's 151643.
     assert int(np.asarray(traj.tokens).max()) < 49152
 
@@ -113,19 +129,16 @@ def test_task_vocabulary_needs_a_chatml_byte_level_tokenizer():
         VocabMap.for_text_envs([], tok)
 
 
-def test_rollout_parser_bounded_by_the_task_vocabulary_reads_the_same(text_env):
+def test_rollout_parser_bounded_by_the_task_vocabulary_reads_the_same(text_env, mapped):
     """With a task vocabulary the rollout's parser sizes its byte buffer by the longest token the model
     can emit (Parser(emit_ids=...)); the episodes equal those parsed with the full-vocabulary buffer."""
     from ragen_jax.text.parse import Parser
 
-    vm = VocabMap.for_text_envs([text_env], text_env.tokenizer, extra_texts=["<answer> Left || Up </answer>"])
-    model = Qwen2(Qwen2Config.from_preset("tiny").replace(vocab_size=vm.size), rngs=nnx.Rngs(2))
-    rc = RolloutConfig(num_groups=2, group_size=4, max_context=400, temperature=1.5)
-    bounded, full = Rollout(model, text_env, rc, vocab=vm), Rollout(model, text_env, rc, vocab=vm)
+    vm, model, bounded, a = mapped
+    full = Rollout(model, text_env, bounded.config, vocab=vm)
     pc = text_env.config
     full.parser = Parser(text_env.tokenizer, text_env.action_names, full.max_actions, think=pc.think,
                          max_tokens=len(full.forced) + full.max_new)
     assert bounded.parser.token_max_bytes < full.parser.token_max_bytes
-    params = nnx.split(model)[1]
-    a, b = (ro(params, jax.random.PRNGKey(5), np.array([3, 4])) for ro in (bounded, full))
+    b = jax.device_get(full(nnx.split(model)[1], jax.random.PRNGKey(3), np.array([1, 2])))
     jax.tree.map(np.testing.assert_array_equal, a, b)

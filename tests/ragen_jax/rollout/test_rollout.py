@@ -44,9 +44,20 @@ def _sampled(traj, row):
 
 
 # ------------------------------------------------------------------------------------ scripted
-def test_scripted_bfs_solution_solves_sokoban(tok):
-    te = _text_env(tok, "Sokoban", max_turns=3, max_response_tokens=48)
-    cfg = RolloutConfig(num_groups=3, group_size=2, max_context=1024, greedy=True)
+# The BFS and the garbage-answer tests run one program: the same text env, batch and script shape
+# [6 rows, 3 turns, 48 tokens] (the script is a parameter of the scripted policy, so its shape is part of
+# the program), so the second compile is a persistent-cache hit.
+SCRIPT_TOKENS = 48
+
+
+@pytest.fixture(scope="module")
+def sokoban3(tok):
+    te = _text_env(tok, "Sokoban", max_turns=3, max_response_tokens=SCRIPT_TOKENS)
+    return te, RolloutConfig(num_groups=3, group_size=2, max_context=1024, greedy=True)
+
+
+def test_scripted_bfs_solution_solves_sokoban(tok, sokoban3):
+    te, cfg = sokoban3
     # Rooms whose BFS solution fits the 10-action budget (99.8% of them in the reference).
     seeds, solutions = [], []
     for seed in range(11, 40):
@@ -65,7 +76,7 @@ def test_scripted_bfs_solution_solves_sokoban(tok):
         row_texts = [" plan</think><answer>" + " || ".join(ACTION_NAMES[a] for a in t) + "</answer>" for t in turns]
         expected.append((len(turns), -0.1 * len(acts) + 1.0 + 10.0))
         texts += [row_texts, row_texts]  # both rollouts of the group follow the same script
-    script = make_script(tok, texts, cfg.group_size)
+    script = make_script(tok, texts, cfg.group_size, max_len=SCRIPT_TOKENS)
     policy = ScriptedPolicy(script)
     ro = Rollout(policy, te, cfg)
     traj = ro(nnx.state(policy), jax.random.PRNGKey(0), seeds)
@@ -87,14 +98,14 @@ def test_scripted_bfs_solution_solves_sokoban(tok):
     assert "<|im_start|>assistant\n<think>\u27e6 plan</think><answer>" in view
 
 
-def test_garbage_answers_get_the_format_penalty_every_turn(tok):
-    te = _text_env(tok, "Sokoban", max_turns=3, max_response_tokens=16)
-    cfg = RolloutConfig(num_groups=2, group_size=2, max_context=1024, greedy=True)
+def test_garbage_answers_get_the_format_penalty_every_turn(tok, sokoban3):
+    te, cfg = sokoban3
     texts = [["hello world"] * 3, ["</think><answer>jump || fly</answer>"] * 3,
              ["<answer>Up</answer>"] * 3, ["x</think><answer>Up || Sideways</answer>"] * 3]
-    policy = ScriptedPolicy(make_script(tok, texts, 2))
-    traj = Rollout(policy, te, cfg)(nnx.state(policy), jax.random.PRNGKey(1), np.array([5, 6]))
-    for r in range(3):  # no valid action: only the penalty, every turn, no env step
+    texts += texts[:2]  # rows 4, 5: no valid action either
+    policy = ScriptedPolicy(make_script(tok, texts, 2, max_len=SCRIPT_TOKENS))
+    traj = Rollout(policy, te, cfg)(nnx.state(policy), jax.random.PRNGKey(1), np.array([5, 6, 7]))
+    for r in (0, 1, 2, 4, 5):  # no valid action: only the penalty, every turn, no env step
         assert int(traj.num_turns[r]) == 3 and int(traj.num_actions[r]) == 0
         np.testing.assert_allclose(np.asarray(traj.turn_reward[r]), [-0.1] * 3, atol=1e-6)
         assert int(traj.num_format_errors[r]) == 3 and not bool(traj.action_is_valid[r])
@@ -192,24 +203,24 @@ def test_scripted_actions_equal_host_loop_with_env_randomness(tok):
         assert bool(traj.success[r]) == ref["success"][r]
 
 
-def test_no_recompilation_and_sharded_equals_single_device(tok, tiny_model):
+@pytest.fixture(scope="module")
+def one_pass(tok, tiny_model):
+    """One sampled FrozenLake rollout program (4 groups x 2, one pass) that both tests below read: the
+    no-recompilation check calls it, and the passes test compares each pass against it, so it compiles
+    once (a second trace raises: chex.assert_max_traces)."""
     te = _text_env(tok, "FrozenLake", max_turns=2, max_response_tokens=8)
-    cfg = RolloutConfig(num_groups=2, group_size=4, max_context=512, temperature=1.0)
-    params = nnx.state(tiny_model)
-    ro = Rollout(tiny_model, te, cfg, max_traces=1)  # a second trace raises (chex.assert_max_traces)
-    outs = [ro(params, jax.random.PRNGKey(i), np.array([i, i + 50])) for i in range(3)]
-    assert not np.array_equal(np.asarray(outs[0].tokens), np.asarray(outs[1].tokens))
-    with pytest.raises(AssertionError, match="traced > 1 times"):  # the check can fail: a new key type
-        ro(params, jax.random.key(0), np.array([0, 50]))
+    cfg = RolloutConfig(num_groups=4, group_size=2, max_context=512, temperature=1.0)
+    return te, Rollout(tiny_model, te, cfg, max_traces=1)
 
+
+def _mesh8():
     devices = np.array(jax.devices()[:8])
     if len(devices) < 8:
         pytest.skip("needs 8 (simulated) devices")
-    mesh = jax.sharding.Mesh(devices.reshape(4, 2, 1), ("data", "fsdp", "tensor"))
-    ro8 = Rollout(tiny_model, te, cfg, mesh=mesh)
-    with mesh:
-        t8 = jax.device_get(ro8(params, jax.random.PRNGKey(0), np.array([0, 50])))
-    t1 = jax.device_get(outs[0])
+    return jax.sharding.Mesh(devices.reshape(4, 2, 1), ("data", "fsdp", "tensor"))
+
+
+def _assert_sharded_equal(t8, t1):
     floats = ("logprobs", "turn_reward", "reward")
     # Every token, mask, position, count and flag identical; the float fields close.
     chex.assert_trees_all_equal(t8.replace(**dict.fromkeys(floats)), t1.replace(**dict.fromkeys(floats)))
@@ -217,35 +228,41 @@ def test_no_recompilation_and_sharded_equals_single_device(tok, tiny_model):
     chex.assert_trees_all_close((t8.turn_reward, t8.reward), (t1.turn_reward, t1.reward), atol=1e-6)
 
 
-def test_passes_equal_one_pass_rollouts_of_their_groups(tok, tiny_model):
+def test_no_recompilation_and_sharded_equals_single_device(tiny_model, one_pass):
+    te, ro = one_pass
+    params = nnx.state(tiny_model)
+    outs = [ro(params, jax.random.PRNGKey(i), np.array([i, i + 50, i + 60, i + 70])) for i in range(3)]
+    assert not np.array_equal(np.asarray(outs[0].tokens), np.asarray(outs[1].tokens))
+    with pytest.raises(AssertionError, match="traced > 1 times"):  # the check can fail: a new key type
+        ro(params, jax.random.key(0), np.array([0, 50, 60, 70]))
+
+    mesh = _mesh8()
+    ro8 = Rollout(tiny_model, te, ro.config, mesh=mesh)
+    with mesh:
+        t8 = jax.device_get(ro8(params, jax.random.PRNGKey(0), np.array([0, 50, 60, 70])))
+    _assert_sharded_equal(t8, jax.device_get(outs[0]))
+
+
+def test_passes_equal_one_pass_rollouts_of_their_groups(tiny_model, one_pass):
     """groups_per_pass: the P groups run in passes inside one program. Truth: pass i is the one-pass
     rollout of its groups with fold_in(key, i); the rows come back in group order, group ids global.
     Sampled (temperature 1) FrozenLake, so the key and the env slips matter; also on 8 devices."""
-    te = _text_env(tok, "FrozenLake", max_turns=2, max_response_tokens=8)
+    te, one = one_pass
     params, key = nnx.state(tiny_model), jax.random.PRNGKey(4)
-    seeds = np.array([5, 6, 7, 8])
-    cfg = RolloutConfig(num_groups=4, group_size=2, max_context=512, temperature=1.0, groups_per_pass=2)
+    seeds = np.arange(20, 28)
+    cfg = RolloutConfig(num_groups=8, group_size=2, max_context=512, temperature=1.0, groups_per_pass=4)
     got = jax.device_get(Rollout(tiny_model, te, cfg)(params, key, seeds))
-    one = Rollout(tiny_model, te, RolloutConfig(num_groups=2, group_size=2, max_context=512, temperature=1.0))
-    parts = [jax.device_get(one(params, jax.random.fold_in(key, i), seeds[2 * i: 2 * i + 2])) for i in range(2)]
+    parts = [jax.device_get(one(params, jax.random.fold_in(key, i), seeds[4 * i: 4 * i + 4])) for i in range(2)]
     want = jax.tree.map(lambda *xs: np.concatenate(xs), *parts)
-    want = want.replace(group=np.repeat(np.arange(4, dtype=np.int32), 2))
+    want = want.replace(group=np.repeat(np.arange(8, dtype=np.int32), 2))
     chex.assert_trees_all_equal(got.replace(logprobs=None), want.replace(logprobs=None))
     chex.assert_trees_all_close(got.logprobs, want.logprobs, atol=1e-6)
     assert not np.array_equal(parts[0].tokens, parts[1].tokens)  # the two passes sampled differently
 
-    devices = np.array(jax.devices()[:8])
-    if len(devices) < 8:
-        pytest.skip("needs 8 (simulated) devices")
-    mesh = jax.sharding.Mesh(devices.reshape(4, 2, 1), ("data", "fsdp", "tensor"))
-    cfg8 = RolloutConfig(num_groups=8, group_size=2, max_context=512, temperature=1.0, groups_per_pass=4)
-    seeds8 = np.arange(20, 28)
+    mesh = _mesh8()
     with mesh:
-        t8 = jax.device_get(Rollout(tiny_model, te, cfg8, mesh=mesh)(params, key, seeds8))
-    t1 = jax.device_get(Rollout(tiny_model, te, cfg8)(params, key, seeds8))
-    floats = ("logprobs", "turn_reward", "reward")
-    chex.assert_trees_all_equal(t8.replace(**dict.fromkeys(floats)), t1.replace(**dict.fromkeys(floats)))
-    chex.assert_trees_all_close(t8.logprobs, t1.logprobs, atol=1e-4)
+        t8 = jax.device_get(Rollout(tiny_model, te, cfg, mesh=mesh)(params, key, seeds))
+    _assert_sharded_equal(t8, got)
 
 
 def test_groups_per_pass_must_divide_the_groups(tok):

@@ -4,6 +4,10 @@ is generated from the prompt prefix and its own state only, and the trainer scor
 Independent truths: each turn's context is re-encoded from its host text (prefix + the first-turn
 form of the segment, "(Turn k):"), and each turn's log-probs are recomputed by a plain full forward
 of that standalone sequence, with no cache and no prefix sharing.
+
+The model has the task vocabulary (models.vocab_map, as the CPU demo): single-turn scoring is the same
+code for either vocabulary, and with Qwen's 151,665 logits per position the turn-block gradient test
+alone held ~13 GB and the file cost minutes of CPU; both sides of every comparison map ids the same way.
 """
 
 from __future__ import annotations
@@ -20,6 +24,7 @@ from hypothesis import strategies as st
 
 import envs_jax
 from ragen_jax.models import Qwen2, Qwen2Config, critic_from_policy
+from ragen_jax.models.vocab_map import VocabMap
 from ragen_jax.rollout import Rollout, RolloutConfig
 from ragen_jax.rollout.rollout import turn_blocks
 from ragen_jax.text import PromptConfig, TextEnv
@@ -37,9 +42,11 @@ def setup():
     env, params = envs_jax.make("FrozenLake")
     pc = PromptConfig(max_turns=4, max_actions_per_turn=1, think=False, max_response_tokens=6, **SINGLE)
     text_env = TextEnv(env, params, tok, pc)
-    model = Qwen2(Qwen2Config.from_preset("tiny").replace(vocab_size=len(tok)), rngs=nnx.Rngs(0))
+    vm = VocabMap.for_text_envs([text_env], tok)
+    model = Qwen2(Qwen2Config.from_preset("tiny").replace(vocab_size=vm.size), rngs=nnx.Rngs(0))
     # Temperature 1.5: answers vary, some fail to parse, episodes end at different turns.
-    ro = Rollout(model, text_env, RolloutConfig(num_groups=2, group_size=4, max_context=512, temperature=1.5))
+    ro = Rollout(model, text_env, RolloutConfig(num_groups=2, group_size=4, max_context=512, temperature=1.5),
+                 vocab=vm)
     graphdef, params_ = nnx.split(model)
     traj = ro(params_, jax.random.PRNGKey(1), np.array([3, 8], np.int32))
     return text_env, model, graphdef, params_, ro, jax.device_get(traj)
@@ -81,14 +88,16 @@ def test_trainer_logprobs_equal_sampling_logprobs_and_a_standalone_forward(setup
     valid = jnp.arange(t.shape[1])[None, :] < jnp.asarray(traj.length)[:, None]
     blocks = TurnBlocks(start=jnp.asarray(traj.turn_start), prefix=p_len, width=width)
     temp = ro.config.temperature  # the sampler records log-probs of softmax(logits / T)
-    logp, ent = jax.jit(lambda p: sequence_logprobs(graphdef, p, t, valid, temperature=temp, blocks=blocks))(params)
+    logp, ent = jax.jit(lambda p: sequence_logprobs(graphdef, p, t, valid, vocab=ro.vocab, temperature=temp,
+                                                    blocks=blocks))(params)
     logp, ent = np.asarray(logp), np.asarray(ent)
     mask = np.asarray(traj.loss_mask)[:, 1:]
     assert mask.sum() > 20
     # 1) the trainer's single-turn scoring = what the sampler recorded (KV cache rewound every turn)
     np.testing.assert_allclose(logp[mask], np.asarray(traj.logprobs)[:, 1:][mask], atol=2e-4)
     # 2) = a plain forward of each turn's standalone sequence prefix + block (no cache, no sharing)
-    full = jax.jit(lambda p, x: sequence_logprobs(graphdef, p, x, jnp.ones(x.shape, bool), temperature=temp))
+    full = jax.jit(lambda p, x: sequence_logprobs(graphdef, p, x, jnp.ones(x.shape, bool), vocab=ro.vocab,
+                                                          temperature=temp))
     for b in range(t.shape[0]):
         row = np.asarray(traj.tokens[b])
         for s, e in _turns(traj, b):
@@ -98,7 +107,7 @@ def test_trainer_logprobs_equal_sampling_logprobs_and_a_standalone_forward(setup
             np.testing.assert_allclose(logp[b, cols], lp[p_len:], atol=2e-4)
             np.testing.assert_allclose(ent[b, cols], en[p_len:], atol=2e-4)
     # 3) and differs from scoring the concatenated conversation (what "full" mode would train)
-    whole, _ = sequence_logprobs(graphdef, params, t, valid, temperature=temp)
+    whole, _ = sequence_logprobs(graphdef, params, t, valid, vocab=ro.vocab, temperature=temp)
     later = mask & (np.arange(mask.shape[1])[None, :] > np.asarray(traj.turn_start)[:, 1:2])
     assert later.any() and np.abs(np.asarray(whole)[later] - logp[later]).max() > 1e-2
 
@@ -111,12 +120,12 @@ def test_critic_values_of_a_turn_come_from_its_standalone_sequence(setup):
     t = jnp.asarray(traj.tokens)
     valid = jnp.arange(t.shape[1])[None, :] < jnp.asarray(traj.length)[:, None]
     blocks = TurnBlocks(start=jnp.asarray(traj.turn_start), prefix=p_len, width=width)
-    v = np.asarray(sequence_values(cgraph, cparams, t, valid, blocks=blocks))
+    v = np.asarray(sequence_values(cgraph, cparams, t, valid, vocab=ro.vocab, blocks=blocks))
     b = int(np.argmax(np.asarray(traj.num_turns)))
     row = np.asarray(traj.tokens[b])
     for s, e in _turns(traj, b):
         seq = jnp.asarray(np.concatenate([row[:p_len], row[s:e]])[None])
-        ref = np.asarray(critic(seq, jnp.ones(seq.shape, bool)))[0]
+        ref = np.asarray(critic(ro.vocab.model_ids(seq), jnp.ones(seq.shape, bool)))[0]
         np.testing.assert_allclose(v[b, s:e - 1], ref[p_len:-1], atol=2e-4)
 
 
@@ -126,7 +135,7 @@ def test_the_cache_holds_one_turn_and_full_mode_is_unchanged(setup):
     assert ro.cache_len == p_len + width < ro.config.max_context
     full_env = TextEnv(text_env.env, text_env.env_params, text_env.tokenizer,
                        dataclasses.replace(text_env.config, context_window_mode="full", max_context_window=-1))
-    full = Rollout(model, full_env, ro.config)
+    full = Rollout(model, full_env, ro.config, vocab=ro.vocab)
     assert full.cache_len == ro.config.max_context
     ft = jax.device_get(full(params, jax.random.PRNGKey(1), np.array([3, 8], np.int32)))
     # The first turn is the same in both modes but for the label: "Turn 1:" instead of "(Turn 1):".
@@ -192,11 +201,11 @@ def test_untaken_turn_blocks_are_skipped_exactly(setup):
         blocks = TurnBlocks(start=start, prefix=p_len, width=width, skip_untaken=skip)
 
         def loss(p):
-            lp, en = sequence_logprobs(graphdef, p, t, valid, temperature=temp, blocks=blocks)
+            lp, en = sequence_logprobs(graphdef, p, t, valid, vocab=ro.vocab, temperature=temp, blocks=blocks)
             return jnp.sum(jnp.where(mask, lp + 0.1 * en, 0.0)), (lp, en)
 
         (_, (lp, en)), g = jax.jit(jax.value_and_grad(loss, has_aux=True))(params)
-        v = jax.jit(lambda c: sequence_values(cgraph, c, t, valid, blocks=blocks))(cparams)
+        v = jax.jit(lambda c: sequence_values(cgraph, c, t, valid, vocab=ro.vocab, blocks=blocks))(cparams)
         return jax.device_get((lp, en, v, g))
 
     lp, en, v, g = run(True)
@@ -240,7 +249,12 @@ def test_skipping_keeps_the_rows_partitioned_over_data_parallel_devices(setup):
     FLOPs; a compaction across devices (`shards=1`) would run every chunk whole on every device."""
     from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
-    text_env, model, graphdef, params, ro, traj = setup
+    text_env, *_, traj = setup
+    # Qwen's full vocabulary here (the trajectory's tokens are Qwen ids): the FLOPs identity holds where
+    # the per-block work dominates, as Qwen's 151,665-way head does; with the task vocabulary the work
+    # outside the chunk loop (the shared prefix) is a third of the pass. Forward only: no gradient.
+    model = Qwen2(Qwen2Config.from_preset("tiny").replace(vocab_size=len(text_env.tokenizer)), rngs=nnx.Rngs(0))
+    graphdef, params = nnx.split(model)
     p_len, width = turn_blocks(text_env)
     k, m = traj.turn_start.shape
     assert jax.device_count() == 8 == k
