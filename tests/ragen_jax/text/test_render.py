@@ -253,7 +253,7 @@ def test_row_tables_exhaustive_frozenlake(tok):
     rows = np.stack(np.meshgrid(*[np.arange(6)] * 4, indexing="ij"), -1).reshape(-1, 4)
     grid = np.zeros((len(rows), 4, 4), np.int32)
     grid[:, 0] = rows
-    ids, lengths, ok = jax.vmap(table.rows)(jnp.asarray(grid))
+    ids, lengths, ok = jax.jit(jax.vmap(table.rows))(jnp.asarray(grid))  # one program, not op by op
     assert bool(np.all(ok))
     texts = ["".join(syms[c] for c in r) + "\n" for r in rows]
     want = render.encode_batch(tok, texts)
