@@ -7,10 +7,30 @@ reference can be stepped side by side on the same draws.
 
 from __future__ import annotations
 
+import functools
 import math
 
 ACTION_LOOKUP = {0: "Up", 1: "Right", 2: "Down", 3: "Left"}
 INVALID_ACT_SCORE = -0.1
+
+
+@functools.lru_cache(maxsize=None)
+def _merge_line(line: tuple) -> tuple[list, int]:
+    """One line slid towards its start and merged -> (merged line, reward). Memoised on the line's
+    values (a pure function; the side-by-side test renders ~130k boards, ~4 simulated moves each)."""
+    vals = [v for v in line if v != 0]
+    merged, i, reward = [], 0, 0
+    while i < len(vals):
+        if i + 1 < len(vals) and vals[i] == vals[i + 1]:
+            m = vals[i] * 2
+            reward += m
+            merged.append(m)
+            i += 2
+        else:
+            merged.append(vals[i])
+            i += 1
+    merged += [0] * (len(line) - len(merged))
+    return merged, reward
 
 
 def compress_and_merge(grid, axis, reverse):
@@ -21,19 +41,9 @@ def compress_and_merge(grid, axis, reverse):
         line = [grid[i][fixed] for i in range(size)] if axis == 0 else list(grid[fixed])
         if reverse:
             line = line[::-1]
-        vals = [v for v in line if v != 0]
-        merged, i = [], 0
-        while i < len(vals):
-            if i + 1 < len(vals) and vals[i] == vals[i + 1]:
-                m = vals[i] * 2
-                reward += m
-                merged.append(m)
-                i += 2
-            else:
-                merged.append(vals[i])
-                i += 1
-        merged += [0] * (size - len(merged))
-        new_line = merged[::-1] if reverse else merged
+        merged, line_reward = _merge_line(tuple(line))
+        reward += line_reward
+        new_line = merged[::-1] if reverse else list(merged)
         before = [grid[i][fixed] for i in range(size)] if axis == 0 else list(grid[fixed])
         if axis == 0:
             for i in range(size):

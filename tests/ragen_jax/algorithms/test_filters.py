@@ -357,22 +357,32 @@ def test_static_shapes_under_jit(spec):
 def test_softmax_top_p_ties_are_exact_all_2048_settings():
     # Equal keys: cumulative probabilities are m / P; the count kept is the first m with m / P >= value
     # (exact rationals), at most P. A float32 running sum of 1/P drifts below m / P (24 groups at 0.5
-    # kept 13). 64 sizes x 32 values = 2,048 settings, through the in-graph count (one compilation per
-    # size, the values batched), with equal zero and non-zero keys.
+    # kept 13). 64 sizes x 32 values = 2,048 settings, with equal zero and non-zero keys, through the
+    # in-graph count in ONE compilation (128 before: one per size and key): every size is the first p
+    # candidates of 64 slots, as the filter passes them when groups are left out, the slots past p
+    # holding another key that the count must ignore (p = 64 is the all-candidates case).
     from fractions import Fraction
 
     values = [j / 32 for j in range(1, 33)]
+    width = 64
+    sizes = np.repeat(np.arange(1, width + 1), len(values))
+    vals = np.tile(np.asarray(values, np.float32), width)
+    tables = jnp.stack([Fl.tied_top_p_table(width, v) for v in values])[np.tile(np.arange(len(values)), width)]
+    cand = np.arange(width)[None, :] < sizes[:, None]
+
+    def count(key, c, n, v, tab):
+        return Fl.softmax_top_p_count(jnp.where(c, key, key + 5.0), c, n, v, tab)
+
+    fn = jax.jit(jax.vmap(count, in_axes=(None, 0, 0, 0, 0)))
     wrong = []
-    for p in range(1, 65):
-        tables = jnp.stack([Fl.tied_top_p_table(p, v) for v in values])
-        for key in (0.0, -0.75):
-            fn = jax.jit(jax.vmap(lambda v, tab: Fl.softmax_top_p_count(  # noqa: B023
-                jnp.full((p,), key), jnp.ones((p,), bool), jnp.int32(p), v, tab)))
-            got = np.asarray(fn(jnp.asarray(values, jnp.float32), tables))
-            for v, g in zip(values, got):
-                below = sum(1 for m in range(1, p + 1) if Fraction(m, p) < Fraction(v))
-                if g != min(below + 1, p):
-                    wrong.append((p, v, key, int(g)))
+    for key in (0.0, -0.75):
+        got = np.asarray(fn(jnp.full((width,), key, jnp.float32), jnp.asarray(cand), jnp.asarray(sizes, jnp.int32),
+                            jnp.asarray(vals), tables))
+        for p, v, g in zip(sizes.tolist(), vals.tolist(), got.tolist()):
+            below = sum(1 for m in range(1, p + 1) if Fraction(m, p) < Fraction(v))
+            if g != min(below + 1, p):
+                wrong.append((p, v, key, int(g)))
+    assert fn._cache_size() == 1 and len(sizes) == 2048
     assert not wrong, wrong[:5]
     # End to end through the filter: 24 groups scoring 0 at 0.5 keep 12; with 4 zero groups left out
     # (include_zero=False) 20 equal candidates at 0.5 keep 10.

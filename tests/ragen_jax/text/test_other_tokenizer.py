@@ -105,13 +105,14 @@ def test_real_first_turn_is_smollm2_chat_template(smol, name):
 def test_parser_reads_smollm2_ids(smol):
     env, params = envs_jax.make("Sokoban")
     te = TextEnv(env, params, smol, PromptConfig())
+    parse = jax.jit(te.parse)  # one compiled program for the three texts (op by op it cost ~10 s)
     for text in ["<think>push 12 boxes</think><answer>Up || left ||  DOWN</answer>", "<think>x</think><answer>Up",
                  "<think>\n\n</think> <answer> Right || Jump </answer> tail 3"]:
         ids = np.asarray(smol.encode(text, add_special_tokens=False), np.int32)
         width = te.parser.max_tokens
         buf = np.full((width,), te.pad_id, np.int32)
         buf[:min(len(ids), width)] = ids[:width]
-        got, want = te.parse(jnp.asarray(buf), min(len(ids), width)), te.parse_text(text)
+        got, want = parse(jnp.asarray(buf), min(len(ids), width)), te.parse_text(text)
         np.testing.assert_array_equal(np.asarray(got.actions), np.asarray(want.actions), err_msg=text)
         assert int(got.num_actions) == int(want.num_actions) and bool(got.format_ok) == bool(want.format_ok)
 

@@ -102,7 +102,7 @@ def test_answers_parse_to_actions(text_env):
     p = text_env.parse_text("<think>ok</think><answer>2,3,5 || 9,9,9 || place 5 at row 2 col 3</answer>")
     assert list(p.actions[:2]) == [names.index("2,3,5"), names.index("9,9,9")] and bool(p.has_invalid)
     ids = text_env.tokenizer.encode("<think>ok</think><answer>2,3,5 || 9,9,9</answer>", add_special_tokens=False)
-    q = text_env.parse(jnp.asarray(ids + [0] * 8), len(ids))
+    q = jax.jit(text_env.parse)(jnp.asarray(ids + [0] * 8), len(ids))  # compiled: op by op costs more
     assert list(np.asarray(q.actions[:2])) == list(p.actions[:2]) and int(q.num_actions) == 2
 
 

@@ -300,7 +300,7 @@ def test_bandit_pairs_texts_and_state_actions(tok, real):
     rows = [list(te.forced_prefix_ids) + tok.encode(a, add_special_tokens=False) for a in answers]
     width = max(map(len, rows))
     ids = jnp.asarray([r + [0] * (width - len(r)) for r in rows], jnp.int32)
-    parsed = jax.vmap(te.parse)(ids, jnp.asarray([len(r) for r in rows]))
+    parsed = jax.jit(jax.vmap(te.parse))(ids, jnp.asarray([len(r) for r in rows]))  # op by op costs more
     restricted = jax.jit(jax.vmap(te.restrict_to_state, in_axes=(0, None)))(parsed, state)
     names = env.action_names(params)
     got = [[names[a] for a in np.asarray(restricted.actions[i]) if a >= 0] for i in range(len(answers))]
