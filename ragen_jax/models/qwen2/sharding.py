@@ -87,7 +87,7 @@ def make_mesh(data: int = 1, fsdp: int = 1, tensor: int = 1, devices=None) -> Me
     return jax.make_mesh(tuple(sizes), MESH_AXES, axis_types=auto, devices=devices)
 
 
-def _path_str(path) -> str:
+def path_str(path) -> str:
     parts = []
     for k in path:
         if isinstance(k, jax.tree_util.DictKey):
@@ -137,7 +137,7 @@ def param_shardings(params_state, mesh: Mesh, rules: Mapping[str, Any] = DEFAULT
 
     def one(path, leaf):
         shape = np.shape(leaf)
-        axes = logical_axes(_path_str(path), len(shape))
+        axes = logical_axes(path_str(path), len(shape))
         return NamedSharding(mesh, spec_for(shape, axes, mesh, rules))
 
     return jax.tree_util.tree_map_with_path(one, params_state)

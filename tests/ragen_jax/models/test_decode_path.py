@@ -15,7 +15,7 @@ from flax import nnx
 from ragen_jax.models import KVCache, Qwen2, Qwen2Config, with_config
 from ragen_jax.models.qwen2 import model as qwen2_model
 
-from ._helpers import greedy_decode_hlo
+from .helpers import greedy_decode_hlo
 
 
 def _run(model, unroll: bool, cache_dtype, steps):
@@ -41,9 +41,9 @@ def _run(model, unroll: bool, cache_dtype, steps):
 def test_decode_unrolls_only_with_a_32bit_cache_on_cpu():
     cfg = Qwen2Config.from_preset("tiny", num_hidden_layers=2)
     assert jax.default_backend() == "cpu"
-    assert qwen2_model._unrolled_decode(cfg, KVCache.init(cfg, batch=1, max_len=4, dtype="float32"))
-    assert not qwen2_model._unrolled_decode(cfg, KVCache.init(cfg, batch=1, max_len=4, dtype="bfloat16"))
-    assert not qwen2_model._unrolled_decode(cfg.replace(decode_unroll=False),
+    assert qwen2_model.unrolled_decode(cfg, KVCache.init(cfg, batch=1, max_len=4, dtype="float32"))
+    assert not qwen2_model.unrolled_decode(cfg, KVCache.init(cfg, batch=1, max_len=4, dtype="bfloat16"))
+    assert not qwen2_model.unrolled_decode(cfg.replace(decode_unroll=False),
                                             KVCache.init(cfg, batch=1, max_len=4, dtype="float32"))
 
 
@@ -96,7 +96,7 @@ def test_token_loop_carries_hoisted_layer_weights():
 def test_16bit_weights_are_scanned_without_a_float32_copy(path):
     """XLA:CPU slices a stacked bfloat16 weight as float32 (and hoists that conversion: a float32 copy
     of every layer) unless the layer scan of a forward without gradient (the cached path, or
-    `inference=True`) reads it as same-width integers (`_scan_layers`). Truth: the plain `lax.scan` over the same bf16 weights gives the same bits
+    `inference=True`) reads it as same-width integers (`scan_layers`). Truth: the plain `lax.scan` over the same bf16 weights gives the same bits
     (hidden states and cache), and its compiled program holds 2 more bytes per weight than ours
     (XLA's own memory_analysis of the two programs)."""
     cfg = Qwen2Config.from_preset("tiny", num_hidden_layers=4, intermediate_size=512, param_dtype="bfloat16",
@@ -104,14 +104,14 @@ def test_16bit_weights_are_scanned_without_a_float32_copy(path):
     model = Qwen2(cfg, nnx.Rngs(0))
     layers = nnx.state(model.model.layers, nnx.Param).to_pure_dict()
     toks = jnp.arange(12, dtype=jnp.int32).reshape(2, 6) * 5 + 1
-    x = model.model._embed(toks, jnp.ones_like(toks, bool))
+    x = model.model.embed_inputs(toks, jnp.ones_like(toks, bool))
 
     def plain(layer, carry, layers, *rest):
         return jax.lax.scan(layer, carry, (layers, *rest))
 
     def run(scan):
-        old = qwen2_model._scan_layers
-        qwen2_model._scan_layers = scan
+        old = qwen2_model.scan_layers
+        qwen2_model.scan_layers = scan
         try:
             def f(layers, x):
                 valid = jnp.ones(x.shape[:2], bool)
@@ -127,9 +127,9 @@ def test_16bit_weights_are_scanned_without_a_float32_copy(path):
             compiled = jax.jit(f).lower(layers, x).compile()
             return [np.asarray(a) for a in compiled(layers, x)], compiled.memory_analysis().temp_size_in_bytes
         finally:
-            qwen2_model._scan_layers = old
+            qwen2_model.scan_layers = old
 
-    got, ours = run(qwen2_model._scan_layers)
+    got, ours = run(qwen2_model.scan_layers)
     want, theirs = run(plain)
     for g, w in zip(got, want):  # compared as bits
         np.testing.assert_array_equal(g, w)
@@ -140,7 +140,7 @@ def test_16bit_weights_are_scanned_without_a_float32_copy(path):
 
 
 def test_lora_training_forward_keeps_the_frozen_16bit_base_as_integers():
-    """A LoRA model's rematerialised training forward on XLA:CPU (`_scan_frozen_base`): the same loss and the same
+    """A LoRA model's rematerialised training forward on XLA:CPU (`scan_frozen_base`): the same loss and the same
     adapter gradients as the plain layer scan (the truth), and no float32 copy of the bf16 base in
     the compiled gradient program (about 2 bytes per base weight less memory)."""
     from ragen_jax.models.lora import LoRAParam, add_lora
@@ -162,16 +162,16 @@ def test_lora_training_forward_keeps_the_frozen_16bit_base_as_integers():
         return jax.lax.scan(jax.checkpoint(layer, policy=policy), carry, (layers, *rest))
 
     def run(scan):
-        old = qwen2_model._scan_frozen_base
-        qwen2_model._scan_frozen_base = scan
+        old = qwen2_model.scan_frozen_base
+        qwen2_model.scan_frozen_base = scan
         try:
             compiled = jax.jit(jax.value_and_grad(loss)).lower(adapters, base).compile()
             value, grads = compiled(adapters, base)
             return float(value), jax.tree.map(np.asarray, grads), compiled.memory_analysis().temp_size_in_bytes
         finally:
-            qwen2_model._scan_frozen_base = old
+            qwen2_model.scan_frozen_base = old
 
-    v_ours, g_ours, m_ours = run(qwen2_model._scan_frozen_base)
+    v_ours, g_ours, m_ours = run(qwen2_model.scan_frozen_base)
     v_plain, g_plain, m_plain = run(plain)
     assert v_ours == v_plain
     for a, b in zip(jax.tree.leaves(g_ours), jax.tree.leaves(g_plain)):

@@ -35,7 +35,7 @@ from ragen_jax.models.qwen2.sharding import logical_axes
 from ragen_jax.models.qwen2.weights import hf_state_dict
 from ragen_jax.rollout import sampler
 
-from ._helpers import FIXTURES, logits_nocache, logits_step, right_padded
+from .helpers import FIXTURES, logits_nocache, logits_step, right_padded
 
 FAMILY_FIXTURES = ("qwen2_gqa3", "llama_untied", "llama_bias", "qwen3_untied")
 ATOL = 1e-4  # float32 logits (the bound); measured errors are ~1e-6

@@ -12,7 +12,7 @@ from ragen_jax.models import Qwen2, Qwen2Config
 from ragen_jax.models.qwen2 import model as qwen2_model
 from ragen_jax.experiment.config import Config, ConfigError
 
-from ._helpers import greedy_decode_hlo
+from .helpers import greedy_decode_hlo
 
 
 def _bf16(a):
@@ -27,7 +27,7 @@ def test_dense_rounds_operands_and_accumulates_in_float32(transposed):
     b = rng.normal(size=(48,)).astype(np.float32)
     p = {"kernel_t": jnp.asarray(w.T)} if transposed else {"kernel": jnp.asarray(w)}
     p["bias"] = jnp.asarray(b)
-    got = qwen2_model._dense(jnp.asarray(x), p, 0.0, "bfloat16")
+    got = qwen2_model.dense_layer(jnp.asarray(x), p, 0.0, "bfloat16")
     assert got.dtype == jnp.float32
     want = _bf16(x) @ _bf16(w) + b
     np.testing.assert_allclose(np.asarray(got), want, rtol=1e-5, atol=1e-4)

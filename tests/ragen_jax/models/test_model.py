@@ -12,7 +12,7 @@ from flax import nnx
 
 from ragen_jax.models import KVCache, Qwen2, Qwen2Config, Qwen2Critic, critic_from_policy, from_pretrained
 
-from ._helpers import VARIANTS, fixture_dir, logits_nocache, logits_step, reference, right_padded
+from .helpers import VARIANTS, fixture_dir, logits_nocache, logits_step, reference, right_padded
 
 ATOL = 1e-5
 

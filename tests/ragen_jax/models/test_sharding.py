@@ -9,9 +9,9 @@ from flax import nnx
 from jax.sharding import PartitionSpec as P
 
 from ragen_jax.models import KVCache, Qwen2, Qwen2Config, Qwen2Critic, from_pretrained, make_mesh, param_shardings
-from ragen_jax.models.qwen2.sharding import LOGICAL_AXES, _path_str, batch_sharding, cache_sharding, logical_axes
+from ragen_jax.models.qwen2.sharding import LOGICAL_AXES, path_str, batch_sharding, cache_sharding, logical_axes
 
-from ._helpers import fixture_dir, logits_nocache, logits_step, reference
+from .helpers import fixture_dir, logits_nocache, logits_step, reference
 
 pytestmark = pytest.mark.skipif(jax.device_count() < 8, reason="needs 8 (simulated) devices")
 
@@ -26,7 +26,7 @@ def test_every_parameter_has_a_table_entry():
     for cls in (Qwen2, Qwen2Critic):
         module = nnx.eval_shape(lambda: cls(cfg, nnx.Rngs(0)))
         for path, leaf in jax.tree_util.tree_flatten_with_path(nnx.state(module, nnx.Param))[0]:
-            name = _path_str(path)
+            name = path_str(path)
             assert any(re.search(pat, name) and len(ax) == leaf.ndim for pat, ax in LOGICAL_AXES), name
 
 

@@ -14,7 +14,7 @@ from safetensors import safe_open
 from ragen_jax.models import from_pretrained, save_pretrained
 from ragen_jax.models.qwen2.weights import INDEX_FILE, hf_state_dict
 
-from ._helpers import VARIANTS, fixture_dir, reference
+from .helpers import VARIANTS, fixture_dir, reference
 
 
 def _params(model):

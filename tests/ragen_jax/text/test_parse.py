@@ -14,7 +14,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from ragen_jax.text.parse import Parsed, Parser, format_penalty_applies
-from ragen_jax.text.tokenizer import IM_END, _bytes_to_unicode, load_tokenizer
+from ragen_jax.text.tokenizer import IM_END, bytes_to_unicode, load_tokenizer
 
 SOKOBAN = ("Up", "Down", "Left", "Right")
 FROZEN_LAKE = ("Left", "Down", "Right", "Up")
@@ -51,7 +51,7 @@ def run_all():
 @functools.lru_cache(maxsize=None)
 def byte_ids():
     vocab = tok().get_vocab()
-    return np.array([vocab[c] for _, c in sorted(_bytes_to_unicode().items())], np.int32)
+    return np.array([vocab[c] for _, c in sorted(bytes_to_unicode().items())], np.int32)
 
 
 def raw_ids(data: bytes) -> list[int]:

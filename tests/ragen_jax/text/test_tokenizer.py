@@ -24,7 +24,7 @@ def tiktoken_enc():
     tiktoken = pytest.importorskip("tiktoken")
     from tiktoken.load import load_tiktoken_bpe
 
-    ranks = load_tiktoken_bpe(str(tkz._tiktoken_path()))
+    ranks = load_tiktoken_bpe(str(tkz.tiktoken_path()))
     specials = {t: ENDOFTEXT + i for i, (t, _) in enumerate(tkz.ADDED_TOKENS)}
     return tiktoken.Encoding("qwen", pat_str=tkz.QWEN_PATTERN, mergeable_ranks=ranks, special_tokens=specials)
 
@@ -149,9 +149,9 @@ def test_cache_build_is_atomic_and_race_safe(tmp_path, monkeypatch):
 
     monkeypatch.setattr(tkz, "_build_backend", tiny_backend)
     target = tmp_path / "tokenizer" / "v"
-    tkz._build_into_cache(tkz._tiktoken_path(), target)
+    tkz.build_into_cache(tkz.tiktoken_path(), target)
     first = (target / "tokenizer.json").read_bytes()
-    tkz._build_into_cache(tkz._tiktoken_path(), target)  # loses the race: rename onto a full dir
+    tkz.build_into_cache(tkz.tiktoken_path(), target)  # loses the race: rename onto a full dir
     assert (target / "tokenizer.json").read_bytes() == first
     assert sorted(p.name for p in target.parent.iterdir()) == ["v"]
 
