@@ -406,7 +406,24 @@ class ChatIds:
 
 
 def chat_ids(tokenizer) -> ChatIds:
-    """`ChatIds` of a ChatML tokenizer (Qwen2.5, SmolLM2, ...); one sentence when it is not ChatML."""
+    """`ChatIds` of a ChatML tokenizer (Qwen2.5, SmolLM2, ...); one sentence when it is not ChatML.
+    Memoised per tokenizer: `get_vocab()` builds a 150k-entry dict (~0.4 s), and every TextEnv asks."""
+    try:
+        return _chat_ids_memo[tokenizer]
+    except (KeyError, TypeError):  # TypeError: not weak-referenceable, no memo
+        pass
+    ids = _read_chat_ids(tokenizer)
+    try:
+        _chat_ids_memo[tokenizer] = ids
+    except TypeError:
+        pass
+    return ids
+
+
+_chat_ids_memo: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
+
+
+def _read_chat_ids(tokenizer) -> ChatIds:
     vocab = tokenizer.get_vocab()
     missing = [t for t in ("<|im_start|>", "<|im_end|>") if t not in vocab]
     if missing:
