@@ -23,6 +23,7 @@ from ragen_jax.infra.checkpoint import load_policy_params, save_lora_exports
 from ragen_jax.experiment.config import ConfigError, load_config
 from ragen_jax.trainer.rl import Trainer
 from ragen_jax.trainer.sft import SFTTrainer
+from tests.ragen_jax.trainer.tiny_runs import BANDIT_T05
 
 RANK = 4
 # The run of test_train_loop.py (PPO with a critic), with adapters of rank 4 and the AOT memory check.
@@ -159,9 +160,7 @@ def test_eval_of_an_interrupted_run_rebuilds_the_base_under_its_checkpointed_ada
 
 
 # ------------------------------------------------------------------------------- forward equivalences
-BANDIT = ["env.name=Bandit", "prompt.max_turns=1", "prompt.max_actions_per_turn=1", "prompt.max_response_tokens=12",
-          "rollout.max_context=256", "rollout.num_groups=2", "rollout.group_size=4", "rollout.temperature=0.5",
-          "filter.value=1.0", "batching.mini_batch_size=8", "mesh.data=1", "train.val_every=0"]
+BANDIT = list(BANDIT_T05)  # the config of test_step.py's temperature test: its programs compile once
 
 
 def _set_b(adapters, rng):

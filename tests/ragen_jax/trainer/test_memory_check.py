@@ -18,7 +18,9 @@ from ragen_jax.trainer.memory import GIB, bytes_per_device
 FAST = ["--config.train.iterations=1", "--config.train.val_every=0", "--config.rollout.num_groups=2",
         "--config.rollout.group_size=4", "--config.filter.value=0.5", "--config.batching.mini_batch_size=4",
         "--config.batching.micro_batch_size=2", "--config.prompt.max_turns=2", "--config.prompt.max_response_tokens=8",
-        "--config.rollout.max_context=512", "--config.mesh.data=1"]
+        "--config.rollout.max_context=384", "--config.mesh.data=1"]
+# 384 = the 167-token prompt prefix + 2 turn segments of up to 108 tokens (the rollout refuses less): the
+# smallest context that holds both turns, so every program is as small as the truths allow.
 
 
 def test_too_small_device_fails_before_the_first_iteration(tmp_path):

@@ -33,6 +33,7 @@ from ragen_jax.experiment.config import Config, load_config
 from ragen_jax.trainer.rl import Trainer
 from ragen_jax.trainer.step import StepPrograms, TrainState
 from tests.ragen_jax.trainer.algo_knobs import algo_view, set_algo
+from tests.ragen_jax.trainer.tiny_runs import BANDIT_T05
 
 V = 32  # model vocabulary
 P, N, T, K = 4, 4, 12, 2  # groups, group size, tokens, turns
@@ -420,12 +421,9 @@ def test_rollout_logprobs_equal_trainer_old_logprobs_at_temperature(tmp_path):
     """The sampler draws from softmax(logits / T) and records those log-probs; the trainer's
     old log-probs (PPO's denominator) must be of the same distribution. Measured difference ~1e-6
     (KV-cache decode vs one full forward, float32); at T = 0.5 without the scaling it is ~O(1)."""
-    over = ["env.name=Bandit", "prompt.max_turns=1", "prompt.max_actions_per_turn=1",
-            "prompt.max_response_tokens=12", "rollout.max_context=256", "rollout.num_groups=2",
-            "rollout.group_size=4", "rollout.temperature=0.5", "filter.value=1.0",
-            "batching.mini_batch_size=8", "advantage.estimator=grpo", "model.critic=none", "mesh.data=1",
-            "train.val_every=0"]
-    cfg = load_config("tiny_cpu.py", over)
+    # With a critic (the estimator does not enter the log-probs): the config of test_lora_trainer.py's
+    # Bandit test, so the session compiles this rollout and prepare once.
+    cfg = load_config("tiny_cpu.py", list(BANDIT_T05))
     tr = Trainer(cfg, tmp_path, quiet=True)
     traj = tr.rollout(tr.state.actor, jax.random.PRNGKey(0), np.arange(2, dtype=np.int32))
     batch, _ = tr.prepare_fn(tr.state.actor, tr.state.critic, tr.ref, traj)
@@ -435,6 +433,6 @@ def test_rollout_logprobs_equal_trainer_old_logprobs_at_temperature(tmp_path):
     np.testing.assert_allclose(np.asarray(batch.old_logp)[m], rec, atol=2e-4)
     # The unscaled log-probs differ: the test can tell the two apart.
     raw = StepPrograms(dataclasses.replace(cfg, rollout=dataclasses.replace(cfg.rollout, temperature=1.0)),
-                       tr.policy_graph, None, None, None, vocab=tr.vocab)
-    raw_batch, _ = jax.jit(raw.prepare)(tr.state.actor, {}, None, traj)
+                       tr.policy_graph, tr.critic_graph, None, None, vocab=tr.vocab)
+    raw_batch, _ = jax.jit(raw.prepare)(tr.state.actor, tr.state.critic, tr.ref, traj)
     assert np.abs(np.asarray(raw_batch.old_logp)[m] - rec).max() > 0.05
