@@ -44,7 +44,7 @@ RL = ["--config.train.val_size=8", "--config.train.save_every=1", "--config.roll
       "--config.mesh.data=4", "--config.mesh.tensor=2"]
 PPO = [*RL, "--config.train.val_every=2", "--config.train.log_samples=1"]
 GRPO = [*RL, "--config.advantage.estimator=grpo", "--config.advantage.reward_norm=mean_std", "--config.model.critic=none",
-        "--config.train.val_every=0", "--config.train.log_samples=0", "--config.train.iterations=2"]
+        "--config.train.val_every=0", "--config.train.log_samples=0", "--config.train.iterations=1"]
 SFT = ["--config.prompt.max_turns=2", "--config.prompt.max_response_tokens=32", "--config.rollout.max_context=512",
        "--config.sft.num_demos=16", "--config.sft.batch_size=4", "--config.sft.epochs=1", "--config.sft.length_bucket=0",
        "--config.sft.save_every=2", "--config.train.val_every=0", "--config.mesh.data=4", "--config.mesh.tensor=2"]
@@ -179,7 +179,8 @@ def test_grpo_two_processes_equal_one(tmp_path):
     run_two("tpu_train.py", ["--config", "tiny_cpu.py", "--workdir", str(two), "--quiet", *GRPO], tmp_path / "logs")
     run_one("tpu_train.py", ["--config", "tiny_cpu.py", "--workdir", str(one), "--quiet", *GRPO])
     got, want = metrics(two), metrics(one)
-    assert [r["step"] for r in want] == [1, 2] and "critic/value_loss" not in want[0]
+    # One iteration: the PPO test above carries the state over two iterations and a resume.
+    assert [r["step"] for r in want] == [1] and "critic/value_loss" not in want[0]
     assert_same_metrics(got, want)
     assert_same_policy(two, one)
 
