@@ -220,15 +220,16 @@ class StepSettings:
 class StepPrograms:
     """The compiled `prepare` and `update` programs of one config (built once per run)."""
 
-    def __init__(self, settings: StepSettings | Config, actor_graph, critic_graph, actor_opt, critic_opt, vocab=None,
+    def __init__(self, settings: StepSettings, actor_graph, critic_graph, actor_opt, critic_opt, vocab=None,
                  turn_blocks: tuple[int, int] | None = None, batch_shards: int = 1):
-        """`settings`: `StepSettings` (a `Config` is read through `StepSettings.of`). `turn_blocks`:
+        """`settings`: `StepSettings.of(config)`. `turn_blocks`:
         (prefix length, block width) of single-turn records (`TurnBlocks`;
         `ragen_jax.rollout.rollout.turn_blocks(text_env)`), required when
         `prompt.context_window_mode="single_turn"`. `batch_shards`: the data-parallel devices the
         rows are sharded over (`over_taken_blocks` compacts turn blocks within each one)."""
-        s = settings if isinstance(settings, StepSettings) else StepSettings.of(settings)
-        self.settings = s
+        if not isinstance(settings, StepSettings):
+            raise TypeError("StepPrograms takes StepSettings.of(config), not a whole Config")
+        s = self.settings = settings
         self.vocab = vocab
         if s.single_turn and turn_blocks is None:
             raise ConfigError("prompt.context_window_mode='single_turn' needs StepPrograms(turn_blocks=(prefix "

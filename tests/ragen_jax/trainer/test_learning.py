@@ -38,7 +38,7 @@ from ragen_jax.models import Qwen2, Qwen2Config, critic_from_policy
 from ragen_jax.rollout import Trajectories
 from ragen_jax.experiment.config import Config
 from ragen_jax.trainer.optim import make_optimizer
-from ragen_jax.trainer.step import StepPrograms, TrainState
+from ragen_jax.trainer.step import StepPrograms, StepSettings, TrainState
 from tests.ragen_jax.trainer.algo_knobs import set_algo
 
 V = 16
@@ -196,7 +196,7 @@ def programs(estimator: str):
     critic_graph = nnx.split(critic_from_policy(_model(0), nnx.Rngs(1)))[0] if estimator == "gae" else None
     actor_opt = make_optimizer(cfg.optim.actor_lr, cfg.optim)
     critic_opt = make_optimizer(cfg.optim.critic_lr, cfg.optim)
-    prog = StepPrograms(cfg, GRAPH, critic_graph, actor_opt, critic_opt)
+    prog = StepPrograms(StepSettings.of(cfg), GRAPH, critic_graph, actor_opt, critic_opt)
     return prog, jax.jit(prog.prepare), jax.jit(prog.update)
 
 

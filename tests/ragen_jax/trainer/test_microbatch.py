@@ -19,7 +19,7 @@ from ragen_jax.models import Qwen2, Qwen2Config, critic_from_policy
 from ragen_jax.experiment.config import Config, ConfigError, load_config
 from ragen_jax.trainer.optim import make_optimizer
 from ragen_jax.trainer.sft import SFTTrainer, sft_loss
-from ragen_jax.trainer.step import (Batch, StepPrograms, TrainState, accumulated_value_and_grad, join_rows,
+from ragen_jax.trainer.step import (Batch, StepPrograms, StepSettings, TrainState, accumulated_value_and_grad, join_rows,
                                     sequence_logprobs, sequence_values, split_rows)
 
 ROWS, T, VOCAB = 8, 24, 97
@@ -105,7 +105,7 @@ def setup():
 def test_actor_loss_and_gradient_equal_the_single_pass(setup, loss_agg, micro):
     _, graph, params, _, _, b = setup
     cfg = _config(loss_agg, micro, kl=True)
-    prog = StepPrograms(cfg, graph, None, None, None)
+    prog = StepPrograms(StepSettings.of(cfg), graph, None, None, None)
     (loss, m), g = jax.jit(prog.actor_value_and_grad)(params, b)
     (loss0, m0), g0 = _single_pass_actor(cfg, graph, params, b)
     assert float(loss0) != 0.0 and float(m0["actor/pg_clipfrac"]) > 0  # a non-trivial case
@@ -118,7 +118,7 @@ def test_actor_loss_and_gradient_equal_the_single_pass(setup, loss_agg, micro):
 def test_critic_loss_and_gradient_equal_the_single_pass(setup, micro):
     _, graph, _, cgraph, cparams, b = setup
     cfg = _config("token-mean", micro, kl=False)
-    prog = StepPrograms(cfg, graph, cgraph, None, None)
+    prog = StepPrograms(StepSettings.of(cfg), graph, cgraph, None, None)
     (loss, m), g = jax.jit(prog.critic_value_and_grad)(cparams, b)
 
     def truth(p):
@@ -140,7 +140,7 @@ def test_update_program_with_micro_batches_takes_the_same_optimizer_steps(setup)
         cfg = _config("seq-mean-token-mean", micro, kl=False)
         cfg.batching.mini_batch_size = 4
         opt = make_optimizer(1e-3, cfg.optim)
-        prog = StepPrograms(cfg, graph, cgraph, opt, opt)
+        prog = StepPrograms(StepSettings.of(cfg), graph, cgraph, opt, opt)
         state = TrainState(iteration=jnp.zeros((), jnp.int32), key=jax.random.PRNGKey(0), actor=params,
                            actor_opt=opt.init(params), critic=cparams, critic_opt=opt.init(cparams),
                            skipped_updates=jnp.zeros((), jnp.int32))

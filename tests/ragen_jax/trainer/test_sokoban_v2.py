@@ -20,7 +20,7 @@ from ragen_jax.experiment.config import (LEGACY_ALGO_KEYS, Config, ConfigError, 
                                          load_config)
 from ragen_jax.trainer.rl import RESUMABLE_CHANGES, Trainer
 from ragen_jax.experiment.build import check_run_dir_config
-from ragen_jax.trainer.step import StepPrograms, TrainState
+from ragen_jax.trainer.step import StepPrograms, StepSettings, TrainState
 from tests.ragen_jax.trainer.algo_knobs import set_algo
 
 TINY = ["model.preset=tiny", "model.random_init=true", "model.vocab=task", "model.dtype=float32",
@@ -139,7 +139,7 @@ def _programs(graph, **algo):
     cfg.rollout = dataclasses.replace(cfg.rollout, num_groups=P, group_size=N, max_context=T)
     set_algo(cfg, **{"estimator": "grpo", "mini_batch_size": 2, **algo})
     opt = optax.adamw(1e-2)
-    return StepPrograms(cfg.validate(), graph, None, opt, opt), opt
+    return StepPrograms(StepSettings.of(cfg.validate()), graph, None, opt, opt), opt
 
 
 def test_empty_selection_takes_no_optimizer_step(tiny):

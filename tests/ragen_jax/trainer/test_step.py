@@ -31,7 +31,7 @@ from ragen_jax.models import Qwen2, Qwen2Config, critic_from_policy
 from ragen_jax.rollout import Trajectories
 from ragen_jax.experiment.config import Config, load_config
 from ragen_jax.trainer.rl import Trainer
-from ragen_jax.trainer.step import StepPrograms, TrainState
+from ragen_jax.trainer.step import StepPrograms, StepSettings, TrainState
 from tests.ragen_jax.trainer.algo_knobs import algo_view, set_algo
 from tests.ragen_jax.trainer.tiny_runs import BANDIT_T05
 
@@ -93,7 +93,7 @@ class Setup:
                                           else (None, {}))
         noise = jax.random.PRNGKey(7)
         self.ref = jax.tree.map(lambda x: x + 0.05 * jax.random.normal(noise, x.shape, x.dtype), self.actor)
-        self.programs = StepPrograms(cfg, self.graph, self.critic_graph, _sgd(), _sgd(CRITIC_LR))
+        self.programs = StepPrograms(StepSettings.of(cfg), self.graph, self.critic_graph, _sgd(), _sgd(CRITIC_LR))
         self.prepare = jax.jit(self.programs.prepare)
         self.update = jax.jit(self.programs.update)
         self.traj = _trajectories(3)
@@ -432,7 +432,7 @@ def test_rollout_logprobs_equal_trainer_old_logprobs_at_temperature(tmp_path):
     rec = np.asarray(traj.logprobs)[:, 1:][m]  # filter_ratio 1 keeps the rows in order
     np.testing.assert_allclose(np.asarray(batch.old_logp)[m], rec, atol=2e-4)
     # The unscaled log-probs differ: the test can tell the two apart.
-    raw = StepPrograms(dataclasses.replace(cfg, rollout=dataclasses.replace(cfg.rollout, temperature=1.0)),
+    raw = StepPrograms(StepSettings.of(dataclasses.replace(cfg, rollout=dataclasses.replace(cfg.rollout, temperature=1.0))),
                        tr.policy_graph, tr.critic_graph, None, None, vocab=tr.vocab)
     raw_batch, _ = jax.jit(raw.prepare)(tr.state.actor, tr.state.critic, tr.ref, traj)
     assert np.abs(np.asarray(raw_batch.old_logp)[m] - rec).max() > 0.05

@@ -29,7 +29,7 @@ from ragen_jax.experiment.config import Config, ConfigError, load_config
 from ragen_jax.models import Qwen2, Qwen2Config
 from ragen_jax.rollout import Rollout, Trajectories, group_seeds_for_iteration
 from ragen_jax.trainer.rl import Trainer
-from ragen_jax.trainer.step import StepPrograms, sequence_logprobs
+from ragen_jax.trainer.step import StepPrograms, StepSettings, sequence_logprobs
 from tests.ragen_jax.algorithms.ref_gigpo import port_gigpo
 from tests.ragen_jax.trainer.algo_knobs import set_algo
 
@@ -94,7 +94,7 @@ def _programs(graph, **algo):
     cfg.model.critic = "none"
     cfg.rollout = dataclasses.replace(cfg.rollout, num_groups=P, group_size=N, max_context=T)
     set_algo(cfg, **{"estimator": "grpo", "mini_batch_size": P * N, "value": 1.0, "entropy_coef": 0.0, **algo})
-    return StepPrograms(cfg.validate(), graph, None, optax.sgd(0.0), optax.sgd(0.0))
+    return StepPrograms(StepSettings.of(cfg.validate()), graph, None, optax.sgd(0.0), optax.sgd(0.0))
 
 
 @pytest.fixture(scope="module")
