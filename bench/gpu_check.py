@@ -33,6 +33,7 @@ from __future__ import annotations
 import argparse
 import importlib.metadata
 import json
+import os
 import platform
 import shutil
 import subprocess
@@ -393,8 +394,19 @@ def part_fit_3b(sz: dict, setting: str = FIT_SETTING) -> dict:
 
 
 # ----------------------------------------------------------------------------- driver
+def run_settings() -> dict:
+    """What changes the numbers without changing the code: the allocator (on 2026-11-27 the same float32
+    iteration ran out of memory without preallocation and fit with it) and the float32 matmul precision
+    (XLA's GPU default for float32 dots is TF32 unless `jax_default_matmul_precision` says otherwise)."""
+    names = ("XLA_PYTHON_CLIENT_PREALLOCATE", "XLA_PYTHON_CLIENT_MEM_FRACTION", "XLA_PYTHON_CLIENT_ALLOCATOR",
+             "TF_GPU_ALLOCATOR", "XLA_FLAGS")
+    return {**{n: os.environ.get(n) for n in names},
+            "jax_default_matmul_precision": jax.config.jax_default_matmul_precision}
+
+
 def run_parts(parts, sz: dict, rehearsal: bool, budget_s: float, out_path: Path) -> dict:
-    result = {"rehearsal": rehearsal, "budget_s": budget_s, "started_unix": time.time(), "parts": {}}
+    result = {"rehearsal": rehearsal, "budget_s": budget_s, "started_unix": time.time(), "settings": run_settings(),
+              "parts": {}}
     t_start = time.perf_counter()
     env: dict = {}
     for name in parts:

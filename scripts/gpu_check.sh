@@ -17,10 +17,14 @@ else
   export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
 fi
 export PYTHONUNBUFFERED=1 HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1
-# The Trainer reads the device's memory limit itself; XLA must not take 75% of it up front, or the
-# peak-memory numbers measure the preallocation instead of the programs.
-# The fraction lets the allocator grow to nearly the whole card (the 3B update's target is 70 GiB).
-export XLA_PYTHON_CLIENT_PREALLOCATE=false XLA_PYTHON_CLIENT_MEM_FRACTION=0.95
+# The allocator keeps JAX's default, one preallocated pool (now 95% of the card: the 3B update's target is
+# 70 GiB). Without preallocation (PREALLOCATE=false, this script's setting until 2026-11-27) the pool grows
+# region by region and freed regions stay as holes: the float32 0.5B update then failed to get its one
+# 37.6 GiB temporary block on an 80 GB H100 that the same program fits with the pool (peak 48.6 GiB).
+# The peaks stay the programs' own either way: memory_stats' peak_bytes_in_use counts allocated
+# buffers, not the pool. Override from the caller's environment to compare.
+export XLA_PYTHON_CLIENT_PREALLOCATE="${XLA_PYTHON_CLIENT_PREALLOCATE:-true}" \
+  XLA_PYTHON_CLIENT_MEM_FRACTION="${XLA_PYTHON_CLIENT_MEM_FRACTION:-0.95}"
 # The CPU rehearsal (CI) only: its programs' speed means nothing and their compile time is most of
 # its minute, so XLA optimises less (about a fifth less CPU time).
 case " $* " in

@@ -1,9 +1,12 @@
 #!/usr/bin/env bash
-# A second, shorter GPU call after scripts/gpu_check.sh: the 3B fit at the setting that meets its target, the
-# rollout/trainer dtype variants of the 0.5B iteration (issue 33's mismatch), and the 3B fit at 8-row
-# micro-batches with the GPU's own memory estimate. Each in its own process with its own limit.
-# On the H100 (2026-11-26) the float32 iterations were still compiling at 120 s: they now get 200 s, so the
-# whole call needs timeout_s ~560 (a fresh machine's start comes on top).
+# The second GPU call of a session, after scripts/gpu_check.sh: what the last session left open, each in its
+# own process with its own limit (docs/accelerators.md, "Second GPU session").
+#   f32_highest   the 0.5B float32 iteration with full-precision float32 matmuls: is the float32 sampler/trainer
+#                 log-prob gap seen on 2026-11-27 (mean 0.0025, max 0.014; 1.6e-7 on CPU) the GPU's default
+#                 TF32 dots?
+#   fit_mb8       the 3B GRPO update at 8-row micro-batches (CPU estimate 64.7 GB; 60 s was too short on 11-27)
+# On the H100 (2026-11-27) a float32 iteration took 77-81 s to build and compile and 124 s in all: the call
+# needs timeout_s ~360 (a fresh machine's start comes on top).
 set -u
 OUT="${OUT:-/tmp/gpu_followup_out}"; mkdir -p "$OUT"
 run() {  # name, seconds, flags...
@@ -12,7 +15,5 @@ run() {  # name, seconds, flags...
   echo "== $name rc=$?"; grep -v "Loading weights" "$OUT/$name.log" | tail -3 | cut -c1-1500
   cp "$OUT/$name/gpu_check.json" "$OUT/$name.json" 2>/dev/null; rm -rf "$OUT/$name"
 }
-run fit_mb4 110 --parts fit_3b --fit-setting after-mb4
-run iter_f32 200 --parts environment,iteration --iteration-set model.dtype=float32
-run iter_f32_rollout_bf16 200 --parts environment,iteration --iteration-set model.dtype=float32 --iteration-set rollout.matmul_dtype=bfloat16
-run fit_mb8 60 --parts fit_3b --fit-setting after
+JAX_DEFAULT_MATMUL_PRECISION=highest run f32_highest 200 --parts environment,iteration --iteration-set model.dtype=float32
+run fit_mb8 120 --parts fit_3b --fit-setting after

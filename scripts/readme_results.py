@@ -324,6 +324,52 @@ def gpu_section(files: list) -> list[str]:
     return out + [""]
 
 
+def _gpu_run_row(name: str, d: dict) -> str:
+    """One follow-up call's part (bench/results/gpu_runs/<date>_<name>.json): its settings and outcome."""
+    call = d.get("call") or d.get("settings") or {}
+    alloc = call.get("XLA_PYTHON_CLIENT_PREALLOCATE")
+    prec = call.get("jax_default_matmul_precision")
+    dev = ((d.get("parts") or {}).get("environment") or {}).get("device_kind") or call.get("device_kind") or "GPU"
+    cmd = call.get("command", "").split()
+    sets = [cmd[i + 1] for i, w in enumerate(cmd[:-1]) if w == "--iteration-set"]
+    gib = 2**30
+    for part, r in (d.get("parts") or {}).items():
+        if part == "fit_3b":
+            what = f"3B GRPO update, `{r.get('setting')}` ({r.get('micro_batch_size')}-row micro-batches)"
+            times = _fmt(r.get("update_s"), ".2f", " s update") if r.get("update_s") else "-"
+            est = r.get("estimate_program_bytes")
+        elif part == "iteration":
+            extra = [o for o in r.get("overrides", sets) if o.startswith(("model.dtype", "rollout.matmul_dtype"))]
+            what = "0.5B Sokoban iteration, " + (", ".join(f"`{o}`" for o in extra) or "bf16")
+            times = (f"{_fmt(r.get('rollout_s'), '.1f')} / {_fmt(r.get('prepare_s'), '.2f')} / "
+                     f"{_fmt(r.get('update_s'), '.2f')} s") if r.get("rollout_s") else "-"
+            est = r.get("estimate_max_total_bytes")
+        else:
+            continue
+        mm = r.get("mismatch") or {}
+        mism = (f"{mm['mismatch/logp_abs_diff_mean']:.4f} / {mm['mismatch/logp_abs_diff_max']:.3f} / "
+                f"{mm['mismatch/k3_kl']:.1e}" if mm else "-")
+        peak = r.get("peak_bytes_in_use")
+        outcome = ("OOM: " + r["error"].split("allocate ")[-1].split(" with")[0] + " block" if r.get("error")
+                   else f"{_fmt(peak and peak / gib, '.2f')} / {_fmt(est and est / gib, '.2f')}")
+        return (f"| {name[:10]} | {dev} | {what} | {alloc or '?'} | {prec or 'default'} | {outcome} | {times} | "
+                f"{mism} |")
+    return ""
+
+
+def gpu_runs_section(res: Path) -> list[str]:
+    """The shorter follow-up calls (scripts/gpu_followup.sh), one row per part run."""
+    rows = [_gpu_run_row(f.stem, _load(f) or {}) for f in sorted((res / "gpu_runs").glob("*.json"))]
+    rows = [r for r in rows if r]
+    if not rows:
+        return []
+    return ["Follow-up calls (`scripts/gpu_followup.sh` and single parts; raw JSON in bench/results/gpu_runs/): "
+            "preallocate is `XLA_PYTHON_CLIENT_PREALLOCATE` (fraction 0.95 in every call); mismatch is the "
+            "sampler's against the trainer's log-probs of the same tokens (mean abs / max abs / k3 KL).", "",
+            "| date | device | what | preallocate | f32 matmul precision | peak / estimate GiB | "
+            "rollout / prepare / update | mismatch |", "|---|---|---|---|---|---|---|---|", *rows, ""]
+
+
 DEMO_DIR = Path("docs") / "demo_results"  # committed copies of the demo's outputs (launch/demo.py --publish)
 PUBLISH_CMD = "python launch/demo.py --workdir runs/demo --publish docs/demo_results && python scripts/readme_results.py"
 # The same demo from the pretrained SmolLM2-135M-Instruct (launch/demo.py --model smollm2), one published
@@ -452,6 +498,7 @@ def render(root: Path = ROOT) -> str:
     lines += sft_step_section(_load(res / "sft_step.json"))
     lines += turn_blocks_section(_load(res / "turn_blocks.json"))
     lines += gpu_section([_load(f) for f in sorted(res.glob("gpu_*.json"))])
+    lines += gpu_runs_section(res)
     lines += envs_section(_load(res / "envs.json"))
     lines += sokoban_section(_load(res / "sokoban_difficulty.json"))
     lines += demo_section(root)

@@ -248,3 +248,34 @@ def test_pretrained_family_sections(tmp_path):
     assert "policy `smollm2`" in section.splitlines()[2]
     assert "![curves_bandit_sft](docs/pretrained_results/bandit/curves_bandit_sft.png)" in section
     assert "### CPU demo from a pretrained model: sokoban" not in md and "published yet" not in md
+
+
+def test_gpu_follow_up_rows(tmp_path):
+    """bench/results/gpu_runs/: one row per part, settings from the call, the OOM's block size read from the
+    allocator's error, peaks and mismatch typed out by hand."""
+    runs = tmp_path / "gpu_runs"
+    runs.mkdir()
+    call = {"command": "bash scripts/gpu_check.sh --parts environment,iteration --iteration-set model.dtype=float32",
+            "XLA_PYTHON_CLIENT_PREALLOCATE": "false", "device_kind": "H100"}
+    oom = {"call": call, "parts": {"iteration": {"error": "JaxRuntimeError: RESOURCE_EXHAUSTED: Out of memory while "
+                                                          "trying to allocate 37.58GiB with allocator GPU_0_bfc"}}}
+    ok = {"settings": {"XLA_PYTHON_CLIENT_PREALLOCATE": "true", "jax_default_matmul_precision": "highest"},
+          "parts": {"environment": {"device_kind": "H100"},
+                    "iteration": {"overrides": ["model.random_init=true", "model.dtype=float32"], "rollout_s": 24.94,
+                                  "prepare_s": 2.924, "update_s": 11.8, "peak_bytes_in_use": 3 * 2**30,
+                                  "estimate_max_total_bytes": 2.5 * 2**30,
+                                  "mismatch": {"mismatch/logp_abs_diff_mean": 0.00246, "mismatch/logp_abs_diff_max": 0.0143,
+                                               "mismatch/k3_kl": 4.8e-6}}}}
+    fit = {"parts": {"fit_3b": {"setting": "after-mb4", "micro_batch_size": 4, "update_s": 6.78,
+                                "peak_bytes_in_use": 60 * 2**30, "estimate_program_bytes": 59.5 * 2**30}}}
+    for name, d in (("2026-11-27_a", oom), ("2026-11-27_b", ok), ("2026-11-28_c", fit)):
+        (runs / f"{name}.json").write_text(json.dumps(d))
+    rows = readme_results.gpu_runs_section(tmp_path)[4:-1]
+    assert rows == [
+        "| 2026-11-27 | H100 | 0.5B Sokoban iteration, `model.dtype=float32` | false | default | OOM: 37.58GiB block | - | - |",
+        "| 2026-11-27 | H100 | 0.5B Sokoban iteration, `model.dtype=float32` | true | highest | 3.00 / 2.50 | "
+        "24.9 / 2.92 / 11.80 s | 0.0025 / 0.014 / 4.8e-06 |",
+        "| 2026-11-28 | GPU | 3B GRPO update, `after-mb4` (4-row micro-batches) | ? | default | 60.00 / 59.50 | "
+        "6.78 s update | - |",
+    ]
+    assert readme_results.gpu_runs_section(tmp_path / "none") == []

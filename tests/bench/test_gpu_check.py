@@ -109,5 +109,8 @@ def test_bad_input_gets_one_sentence(tmp_path, capsys):
 def test_shell_script_prints_the_summary(rehearsal_run):
     d, stdout = rehearsal_run
     assert d["parts"]["environment"]["device_kind"] == "cpu"
+    # the script's allocator defaults (one preallocated pool of 95%) are recorded with the numbers
+    assert d["settings"]["XLA_PYTHON_CLIENT_PREALLOCATE"] == os.environ.get("XLA_PYTHON_CLIENT_PREALLOCATE", "true")
+    assert d["settings"]["XLA_PYTHON_CLIENT_MEM_FRACTION"] == os.environ.get("XLA_PYTHON_CLIENT_MEM_FRACTION", "0.95")
     for name in gpu_check.PARTS:  # one summary line per part, in the reply's tail
         assert f"\n{name} {{" in "\n" + stdout
