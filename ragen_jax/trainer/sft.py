@@ -117,7 +117,7 @@ def unfold_turn_rows(tokens, loss_mask, length, turn_start, prefix_len: int, wid
     episode becomes its own row, the shared prompt prefix followed by that turn's block (segment and
     answer, at most `width` tokens), which is exactly the context the policy answers that turn from.
     The blocks are the trainer's (`turn_blocks.TurnBlocks.unfold`). Host arrays: tokens and loss_mask
-    [N, T], length [N], turn_start [N, M] (-1: not taken) -> rows [R, prefix_len + width] (pad
+    [N, T], length [N], turn_start [N, M] (-1: not taken) -> rows [R, L] (L: the longest row; pad
     pad_id, mask False) and their lengths [R], episode-major, turns in order."""
     t = tokens.shape[1]
     blocks = TurnBlocks(start=np.asarray(turn_start, np.int32), prefix=prefix_len, width=width)
@@ -128,7 +128,11 @@ def unfold_turn_rows(tokens, loss_mask, length, turn_start, prefix_len: int, wid
     prefix = np.broadcast_to(np.asarray(tokens[0, :prefix_len], np.int32), (int(taken.sum()), prefix_len))
     rows = np.concatenate([prefix, np.where(ok, ids, pad_id)[taken]], axis=1).astype(np.int32)
     rows_mask = np.concatenate([np.zeros(prefix.shape, bool), mask[taken]], axis=1)
-    return rows, rows_mask, (prefix_len + ok.sum(axis=1)[taken]).astype(np.int32)
+    lengths = (prefix_len + ok.sum(axis=1)[taken]).astype(np.int32)
+    # Cut to the longest row, not the longest possible block: SFT's widest length bucket pads to the
+    # rows' width (CPU demo: 113 instead of 128 columns after the prefix, a cheaper step, same loss).
+    w = int(lengths.max(initial=prefix_len))
+    return rows[:, :w], rows_mask[:, :w], lengths
 
 
 def length_buckets(suffix_len: np.ndarray, bucket: int, full: int, batch_size: int) -> np.ndarray:

@@ -171,6 +171,11 @@ def test_single_turn_demonstrations_become_one_row_per_turn():
     np.testing.assert_array_equal(rows, [[1, 2, 3, 10, 11, 12], [1, 2, 3, 20, 21, p], [1, 2, 3, 30, 31, 32]])
     np.testing.assert_array_equal(n, [6, 5, 6])
     np.testing.assert_array_equal(rmask, [[0, 0, 0, 0, 0, 1], [0, 0, 0, 0, 1, 0], [0, 0, 0, 0, 0, 1]])
+    # Blocks wider than any turn: the same rows, no wider than the longest (SFT pads batches to it).
+    wide = unfold_turn_rows(tokens, mask, np.array([8, 6]), np.array([[3, 6, -1], [3, -1, -1]]), 3,
+                            width=5, pad_id=ENDOFTEXT)
+    for x, y in zip(wide, (rows, rmask, n)):
+        np.testing.assert_array_equal(x, y)
 
 
 def test_untaken_turn_blocks_are_skipped_exactly(setup):
