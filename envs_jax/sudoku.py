@@ -15,9 +15,10 @@ Rules (the reference's):
   full (no placement ever makes a conflict, so full = solved). The episode ends on a valid
   placement that solves the grid or reaches `max_steps` (81) steps; RAGEN's env manager cuts
   it at max_actions_per_traj (20 SimpleSudoku, 30 MediumSudoku) = `max_steps_in_episode`.
-- The reference also takes free text ("place 5 at row 2 col 3", "(2,3,5)", ...), pays -0.1 for
-  text it cannot parse or numbers out of range, and echoes that text in its feedback: here that is
-  the text layer's job (such answers never reach the env as an action).
+- The reference takes free text in six forms ("place 5 at row 2 col 3", "(2,3,5)", "2,3,5", ...) and
+  pays -0.1 for text it cannot parse or numbers out of range: the text layer reads the six forms into
+  these indices (ragen_jax/text/placement.py) and gives an unreadable piece the format penalty (such
+  answers never reach the env as an action).
 The state keeps the last action's outcome (`feedback`, `last`) for the reference's feedback lines.
 """
 
@@ -453,6 +454,10 @@ class Sudoku(AgentEnv):
 
     def is_success(self, state, params):
         return jnp.all(state.grid != 0)
+
+    # The text layer reads each answer piece in the reference's six free-text forms
+    # (ragen_jax/text/placement.py) into the index of its "row,col,digit" name.
+    answer_format = "placement"
 
     def action_names(self, params) -> tuple[str, ...]:
         return action_names(params.grid_size)

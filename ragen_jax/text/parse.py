@@ -96,7 +96,7 @@ def format_penalty_applies(parsed: Parsed):
     return parsed.has_invalid | (parsed.num_actions == 0)
 
 
-def _occurs(buf: jax.Array, pattern: bytes) -> jax.Array:
+def occurs(buf: jax.Array, pattern: bytes) -> jax.Array:
     """bool [N]: `pattern` starts at i. Bytes past the end are 0, which no pattern byte is."""
     n, m = buf.shape[0], len(pattern)
     padded = jnp.concatenate([buf, jnp.zeros((m,), buf.dtype)])
@@ -106,7 +106,7 @@ def _occurs(buf: jax.Array, pattern: bytes) -> jax.Array:
     return hit
 
 
-def _whitespace_cover(buf: jax.Array) -> jax.Array:
+def whitespace_cover(buf: jax.Array) -> jax.Array:
     """bool [N]: byte i belongs to a (complete, decodable) whitespace character."""
     n = buf.shape[0]
     b = jnp.concatenate([buf, jnp.zeros((2,), buf.dtype)])
@@ -139,6 +139,18 @@ def _shift(x, d: int, fill):  # x[i - d]
 
 def _unshift(x, d: int, fill):  # x[i + d]
     return jnp.concatenate([x[d:], jnp.full((d,), fill, x.dtype)])
+
+
+def parsed_from_pieces(readable: jax.Array, action: jax.Array, kept, ok) -> Parsed:
+    """Parsed from each of the k piece slots' reading (readable bool [k], action int [k]): the valid
+    actions of the first `kept` slots in order, and has_invalid when a kept slot is not readable."""
+    k = readable.shape[0]
+    is_kept = jnp.arange(k) < kept
+    valid = is_kept & readable
+    out_slot = jnp.where(valid, jnp.cumsum(valid.astype(jnp.int32)) - 1, k)
+    actions = jnp.full((k,), -1, jnp.int32).at[out_slot].set(action.astype(jnp.int32), mode="drop")
+    return Parsed(actions=actions, num_actions=jnp.sum(valid.astype(jnp.int32)), format_ok=ok,
+                  has_invalid=jnp.any(is_kept & ~valid))
 
 
 class Parser:
@@ -275,8 +287,8 @@ class Parser:
         k = self.max_actions_per_turn
         pos = jnp.arange(n, dtype=jnp.int32)
 
-        solid = ~_whitespace_cover(buf)
-        at_answer = _occurs(buf, b"<answer>")
+        solid = ~whitespace_cover(buf)
+        at_answer = occurs(buf, b"<answer>")
 
         # "||" separators, left to right and non-overlapping: even offsets in a run of pipes.
         # Computed on the whole buffer: runs inside the answer are bounded by its tags' > and <.
@@ -286,9 +298,9 @@ class Parser:
         sep_byte = sep | _shift(sep, 1, False)
 
         if self.think:
-            p = _first(_occurs(buf, b"<think>"))
+            p = _first(occurs(buf, b"<think>"))
             # The ">" of a "</think>" that starts at or after the end of the first "<think>".
-            close_end = _shift(_occurs(buf, b"</think>") & (pos >= p + 7), 7, False)
+            close_end = _shift(occurs(buf, b"</think>") & (pos >= p + 7), 7, False)
         else:
             close_end = jnp.zeros((n,), bool)
         # Nearest solid (non-whitespace) byte before / after each i, with two flags packed in
@@ -307,7 +319,7 @@ class Parser:
         else:
             q = _first(at_answer)
         a = q + 8
-        z = _first(_occurs(buf, b"</answer>") & (pos >= a))
+        z = _first(occurs(buf, b"</answer>") & (pos >= a))
         ok = (q < n) & (z < n)
         in_answer = ok & (pos >= a) & (pos < z)
 
@@ -327,7 +339,7 @@ class Parser:
         (a free-text subclass reads the pieces its own way)."""
         n, k = buf.shape[0], self.max_actions_per_turn
         if self._fold_kelvin:
-            kelvin = _occurs(buf, bytes(_KELVIN))
+            kelvin = occurs(buf, bytes(_KELVIN))
             keep = ~(_shift(kelvin, 1, False) | _shift(kelvin, 2, False))
             folded = jnp.cumsum(keep.astype(jnp.int32)) - keep  # index in the folded text
             vals = jnp.where(kelvin, jnp.uint8(ord("k")), buf)
@@ -343,19 +355,10 @@ class Parser:
         seg = jnp.where((seg >= ord("A")) & (seg <= ord("Z")), seg + 32, seg)
         same = (seg[:, None, :] == name_bytes[None, :, :]) | (jnp.arange(ln)[None, None, :] >= name_lens[None, :, None])
         match = jnp.all(same, axis=-1) & ((ends - starts)[:, None] == name_lens[None, :])  # [k, A]
-        is_kept = jnp.arange(k) < kept
-        valid = is_kept & jnp.any(match, axis=-1)
-        action = jnp.argmax(match, axis=-1).astype(jnp.int32)
-        out_slot = jnp.where(valid, jnp.cumsum(valid.astype(jnp.int32)) - 1, k)
-        actions = jnp.full((k,), -1, jnp.int32).at[out_slot].set(action, mode="drop")
-        return Parsed(
-            actions=actions,
-            num_actions=jnp.sum(valid.astype(jnp.int32)),
-            format_ok=ok,
-            has_invalid=jnp.any(is_kept & ~valid),
-        )
+        return parsed_from_pieces(jnp.any(match, axis=-1), jnp.argmax(match, axis=-1), kept, ok)
 
     format_penalty_applies = staticmethod(format_penalty_applies)
 
 
-__all__ = ["ACTION_SEP", "Parsed", "Parser", "format_penalty_applies"]
+__all__ = ["ACTION_SEP", "Parsed", "Parser", "format_penalty_applies", "occurs", "parsed_from_pieces",
+           "whitespace_cover"]

@@ -51,6 +51,7 @@ from ragen_jax.text import render
 from ragen_jax.text.tokenizer import chat_ids
 from ragen_jax.text.expression import ExpressionParser
 from ragen_jax.text.parse import Parser
+from ragen_jax.text.placement import PlacementParser
 
 # Host tables per tokenizer object (weak: a dropped tokenizer drops its tables). Keys inside are
 # the texts' defining values, so two TextEnvs of the same env/config share tables; 8x8 Sokoban's
@@ -336,10 +337,15 @@ class TextEnv:
 
     def make_parser(self, max_tokens: int, emit_ids=None) -> Parser:
         """The parser of this env's answers: action names, or a free-text reader for an env whose
-        `answer_format` is "expression" (Countdown; text/expression.py)."""
-        if getattr(self.env, "answer_format", None) == "expression":
+        `answer_format` is "expression" (Countdown; text/expression.py) or "placement" (Sudoku's six
+        free-text forms; text/placement.py)."""
+        answer_format = getattr(self.env, "answer_format", None)
+        if answer_format == "expression":
             return ExpressionParser(self.tokenizer, self.max_actions_per_turn, think=self.config.think,
                                     max_tokens=max_tokens, emit_ids=emit_ids)
+        if answer_format == "placement":
+            return PlacementParser(self.tokenizer, self.env_params.grid_size, self.max_actions_per_turn,
+                                   think=self.config.think, max_tokens=max_tokens, emit_ids=emit_ids)
         return Parser(self.tokenizer, self.action_names, self.max_actions_per_turn, think=self.config.think,
                       max_tokens=max_tokens, emit_ids=emit_ids)
 
