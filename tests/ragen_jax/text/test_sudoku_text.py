@@ -1,7 +1,7 @@
 """Sudoku's text layer: the `with_feedback` text assembled in-graph from slot tables equals the Qwen
 tokenizer's encoding of the host text (`observation_text`, the reference's render) over random states
 that cover every feedback kind and the valid-numbers block; the prompt is the reference's (its
-instruction, no action list); answers "r,c,d" parse to the env's actions; and the backtracking
+instruction, no action list); answers in the reference's forms parse to the env's actions; and the backtracking
 teacher's demonstrations, run through the compiled rollout, place only valid digits and solve."""
 
 from __future__ import annotations
@@ -99,11 +99,13 @@ def test_prompt_is_the_reference(text_env):
 
 def test_answers_parse_to_actions(text_env):
     names = sd.action_names(9)
-    p = text_env.parse_text("<think>ok</think><answer>2,3,5 || 9,9,9 || place 5 at row 2 col 3</answer>")
-    assert list(p.actions[:2]) == [names.index("2,3,5"), names.index("9,9,9")] and bool(p.has_invalid)
-    ids = text_env.tokenizer.encode("<think>ok</think><answer>2,3,5 || 9,9,9</answer>", add_special_tokens=False)
+    text = "<think>ok</think><answer>2,3,5 || 9,9,9 || place 4 at row 2 col 3 || 10,1,1</answer>"
+    p = text_env.parse_text(text)  # the six forms: tests/ragen_jax/text/test_placement.py
+    want = [names.index("2,3,5"), names.index("9,9,9"), names.index("2,3,4")]
+    assert list(p.actions[:3]) == want and bool(p.has_invalid)
+    ids = text_env.tokenizer.encode(text, add_special_tokens=False)
     q = jax.jit(text_env.parse)(jnp.asarray(ids + [0] * 8), len(ids))  # compiled: op by op costs more
-    assert list(np.asarray(q.actions[:2])) == list(p.actions[:2]) and int(q.num_actions) == 2
+    assert list(np.asarray(q.actions[:3])) == want and int(q.num_actions) == 3 and bool(q.has_invalid)
 
 
 def test_teacher_demos_place_valid_digits(text_env, qwen):
