@@ -20,7 +20,7 @@ to a pattern character), each flagged with "whitespace before it". A pattern is 
 of atoms with "whitespace required / forbidden / either" flags (`\\s+` / nothing / `\\s*`), matched at
 every atom by shifted comparisons. A match never crosses a piece's edge: the atoms next to a piece are
 `|`, `>` or `<`, which no pattern contains. Cost: elementwise ops, three prefix scans, two prefix
-sums, one scatter (the atom stream), six reverse min scans, and 12 gathers per piece slot.
+sums, one scatter (the atom stream), six reverse min scans, and 13 gathers per piece slot.
 """
 
 from __future__ import annotations
