@@ -19,8 +19,9 @@ allowed) and each other non-whitespace byte (ASCII letters lowered: no non-ASCII
 to a pattern character), each flagged with "whitespace before it". A pattern is then a fixed sequence
 of atoms with "whitespace required / forbidden / either" flags (`\\s+` / nothing / `\\s*`), matched at
 every atom by shifted comparisons. A match never crosses a piece's edge: the atoms next to a piece are
-`|`, `>` or `<`, which no pattern contains. Cost: elementwise ops, three prefix scans, two prefix
-sums, one scatter (the atom stream), six reverse min scans, and 13 gathers per piece slot.
+`|`, `>` or `<`, which no pattern contains. Cost: elementwise ops, one prefix max scan, one prefix
+sum, two scatters (the atom stream), masked min / any reductions over [k, N], and 5 gathers per
+piece slot (prefix scans cost about 30x an elementwise op on the CPU: a [k, N] reduction is cheaper).
 """
 
 from __future__ import annotations
@@ -101,21 +102,22 @@ def atoms(buf: jax.Array):
     low = jnp.where((b >= 65) & (b <= 90), b + 32, b)
     space = whitespace_cover(buf)
     digit = (b >= 48) & (b <= 57)
-    prev_digit = _shift(digit, 1, False)
-    run_start = digit & ~prev_digit
+    prev = [_shift(digit, k, False) for k in (1, 2, 3)]
+    start = ~space & ~(digit & prev[0])
     run_end = digit & ~_unshift(digit, 1, False)
-    start = ~space & (~digit | run_start)
-    emit = ~space & (~digit | run_end)  # where an atom is complete: its own byte, a run's last digit
-    flag = jax.lax.cummax(jnp.where(start, 2 * pos + _shift(space, 1, False), -1)) & 1
-    # Digit values by scans only: the last three digits of the run, saturated when a non-zero digit
-    # lies 3 or more places before the run's end.
-    first = jax.lax.cummax(jnp.where(run_start, pos, -1))
-    value = sum(jnp.where(pos - k >= first, _shift(b, k, 48) - 48, 0) * 10 ** k for k in range(3))
-    last_nonzero = jax.lax.cummax(jnp.where(digit & (b != 48), pos, -1))
-    value = jnp.where(_shift(last_nonzero, 3, -1) >= first, SATURATED, value)
-    packed = jnp.where(digit, value * 1024 + DIGITS, low) + flag * 512
+    # A run's value from its last three digits; saturated when the latest non-digit-or-non-zero-digit
+    # byte at or before pos - 3 is a non-zero digit of the run (one scan: the scans are the slow ops).
+    value = b - 48 + jnp.where(prev[0], 10 * (_shift(b, 1, 48) - 48), 0) + jnp.where(
+        prev[0] & prev[1], 100 * (_shift(b, 2, 48) - 48), 0)
+    event = jax.lax.cummax(jnp.where(~digit | (b != 48), 2 * pos + (digit & (b != 48)), -2))
+    saturated = prev[0] & prev[1] & prev[2] & ((_shift(event, 3, 0) & 1) != 0)
+    value = jnp.where(saturated, SATURATED, value)
+    # Two scatters (an atom's code and whitespace flag at its first byte, a run's value at its last)
+    # instead of a third scan to carry the flag to the run's end.
     counted = jnp.cumsum(start.astype(jnp.int32))
-    stream = jnp.full((n,), _NONE, jnp.int32).at[jnp.where(emit, counted - 1, n)].set(packed, mode="drop")
+    head = jnp.where(digit, DIGITS, low) + 512 * _shift(space, 1, False)
+    stream = jnp.full((n,), _NONE, jnp.int32).at[jnp.where(start, counted - 1, n)].set(head, mode="drop")
+    stream = stream.at[jnp.where(run_end, counted - 1, n)].add(value * 1024, mode="drop")
     return stream, jnp.concatenate([jnp.zeros((1,), jnp.int32), counted]), low
 
 
@@ -152,22 +154,24 @@ def read_placements(buf: jax.Array, starts, ends, n: int):
     stream, before, low = atoms(buf)
     size = stream.shape[0]
     a0, a1 = before[starts], before[ends]
-    hits = (occurs(low, b"at") | occurs(low, b"place")).astype(jnp.int32)
-    hits = jnp.concatenate([jnp.zeros((1,), jnp.int32), jnp.cumsum(hits)])
-    swap = hits[ends] > hits[starts]  # "place" or "at" somewhere in the piece
-    idx = jnp.arange(size, dtype=jnp.int32)
-    nxt = jax.lax.cummin(jnp.where(pattern_matches(stream), idx, size), axis=1, reverse=True)  # [6, N]
-    nxt = jnp.concatenate([nxt, jnp.full((nxt.shape[0], 1), size, jnp.int32)], axis=1)
-    first = nxt[:, a0]  # [6, k]: the leftmost match of each pattern at or after the piece's first atom
-    found = first < a1[None, :]
-    p = jnp.argmax(found, axis=0)
-    m = jnp.take_along_axis(first, p[None, :], axis=0)[0]
-    g = stream[jnp.minimum(m[:, None] + jnp.asarray(GROUP_OFFSETS)[p], size - 1)] >> 10  # [k, 3]
+    # Masked reductions over [k, N] (elementwise, cheap) instead of prefix scans (slow on CPU).
+    pos = jnp.arange(size, dtype=jnp.int32)
+    hit = occurs(low, b"at") | occurs(low, b"place")
+    swap = jnp.any(hit[None, :] & (pos[None, :] >= starts[:, None]) & (pos[None, :] < ends[:, None]), axis=1)
+    # The first pattern with a match in the piece, then its leftmost match: the least p * N + j over
+    # the piece's atoms j, p the first pattern matching at j (any atom matching the winner has it first).
+    matches = pattern_matches(stream)
+    p_first = jnp.argmax(jnp.concatenate([matches, jnp.ones((1, size), bool)]), axis=0).astype(jnp.int32)
+    inside = (pos[None, :] >= a0[:, None]) & (pos[None, :] < a1[:, None])  # [k, N] atoms of each piece
+    best = jnp.min(jnp.where(inside, (p_first * size + pos)[None, :], matches.shape[0] * size), axis=1)
+    p, m = best // size, best % size
+    found = p < matches.shape[0]
+    g = stream[jnp.minimum(m[:, None] + jnp.asarray(GROUP_OFFSETS)[jnp.minimum(p, 5)], size - 1)] >> 10  # [k, 3]
     row = jnp.where(swap, g[:, 1], g[:, 0])
     col = jnp.where(swap, g[:, 2], g[:, 1])
     num = jnp.where(swap, g[:, 0], g[:, 2])
     in_range = (row >= 1) & (row <= n) & (col >= 1) & (col <= n) & (num >= 1) & (num <= n)
-    readable = jnp.any(found, axis=0) & in_range
+    readable = found & in_range
     return readable, jnp.where(readable, ((row - 1) * n + col - 1) * n + num - 1, 0).astype(jnp.int32)
 
 
