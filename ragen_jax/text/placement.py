@@ -166,7 +166,8 @@ def read_placements(buf: jax.Array, starts, ends, n: int):
     best = jnp.min(jnp.where(inside, (p_first * size + pos)[None, :], matches.shape[0] * size), axis=1)
     p, m = best // size, best % size
     found = p < matches.shape[0]
-    g = stream[jnp.minimum(m[:, None] + jnp.asarray(GROUP_OFFSETS)[jnp.minimum(p, len(GROUP_OFFSETS) - 1)], size - 1)] >> 10  # [k, 3]
+    offsets = jnp.asarray(GROUP_OFFSETS)[jnp.minimum(p, len(GROUP_OFFSETS) - 1)]
+    g = stream[jnp.minimum(m[:, None] + offsets, size - 1)] >> 10  # [k, 3]
     row = jnp.where(swap, g[:, 1], g[:, 0])
     col = jnp.where(swap, g[:, 2], g[:, 1])
     num = jnp.where(swap, g[:, 0], g[:, 2])
