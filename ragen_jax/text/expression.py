@@ -33,7 +33,7 @@ import numpy as np
 
 from envs_jax.countdown import (ADD, ANSWER_NUMS, DIV, MUL, NEG, NOT_A_NUMBER, PAD, PROGRAM_LEN, SUB,
                                 Answer)
-from ragen_jax.text.parse import Parsed, Parser
+from ragen_jax.text.parse import Parsed, Parser, shift
 
 MAX_TOKENS = 64
 # Token kinds, then the operator-stack codes beyond envs_jax.countdown's (ADD .. NEG).
@@ -95,9 +95,6 @@ def _literals_are_decimal(piece: str) -> bool:
 
 
 # ---- in-graph ------------------------------------------------------------------------------------
-def _shift(x, d: int, fill):
-    return jnp.concatenate([jnp.full((d,), fill, x.dtype), x[: x.shape[0] - d]])
-
 
 def tokens(buf: jax.Array, start, end):
     """Tokens of the piece buf[start:end): (kind int32 [MAX_TOKENS], value int32 [MAX_TOKENS], count,
@@ -117,13 +114,13 @@ def tokens(buf: jax.Array, start, end):
     opened = jnp.cumsum(jnp.where(inp & (b == 40), 1, jnp.where(inp & (b == 41), -1, 0))) - jnp.where(
         inp & (b == 40), 1, jnp.where(inp & (b == 41), -1, 0))
     bad = inp & ~(digit | sym | space | (newline & (opened > 0)))
-    run_start = digit & ~_shift(digit, 1, False)
+    run_start = digit & ~shift(digit, 1, False)
     run_end = digit & ~jnp.concatenate([digit[1:], jnp.zeros((1,), bool)])
     first = jax.lax.cummax(jnp.where(run_start, pos, -1))  # start of the run a digit is in
     nonzero = jnp.where(digit & (b != 48), pos, n)
     first_nz = jax.lax.cummin(nonzero, reverse=True)[jnp.clip(first, 0, n - 1)]  # first non-zero digit of the run
     sig = jnp.where(first_nz <= pos, pos - first_nz + 1, 0)
-    d = [jnp.where(digit & (pos - k >= first), _shift(b, k, 48) - 48, 0) for k in range(3)]
+    d = [jnp.where(digit & (pos - k >= first), shift(b, k, 48) - 48, 0) for k in range(3)]
     value = jnp.where(sig > 3, NOT_A_NUMBER, d[0] + 10 * d[1] + 100 * d[2])
     leading_zero = run_end & (pos > first) & (buf[jnp.clip(first, 0, n - 1)] == 48)
     n_runs = jnp.sum(run_end, dtype=jnp.int32)

@@ -133,11 +133,11 @@ def _first(mask: jax.Array) -> jax.Array:
     return jnp.min(jnp.where(mask, jnp.arange(n, dtype=jnp.int32), n))
 
 
-def _shift(x, d: int, fill):  # x[i - d]
+def shift(x, d: int, fill):  # x[i - d]
     return jnp.concatenate([jnp.full((d,), fill, x.dtype), x[: x.shape[0] - d]])
 
 
-def _unshift(x, d: int, fill):  # x[i + d]
+def unshift(x, d: int, fill):  # x[i + d]
     return jnp.concatenate([x[d:], jnp.full((d,), fill, x.dtype)])
 
 
@@ -294,21 +294,21 @@ class Parser:
         # Computed on the whole buffer: runs inside the answer are bounded by its tags' > and <.
         pipe = buf == ord("|")
         run_start = jax.lax.cummax(jnp.where(pipe, -1, pos)) + 1
-        sep = pipe & _unshift(pipe, 1, False) & ((pos - run_start) % 2 == 0)
-        sep_byte = sep | _shift(sep, 1, False)
+        sep = pipe & unshift(pipe, 1, False) & ((pos - run_start) % 2 == 0)
+        sep_byte = sep | shift(sep, 1, False)
 
         if self.think:
             p = _first(occurs(buf, b"<think>"))
             # The ">" of a "</think>" that starts at or after the end of the first "<think>".
-            close_end = _shift(occurs(buf, b"</think>") & (pos >= p + 7), 7, False)
+            close_end = shift(occurs(buf, b"</think>") & (pos >= p + 7), 7, False)
         else:
             close_end = jnp.zeros((n,), bool)
         # Nearest solid (non-whitespace) byte before / after each i, with two flags packed in
         # the low bits so that no gather is needed: bit 1 = it ends a qualifying "</think>",
         # bit 0 = it is a separator byte. Gathers and scatters are the slow ops under vmap.
         key = 4 * pos + 2 * close_end.astype(jnp.int32) + sep_byte.astype(jnp.int32)
-        prev_key = _shift(jax.lax.cummax(jnp.where(solid, key, -1)), 1, -1)
-        next_key = _unshift(jax.lax.cummin(jnp.where(solid, key, 4 * n), reverse=True), 1, 4 * n)
+        prev_key = shift(jax.lax.cummax(jnp.where(solid, key, -1)), 1, -1)
+        next_key = unshift(jax.lax.cummin(jnp.where(solid, key, 4 * n), reverse=True), 1, 4 * n)
         prev_pos, next_pos = prev_key >> 2, next_key >> 2  # -1 / n when there is none
 
         # --- the regex match: answer = bytes [a, z) --------------------------------------------
@@ -340,7 +340,7 @@ class Parser:
         n, k = buf.shape[0], self.max_actions_per_turn
         if self._fold_kelvin:
             kelvin = occurs(buf, bytes(_KELVIN))
-            keep = ~(_shift(kelvin, 1, False) | _shift(kelvin, 2, False))
+            keep = ~(shift(kelvin, 1, False) | shift(kelvin, 2, False))
             folded = jnp.cumsum(keep.astype(jnp.int32)) - keep  # index in the folded text
             vals = jnp.where(kelvin, jnp.uint8(ord("k")), buf)
             text = jnp.zeros((n,), jnp.uint8).at[jnp.where(keep, folded, n)].set(vals, mode="drop")
@@ -360,5 +360,5 @@ class Parser:
     format_penalty_applies = staticmethod(format_penalty_applies)
 
 
-__all__ = ["ACTION_SEP", "Parsed", "Parser", "format_penalty_applies", "occurs", "parsed_from_pieces",
+__all__ = ["ACTION_SEP", "shift", "unshift", "Parsed", "Parser", "format_penalty_applies", "occurs", "parsed_from_pieces",
            "whitespace_cover"]

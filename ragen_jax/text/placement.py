@@ -33,7 +33,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from envs_jax.sudoku import action_names
-from ragen_jax.text.parse import Parsed, Parser, occurs, parsed_from_pieces, whitespace_cover
+from ragen_jax.text.parse import Parsed, Parser, occurs, parsed_from_pieces, shift, unshift, whitespace_cover
 
 REFERENCE_PATTERNS = (
     r"place\s+(\d+)\s+at\s+row\s+(\d+)\s+col\s+(\d+)",
@@ -84,12 +84,6 @@ def placement_of(piece: str, n: int) -> tuple[int, int, int] | None:
 
 
 # ---- in-graph ------------------------------------------------------------------------------------
-def _shift(x, d: int, fill):  # x[i - d]
-    return jnp.concatenate([jnp.full((d,), fill, x.dtype), x[: x.shape[0] - d]])
-
-
-def _unshift(x, d: int, fill):  # x[i + d]
-    return jnp.concatenate([x[d:], jnp.full((d,), fill, x.dtype)])
 
 
 def atoms(buf: jax.Array):
@@ -102,20 +96,20 @@ def atoms(buf: jax.Array):
     low = jnp.where((b >= 65) & (b <= 90), b + 32, b)
     space = whitespace_cover(buf)
     digit = (b >= 48) & (b <= 57)
-    prev = [_shift(digit, k, False) for k in (1, 2, 3)]
+    prev = [shift(digit, k, False) for k in (1, 2, 3)]
     start = ~space & ~(digit & prev[0])
-    run_end = digit & ~_unshift(digit, 1, False)
+    run_end = digit & ~unshift(digit, 1, False)
     # A run's value from its last three digits; saturated when the latest non-digit-or-non-zero-digit
     # byte at or before pos - 3 is a non-zero digit of the run (one scan: the scans are the slow ops).
-    value = b - 48 + jnp.where(prev[0], 10 * (_shift(b, 1, 48) - 48), 0) + jnp.where(
-        prev[0] & prev[1], 100 * (_shift(b, 2, 48) - 48), 0)
+    value = b - 48 + jnp.where(prev[0], 10 * (shift(b, 1, 48) - 48), 0) + jnp.where(
+        prev[0] & prev[1], 100 * (shift(b, 2, 48) - 48), 0)
     event = jax.lax.cummax(jnp.where(~digit | (b != 48), 2 * pos + (digit & (b != 48)), -2))
-    saturated = prev[0] & prev[1] & prev[2] & ((_shift(event, 3, 0) & 1) != 0)
+    saturated = prev[0] & prev[1] & prev[2] & ((shift(event, 3, 0) & 1) != 0)
     value = jnp.where(saturated, SATURATED, value)
     # Two scatters (an atom's code and whitespace flag at its first byte, a run's value at its last)
     # instead of a third scan to carry the flag to the run's end.
     counted = jnp.cumsum(start.astype(jnp.int32))
-    head = jnp.where(digit, DIGITS, low) + 512 * _shift(space, 1, False)
+    head = jnp.where(digit, DIGITS, low) + 512 * shift(space, 1, False)
     stream = jnp.full((n,), _NONE, jnp.int32).at[jnp.where(start, counted - 1, n)].set(head, mode="drop")
     stream = stream.at[jnp.where(run_end, counted - 1, n)].add(value * 1024, mode="drop")
     return stream, jnp.concatenate([jnp.zeros((1,), jnp.int32), counted]), low
@@ -136,7 +130,7 @@ def pattern_matches(stream: jax.Array) -> jax.Array:
         if seg not in segments:
             m = element(seg[0])
             for t, e in enumerate(seg[1:], 1):
-                m = m & _unshift(element(e), t, False)
+                m = m & unshift(element(e), t, False)
             segments[seg] = m
         return segments[seg]
 
@@ -144,7 +138,7 @@ def pattern_matches(stream: jax.Array) -> jax.Array:
     for segs in PATTERN_SEGMENTS:
         m, at = segment(segs[0]), len(segs[0])
         for seg in segs[1:]:
-            m, at = m & _unshift(segment(seg), at, False), at + len(seg)
+            m, at = m & unshift(segment(seg), at, False), at + len(seg)
         rows.append(m)
     return jnp.stack(rows)
 
