@@ -18,7 +18,7 @@ steps over the epoch's own batch order. The loss of a batch is the same in every
 time and minor page faults per step (getrusage over the timed steps) show the allocator's cost.
 
 Usage: python -m bench.sft_step [--config demo_cpu.py] [--demos 512] [--steps 24] [--quick]
-       [--out bench/results/sft_step.json]
+       [--out bench/results/sft_step.json] [section.key=value ...]
 """
 
 from __future__ import annotations
@@ -48,6 +48,7 @@ VARIANTS = {
 
 
 def bench_variant(config: str, overrides: list[str], demos: int, steps: int, workdir: Path) -> dict:
+    """One variant's row: `overrides` are the variant's and the command line's config overrides."""
     from ragen_jax.experiment.config import load_config
     from ragen_jax.trainer.sft import SFTTrainer
 
@@ -87,10 +88,10 @@ def bench_variant(config: str, overrides: list[str], demos: int, steps: int, wor
     }
 
 
-def bench_in_child(config: str, variant: str, demos: int, steps: int, env: dict) -> dict:
+def bench_in_child(config: str, variant: str, demos: int, steps: int, env: dict, overrides: list[str]) -> dict:
     """One variant in a fresh process (allocator settings are fixed at process start)."""
     cmd = [sys.executable, "-m", "bench.sft_step", "--config", config, "--demos", str(demos), "--steps", str(steps),
-           "--child", variant]
+           "--child", variant, *overrides]
     out = subprocess.run(cmd, env=env, cwd=Path(__file__).resolve().parents[1], capture_output=True, text=True)
     if out.returncode:
         raise RuntimeError(f"child benchmark failed:\n{out.stderr[-2000:]}")
@@ -105,19 +106,21 @@ def main(argv=None) -> int:
     ap.add_argument("--quick", action="store_true", help="64 demos, 3 steps: checks that it runs")
     ap.add_argument("--out", default=str(RESULTS))
     ap.add_argument("--child", choices=list(VARIANTS), help=argparse.SUPPRESS)  # internal: one row as JSON
+    ap.add_argument("overrides", nargs="*", help="config overrides section.key=value for every variant, "
+                    "e.g. sft.batch_size=8")
     a = ap.parse_args(argv)
     if a.quick:
         a.demos, a.steps = 64, 3
     if a.child:
         with tempfile.TemporaryDirectory() as tmp:
-            print(json.dumps(bench_variant(a.config, VARIANTS[a.child], a.demos, a.steps, Path(tmp) / "c")))
+            print(json.dumps(bench_variant(a.config, [*VARIANTS[a.child], *a.overrides], a.demos, a.steps, Path(tmp) / "c")))
         return 0
     m = machine()
     result = {"benchmark": "sft_step", "config": a.config, "machine": m,
-              "runs": [{"machine": m, "settings": {"demos": a.demos, "steps": a.steps}}], "rows": []}
+              "runs": [{"machine": m, "settings": {"demos": a.demos, "steps": a.steps, "overrides": a.overrides}}], "rows": []}
     with tempfile.TemporaryDirectory() as tmp:
         for name, over in VARIANTS.items():
-            row = {"variant": name, **bench_variant(a.config, over, a.demos, a.steps, Path(tmp) / name)}
+            row = {"variant": name, **bench_variant(a.config, [*over, *a.overrides], a.demos, a.steps, Path(tmp) / name)}
             base = result["rows"][0] if result["rows"] else row
             row["speedup_vs_plain"] = base["median_s_per_step"] / row["median_s_per_step"]
             result["rows"].append(row)
@@ -131,7 +134,7 @@ def main(argv=None) -> int:
         print("malloc huge pages: not applicable here (THP mode, glibc or platform); row skipped")
         return 0
     row = {"variant": "prefix+buckets, huge pages",
-           **bench_in_child(a.config, "prefix+buckets", a.demos, a.steps, env)}
+           **bench_in_child(a.config, "prefix+buckets", a.demos, a.steps, env, a.overrides)}
     row["speedup_vs_plain"] = result["rows"][0]["median_s_per_step"] / row["median_s_per_step"]
     result["rows"].append(row)
     print(f"{row['variant']:>15}: {row['median_s_per_step']:.3f} s/step ({row['speedup_vs_plain']:.2f}x plain), "

@@ -98,11 +98,13 @@ def test_sft_step_bench_quick(tmp_path):
     from bench import sft_step
 
     out = tmp_path / "sft_step.json"
-    # --quick's 64 demos with one timed step, on tiny_cpu.py (2 turns: one length bucket, so each variant
-    # compiles one step program, and the huge-pages child finds it in the session's compilation cache)
-    # rather than the demo's 5-turn stage (several buckets, a compile each, steps ~2x longer): the test
-    # checks the rows' structure, which the config's size does not change.
-    assert sft_step.main(["--config", "tiny_cpu.py", "--demos", "64", "--steps", "1", "--out", str(out)]) == 0
+    # 16 demos in batches of 8 with one timed step, on tiny_cpu.py (2 turns: one length bucket, so each
+    # variant compiles one step program, and the huge-pages child finds it in the session's compilation
+    # cache) rather than the demo's 5-turn stage (several buckets, a compile each, steps ~2x longer): the
+    # test checks the rows' structure, which the config's size does not change (the steps of 32-row
+    # batches cost ~1.5 s each at the suite's XLA optimisation level 0).
+    assert sft_step.main(["--config", "tiny_cpu.py", "--demos", "16", "--steps", "1", "--out", str(out),
+                          "sft.batch_size=8"]) == 0
     rows = {r["variant"]: r for r in json.loads(out.read_text())["rows"]}
     from ragen_jax.runtime import hugepage_env
 
@@ -116,6 +118,7 @@ def test_sft_step_bench_quick(tmp_path):
         _measured(r, ("median_s_per_step", "demo_tok_s", "speedup_vs_plain"))
         _positive(r, ("mean_demo_tokens",))
         assert sum(r["widths"].values()) == r["demos"] and r["compilations"] == len(r["widths"])
+        assert r["batch_size"] == 8  # the command line's override reached every variant, the child's too
     assert rows["plain"]["speedup_vs_plain"] == 1.0 and rows["plain"]["shared_prefix_tokens"] == 0
     # Same demos in every variant; the prefix is Sokoban's system prompt + instructions.
     assert len({r["demos"] for r in rows.values()}) == 1

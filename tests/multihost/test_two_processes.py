@@ -34,6 +34,7 @@ import orbax.checkpoint as ocp
 import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
+SITE = Path(__file__).resolve().parent / "site"
 LAUNCH_TIMEOUT = 480  # seconds per launch: far above a normal run, so only a hang reaches it
 RTOL, ATOL, PARAM_ATOL = 1e-5, 1e-6, 1e-6
 
@@ -59,24 +60,33 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def process_env(i: int, port: int, n: int = 2, devices: int = 4) -> dict:
+def process_env(i: int, port: int, cache: Path, n: int = 2, devices: int = 4) -> dict:
+    """Process i's environment. Process 0 compiles each program and the others load its executable
+    (JAX_SHARE_BINARY_BETWEEN_HOSTS; site/sitecustomize.py makes their cache keys equal), from a
+    persistent cache of this launch's test only: with the session's cache, a program another test's
+    launch wrote meanwhile could be found by process 0 but not by process 1 a moment earlier, which
+    would then wait for a binary process 0 never publishes."""
     env = dict(os.environ)
     flags = [f for f in env.get("XLA_FLAGS", "").split() if "xla_force_host_platform_device_count" not in f]
     env["XLA_FLAGS"] = " ".join([*flags, f"--xla_force_host_platform_device_count={devices}"])
     env["JAX_PLATFORMS"] = "cpu"
     env.update(JAX_COORDINATOR_ADDRESS=f"127.0.0.1:{port}", JAX_NUM_PROCESSES=str(n), JAX_PROCESS_ID=str(i))
+    env.update(JAX_COMPILATION_CACHE_DIR=str(cache), JAX_SHARE_BINARY_BETWEEN_HOSTS="1",
+               PYTHONPATH=os.pathsep.join([str(SITE), *filter(None, [env.get("PYTHONPATH")])]))
     return env
 
 
 def start_two(script: str, args: list[str], logs: Path) -> list[subprocess.Popen]:
-    """2 processes x 4 devices running `launch/<script> args`; output in logs/p{i}.log."""
+    """2 processes x 4 devices running `launch/<script> args`; output in logs/p{i}.log. The launches
+    of one test share logs.parent/"cache" (the PPO fixture's resumed launch loads the first's programs)."""
     port = free_port()
     logs.mkdir(parents=True, exist_ok=True)
     procs = []
     for i in range(2):
         out = open(logs / f"p{i}.log", "w")
         procs.append(subprocess.Popen([sys.executable, str(ROOT / "launch" / script), *args], cwd=ROOT,
-                                      env=process_env(i, port), stdout=out, stderr=subprocess.STDOUT))
+                                      env=process_env(i, port, logs.parent / "cache"), stdout=out,
+                                      stderr=subprocess.STDOUT))
         out.close()
     return procs
 
