@@ -433,10 +433,14 @@ def test_smollm2_our_jax_model_equals_transformers(smollm2):
     import jax.numpy as jnp
 
     ids, want, cols, argmax = _logit_fixture()
-    rows = []
-    for x in ids:
-        hidden, _ = model(jnp.asarray(x[None]), jnp.ones((1, len(x)), bool))
-        rows.append(np.asarray(model.logits(hidden[:, -1]))[0])
-    got = np.stack(rows)
+    # All prompts in one left-padded batch (the rollout's layout; transformers' fixture ran each alone):
+    # one shape, so each eager op compiles once instead of once per prompt length.
+    width = max(len(x) for x in ids)
+    tokens = np.zeros((len(ids), width), np.int32)
+    valid = np.zeros((len(ids), width), bool)
+    for i, x in enumerate(ids):
+        tokens[i, width - len(x):], valid[i, width - len(x):] = x, True
+    hidden, _ = model(jnp.asarray(tokens), jnp.asarray(valid))
+    got = np.asarray(model.logits(hidden[:, -1]))
     np.testing.assert_allclose(got[:, cols], want, atol=1e-4, rtol=0)
     np.testing.assert_array_equal(got.argmax(-1), argmax)
