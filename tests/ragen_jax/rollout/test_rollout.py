@@ -33,8 +33,10 @@ def _text_env(tok, name, **prompt):
 
 
 def _initial_states(text_env, seeds):
-    env, params = text_env.env, text_env.env_params
-    return [env.reset_env(jax.random.PRNGKey(int(s)), params)[1] for s in seeds]
+    """`reset_env(PRNGKey(seed))` of each seed, as host states: one compiled batch (op by op, each
+    reset compiled and dispatched every op, e.g. Sokoban's room generation)."""
+    batch = jax.device_get(jax.jit(text_env.reset_rows)(jnp.asarray(seeds, jnp.int32)))
+    return [jax.tree.map(lambda x: x[i], batch) for i in range(len(seeds))]
 
 
 def _sampled(traj, row):
@@ -60,9 +62,11 @@ def test_scripted_bfs_solution_solves_sokoban(tok, sokoban3):
     te, cfg = sokoban3
     # Rooms whose BFS solution fits the 10-action budget (99.8% of them in the reference).
     seeds, solutions = [], []
-    for seed in range(11, 40):
-        st = _initial_states(te, [seed])[0]
-        acts, n, solvable = te.env.solve(st, te.env_params)
+    solve = jax.jit(lambda st: te.env.solve(st, te.env_params))
+    # Seeds 11.. in compiled batches of 8 (the first batch holds enough rooms: one compile).
+    rooms = ((s, st) for c in range(11, 43, 8) for s, st in zip(range(c, c + 8), _initial_states(te, range(c, c + 8))))
+    for seed, st in rooms:
+        acts, n, solvable = solve(st)
         assert bool(solvable)
         if 1 <= int(n) <= 10:
             seeds.append(seed)
@@ -98,13 +102,19 @@ def test_scripted_bfs_solution_solves_sokoban(tok, sokoban3):
     assert "<|im_start|>assistant\n<think>\u27e6 plan</think><answer>" in view
 
 
-def test_garbage_answers_get_the_format_penalty_every_turn(tok, sokoban3):
+@pytest.fixture(scope="module")
+def garbage(tok, sokoban3):
+    """The garbage-answer rollout; the shape-assertion test reads it too (no program of its own)."""
     te, cfg = sokoban3
     texts = [["hello world"] * 3, ["</think><answer>jump || fly</answer>"] * 3,
              ["<answer>Up</answer>"] * 3, ["x</think><answer>Up || Sideways</answer>"] * 3]
     texts += texts[:2]  # rows 4, 5: no valid action either
     policy = ScriptedPolicy(make_script(tok, texts, 2, max_len=SCRIPT_TOKENS))
-    traj = Rollout(policy, te, cfg)(nnx.state(policy), jax.random.PRNGKey(1), np.array([5, 6, 7]))
+    return Rollout(policy, te, cfg)(nnx.state(policy), jax.random.PRNGKey(1), np.array([5, 6, 7]))
+
+
+def test_garbage_answers_get_the_format_penalty_every_turn(sokoban3, garbage):
+    cfg, traj = sokoban3[1], garbage
     for r in (0, 1, 2, 4, 5):  # no valid action: only the penalty, every turn, no env step
         assert int(traj.num_turns[r]) == 3 and int(traj.num_actions[r]) == 0
         np.testing.assert_allclose(np.asarray(traj.turn_reward[r]), [-0.1] * 3, atol=1e-6)
@@ -121,7 +131,7 @@ def test_bandit_pairs_answer_naming_another_pairs_arm_gets_the_format_penalty(to
     te = _text_env(tok, "BanditPairs", max_turns=1, max_response_tokens=24)
     env, params = te.env, te.env_params
     names = env.action_names(params)
-    pair_of = {s: int(_initial_states(te, [s])[0].pair) for s in range(40)}
+    pair_of = {s: int(st.pair) for s, st in enumerate(_initial_states(te, range(40)))}
     s0 = 0
     s1 = next(s for s in range(1, 40) if pair_of[s] != pair_of[s0])  # two groups, two different pairs
     low0, high0 = names[2 * pair_of[s0]], names[2 * pair_of[s0] + 1]
@@ -299,15 +309,14 @@ def test_teacher_mode_writes_the_teacher_tokens_without_a_model(tok):
         assert int(traj.num_format_errors[r]) == 0 and int(traj.num_actions[r]) == 2 * turns
 
 
-def test_trajectories_shape_assertions(tok):
-    te = _text_env(tok, "Bandit", max_turns=1, max_response_tokens=8)
-    cfg = RolloutConfig(num_groups=2, group_size=1, max_context=512, greedy=True)
-    policy = ScriptedPolicy(make_script(tok, [["</think><answer>A</answer>"]] * 2, 1))
-    traj = Rollout(policy, te, cfg)(nnx.state(policy), jax.random.PRNGKey(0), np.array([1, 2]))
-    traj.assert_shapes(2, 512, 1)
+def test_trajectories_shape_assertions(garbage):
+    traj = garbage  # 6 rows, max_context 1024, 3 turns
+    traj.assert_shapes(6, 1024, 3)
     with pytest.raises(AssertionError):
-        traj.assert_shapes(2, 512, 2)  # turn_end / turn_reward have max_turns columns
+        traj.assert_shapes(6, 1024, 2)  # turn_end / turn_reward have max_turns columns
     with pytest.raises(AssertionError):
-        traj.replace(length=traj.length.astype(jnp.float32)).assert_shapes(2, 512, 1)
+        traj.assert_shapes(6, 512, 3)
     with pytest.raises(AssertionError):
-        traj.replace(success=traj.success.astype(jnp.int32)).assert_shapes(2, 512, 1)
+        traj.replace(length=traj.length.astype(jnp.float32)).assert_shapes(6, 1024, 3)
+    with pytest.raises(AssertionError):
+        traj.replace(success=traj.success.astype(jnp.int32)).assert_shapes(6, 1024, 3)
