@@ -28,6 +28,12 @@ def tok():
     return load_tokenizer()
 
 
+def _resets(te, seeds):
+    """Host states of `reset_env(PRNGKey(seed))` for every seed, in one compiled call (op by op, a
+    Sokoban reset compiled hundreds of tiny programs)."""
+    return jax.device_get(jax.jit(te.reset_rows)(jnp.asarray(seeds, jnp.int32)))
+
+
 def _te(tok, name, **prompt):
     env, params = envs_jax.make(name)
     return TextEnv(env, params, tok, PromptConfig(**prompt))
@@ -101,10 +107,10 @@ def test_sokoban_demos_replay_to_bfs_optimal_solutions(tok):
     mesh = make_mesh(data=1, devices=jax.devices()[:1])
     traj = jax.device_get(Rollout(None, te, RolloutConfig(num_groups=8, group_size=1, max_context=512), mesh=mesh,
                                   teacher=teacher)(None, jax.random.PRNGKey(0), seeds))
-    env, params = te.env, te.env_params
     checked = 0
+    starts = _resets(te, seeds)
     for r, seed in enumerate(seeds):
-        st = env.reset_env(jax.random.PRNGKey(int(seed)), params)[1]
+        st = jax.tree.map(lambda x: x[r], starts)
         fixed, state = room_codes(np.asarray(st.walls).tolist(), np.asarray(st.targets).tolist(),
                                   np.asarray(st.boxes).tolist(), int(st.player))
         optimal = bfs_length(fixed, state)
@@ -150,15 +156,15 @@ def _q_values(rows, k, slip=2.0 / 3.0):
 def test_frozen_lake_teacher_takes_an_optimal_action_for_the_actions_it_can_still_take(tok):
     te = _te(tok, "FrozenLake", max_response_tokens=32)  # 5 turns, 10 actions
     teacher = get_teacher("FrozenLake", te)
-    env, params = te.env, te.env_params
     rng = np.random.default_rng(1)
     cases = []
+    starts = _resets(te, np.arange(24))
     for seed in range(24):
-        st = env.reset_env(jax.random.PRNGKey(seed), params)[1]
+        st = jax.tree.map(lambda x: x[seed], starts)
         free = np.flatnonzero(~np.asarray(st.hole).reshape(-1) & (np.arange(16) != int(st.goal)))
-        st = st.replace(pos=jnp.int32(rng.choice(free)), time=jnp.int32(rng.integers(0, 10)))
+        st = st.replace(pos=np.int32(rng.choice(free)), time=np.int32(rng.integers(0, 10)))
         cases.append((st, int(rng.integers(1, 6))))
-    states = jax.tree.map(lambda *xs: jnp.stack(xs), *[c[0] for c in cases])
+    states = jax.tree.map(lambda *xs: np.stack(xs), *[c[0] for c in cases])
     turns = jnp.asarray([c[1] for c in cases])
     ids, lengths = jax.jit(jax.vmap(teacher, in_axes=(0, 0, None)))(states, turns, jax.random.PRNGKey(0))
     for (st, turn), row, n in zip(cases, np.asarray(ids), np.asarray(lengths)):
