@@ -59,6 +59,23 @@ def _turns(traj, b):
     return list(zip(starts, stops))
 
 
+def _standalone(traj, p_len, width):
+    """Every taken turn of every row as its own sequence, prefix + block, end-padded to p_len + width
+    (not valid there; causal, so the block's positions never see the padding): one compiled forward
+    for all turns, not one program per block length. -> (ids, valid, [(row, start, stop)])."""
+    seqs, valid, where = [], [], []
+    for b in range(traj.tokens.shape[0]):
+        row = np.asarray(traj.tokens[b])
+        for s, e in _turns(traj, b):
+            assert e - s <= width
+            seq = np.full(p_len + width, row[0], np.int32)
+            seq[:p_len + e - s] = np.concatenate([row[:p_len], row[s:e]])
+            seqs.append(seq)
+            valid.append(np.arange(p_len + width) < p_len + e - s)
+            where.append((b, s, e))
+    return jnp.asarray(np.stack(seqs)), jnp.asarray(np.stack(valid)), where
+
+
 def test_every_turn_sees_only_the_prefix_and_its_own_state(setup):
     text_env, *_ , traj = setup
     tok = text_env.tokenizer
@@ -96,18 +113,15 @@ def test_trainer_logprobs_equal_sampling_logprobs_and_a_standalone_forward(setup
     # 1) the trainer's single-turn scoring = what the sampler recorded (KV cache rewound every turn)
     np.testing.assert_allclose(logp[mask], np.asarray(traj.logprobs)[:, 1:][mask], atol=2e-4)
     # 2) = a plain forward of each turn's standalone sequence prefix + block (no cache, no sharing)
-    full = jax.jit(lambda p, x: sequence_logprobs(graphdef, p, x, jnp.ones(x.shape, bool), vocab=ro.vocab,
-                                                          temperature=temp))
-    for b in range(t.shape[0]):
-        row = np.asarray(traj.tokens[b])
-        for s, e in _turns(traj, b):
-            seq = np.concatenate([row[:p_len], row[s:e]])[None]
-            lp, en = (np.asarray(x)[0] for x in full(params, jnp.asarray(seq)))
-            cols = np.arange(s, e - 1)  # record columns of the block's targets 2..n
-            np.testing.assert_allclose(logp[b, cols], lp[p_len:], atol=2e-4)
-            np.testing.assert_allclose(ent[b, cols], en[p_len:], atol=2e-4)
+    seqs, seq_valid, where = _standalone(traj, p_len, width)
+    lps, ens = jax.device_get(jax.jit(lambda p, x, v: sequence_logprobs(
+        graphdef, p, x, v, vocab=ro.vocab, temperature=temp))(params, seqs, seq_valid))
+    for (b, s, e), lp, en in zip(where, lps, ens):
+        cols = np.arange(s, e - 1)  # record columns of the block's targets 2..n
+        np.testing.assert_allclose(logp[b, cols], lp[p_len:p_len + e - s - 1], atol=2e-4)
+        np.testing.assert_allclose(ent[b, cols], en[p_len:p_len + e - s - 1], atol=2e-4)
     # 3) and differs from scoring the concatenated conversation (what "full" mode would train)
-    whole, _ = sequence_logprobs(graphdef, params, t, valid, vocab=ro.vocab, temperature=temp)
+    whole, _ = jax.jit(lambda p: sequence_logprobs(graphdef, p, t, valid, vocab=ro.vocab, temperature=temp))(params)
     later = mask & (np.arange(mask.shape[1])[None, :] > np.asarray(traj.turn_start)[:, 1:2])
     assert later.any() and np.abs(np.asarray(whole)[later] - logp[later]).max() > 1e-2
 
@@ -120,13 +134,14 @@ def test_critic_values_of_a_turn_come_from_its_standalone_sequence(setup):
     t = jnp.asarray(traj.tokens)
     valid = jnp.arange(t.shape[1])[None, :] < jnp.asarray(traj.length)[:, None]
     blocks = TurnBlocks(start=jnp.asarray(traj.turn_start), prefix=p_len, width=width)
-    v = np.asarray(sequence_values(cgraph, cparams, t, valid, vocab=ro.vocab, blocks=blocks))
-    b = int(np.argmax(np.asarray(traj.num_turns)))
-    row = np.asarray(traj.tokens[b])
-    for s, e in _turns(traj, b):
-        seq = jnp.asarray(np.concatenate([row[:p_len], row[s:e]])[None])
-        ref = np.asarray(critic(ro.vocab.model_ids(seq), jnp.ones(seq.shape, bool)))[0]
-        np.testing.assert_allclose(v[b, s:e - 1], ref[p_len:-1], atol=2e-4)
+    # Compiled, both sides (op by op each was seconds of tiny-program compiles); every row's turns.
+    v = np.asarray(jax.jit(lambda c: sequence_values(cgraph, c, t, valid, vocab=ro.vocab, blocks=blocks))(cparams))
+    seqs, seq_valid, where = _standalone(traj, p_len, width)
+    refs = np.asarray(jax.jit(lambda c, x, ok: nnx.merge(cgraph, c)(ro.vocab.model_ids(x), ok))(
+        cparams, seqs, seq_valid))
+    assert max(e - s for _, s, e in where) > 1
+    for (b, s, e), ref in zip(where, refs):
+        np.testing.assert_allclose(v[b, s:e - 1], ref[p_len:p_len + e - s - 1], atol=2e-4)
 
 
 def test_the_cache_holds_one_turn_and_full_mode_is_unchanged(setup):
