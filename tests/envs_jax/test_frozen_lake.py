@@ -459,7 +459,8 @@ def test_seeded_slips_are_common_to_episodes_reset_from_one_key(seeded):
     else:
         assert len({tuple(r) for r in same.tolist()}) > 50
     # ... and from b different reset keys: offset 0 (intended) with 1 - slip, +-1 with slip / 2 each.
-    many = jax.vmap(lambda k: ENV.reset_env(k, params)[1].slip_key)(jax.random.split(jax.random.PRNGKey(12), b))
+    many = jax.jit(jax.vmap(lambda k: ENV.reset_env(k, params)[1].slip_key))(  # compiled: op by op costs more
+        jax.random.split(jax.random.PRNGKey(12), b))
     diff = _offsets(params, many, actions, step_keys)
     freq = np.bincount(diff.reshape(-1), minlength=4) / diff.size
     np.testing.assert_allclose(freq, [1 / 3, 1 / 3, 0.0, 1 / 3], atol=0.02)
