@@ -51,7 +51,10 @@ def host_rollout(model, text_env, parser, cfg, key, group_seeds, token_bytes):
     max_new = pc.max_response_tokens
     forced_text = pc.forced_prefix
     seeds = np.repeat(np.asarray(group_seeds), n_per)
-    states = [env.reset_env(jax.random.PRNGKey(int(s)), params)[1] for s in seeds]
+    # The env's own functions, compiled (as `step` below): op by op, a Sokoban reset compiled each of
+    # its ops per seed.
+    reset, is_success = jax.jit(env.reset_env), jax.jit(env.is_success)
+    states = [reset(jax.random.PRNGKey(int(s)), params)[1] for s in seeds]
     prefix = tok.encode(text_env.prefix_text, add_special_tokens=False)
     ids = [list(prefix) for _ in range(b)]
     mask = [[False] * len(prefix) for _ in range(b)]
@@ -113,5 +116,5 @@ def host_rollout(model, text_env, parser, cfg, key, group_seeds, token_bytes):
             prev_closed[a_row] = len(gen) > 0 and gen[-1] == chat.im_end
             if bool(st.done) or turn == text_env.max_turns:
                 done[a_row] = True
-    success = [bool(env.is_success(s, params)) for s in states]
+    success = [bool(is_success(s, params)) for s in states]
     return dict(ids=ids, mask=mask, turn_rewards=turn_rewards, success=success, truncated=truncated)
