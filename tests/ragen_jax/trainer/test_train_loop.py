@@ -18,10 +18,12 @@ from ragen_jax.experiment.config import ConfigError, load_config
 from ragen_jax.trainer.rl import Trainer
 
 ROOT = Path(__file__).resolve().parents[3]
-# Smaller than configs/tiny_cpu.py so each run is a few seconds after compilation.
+# Smaller than configs/tiny_cpu.py so each run is a few seconds after compilation. One mini-batch of 4
+# per iteration: the mini-batch the 8-device mesh (data 2 x fsdp 2) can split, so the 8-device test
+# compares against the PPO run itself (its iteration 1 and checkpoint 1), not a second 1-device run.
 FAST = ["--config.train.iterations=3", "--config.train.val_every=2", "--config.train.val_size=4",
         "--config.train.save_every=1", "--config.rollout.num_groups=2", "--config.rollout.group_size=4",
-        "--config.filter.value=0.5", "--config.batching.mini_batch_size=2", "--config.prompt.max_turns=2",
+        "--config.filter.value=0.5", "--config.batching.mini_batch_size=4", "--config.prompt.max_turns=2",
         "--config.prompt.max_response_tokens=8", "--config.rollout.max_context=512", "--config.train.log_samples=1",
         "--config.mesh.data=1"]
 
@@ -95,25 +97,37 @@ def test_grpo_without_critic_runs(tmp_path):
     assert "critic/value_loss" not in hist[0]
 
 
-def test_eight_devices_match_one_device(tmp_path):
+def test_eight_devices_match_one_device(ppo_run, tmp_path):
+    """The 1-device run is the module's PPO run: its iteration 1 metrics (validation and logged samples
+    draw no training randomness: the rollout key is the train state's), and its parameters after
+    iteration 1 read back from its checkpoint 1 (no second 1-device trainer)."""
+    import shutil
+
+    from ragen_jax.infra.checkpoint import Checkpointer
+
     if jax.device_count() < 8:
         pytest.skip("needs 8 (simulated) devices")
-    over = ("--config.train.iterations=1", "--config.train.val_every=0", "--config.batching.mini_batch_size=4",
-            "--config.train.log_samples=0")
-    one = Trainer(_cfg(*over, "--config.mesh.data=1"), tmp_path / "one", quiet=True)
-    p0 = [np.array(x, copy=True) for x in jax.tree.leaves(jax.device_get(one.state.actor))]  # before the update
+    wd, hist = ppo_run
+    h1 = hist[0]
+    over = ("--config.train.iterations=1", "--config.train.val_every=0", "--config.train.log_samples=0")
     eight = Trainer(_cfg(*over, "--config.mesh.data=2", "--config.mesh.fsdp=2", "--config.mesh.tensor=2"),
                     tmp_path / "eight", quiet=True)
-    h1, h8 = one.train()[0], eight.train()[0]
+    p0 = [np.array(x, copy=True) for x in jax.tree.leaves(jax.device_get(eight.state.actor))]  # before its update
+    shutil.copytree(wd / "checkpoints", tmp_path / "one_ckpts")  # read a copy: the other tests read wd
+    ckpt = Checkpointer(tmp_path / "one_ckpts")
+    one_after, extra = ckpt.restore(1, eight.state)
+    ckpt.close()
+    assert extra["iteration"] == 1
+    p1 = jax.tree.leaves(jax.device_get(one_after.actor))
+    h8 = eight.train()[0]
     for k in ("train/reward_mean", "actor/pg_loss", "actor/entropy", "critic/value_loss", "actor/grad_norm"):
         np.testing.assert_allclose(h8[k], h1[k], rtol=2e-4, atol=1e-5, err_msg=k)
     # Updated params agree to a small fraction of one Adam step (lr 1e-4): float reassociation across
     # shards can move a near-zero gradient, which Adam's normalisation turns into a visible change.
-    p1 = jax.tree.leaves(jax.device_get(one.state.actor))
     p8 = jax.tree.leaves(jax.device_get(eight.state.actor))
     for a, b, c in zip(p1, p8, p0):
         np.testing.assert_allclose(a, b, atol=5e-6)
-        assert np.abs(a - c).max() > 1e-5  # the update really moved the parameters
+        assert np.abs(b - c).max() > 1e-5  # the update really moved the parameters
 
 
 # ------------------------------------------------------------------------------------ bad input
