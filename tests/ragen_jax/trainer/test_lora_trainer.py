@@ -27,9 +27,11 @@ from tests.ragen_jax.trainer.tiny_runs import BANDIT_T05
 
 RANK = 4
 # The run of test_train_loop.py (PPO with a critic), with adapters of rank 4 and the AOT memory check.
+# One mini-batch of 4 per iteration: the mini-batch the 8-device mesh (data 2 x fsdp 2) can split, so
+# the 8-device test compares against this very run (its iteration 1 and checkpoint 1), not a new one.
 FAST = ["--config.train.iterations=3", "--config.train.val_every=0", "--config.train.save_every=1",
         "--config.rollout.num_groups=2", "--config.rollout.group_size=4", "--config.filter.value=0.5",
-        "--config.batching.mini_batch_size=2", "--config.prompt.max_turns=2", "--config.prompt.max_response_tokens=8",
+        "--config.batching.mini_batch_size=4", "--config.prompt.max_turns=2", "--config.prompt.max_response_tokens=8",
         "--config.rollout.max_context=512", "--config.train.log_samples=0", "--config.mesh.data=1",
         f"--config.model.lora_rank={RANK}", "--config.model.lora_alpha=8", "--config.train.device_memory_gib=16"]
 
@@ -208,21 +210,31 @@ def test_fresh_adapters_equal_the_base_and_rollout_logprobs_equal_the_trainers(t
     assert np.abs(np.asarray(b3.old_logp)[m2] - rec).max() > 0.05
 
 
-def test_eight_devices_match_one_device(tmp_path):
+def test_eight_devices_match_one_device(lora_run, tmp_path):
+    """The 1-device run is the module's LoRA run: its iteration 1 metrics, and its adapters after
+    iteration 1 read back from its checkpoint 1 (no second 1-device trainer)."""
+    import shutil
+
+    from ragen_jax.infra.checkpoint import Checkpointer
+
     if jax.device_count() < 8:
         pytest.skip("needs 8 (simulated) devices")
-    over = ("--config.train.iterations=1", "--config.batching.mini_batch_size=4", "--config.train.device_memory_gib=0")
-    one = Trainer(_cfg(*over, "--config.mesh.data=1"), tmp_path / "one", quiet=True)
-    init = _host(one.state.actor)
-    eight = Trainer(_cfg(*over, "--config.mesh.data=2", "--config.mesh.fsdp=2", "--config.mesh.tensor=2"),
-                    tmp_path / "eight", quiet=True)
-    h1, h8 = one.train()[0], eight.train()[0]
+    wd, _, before, hist = lora_run
+    init, h1 = before["actor"], hist[0]
+    eight = Trainer(_cfg("--config.train.iterations=1", "--config.train.device_memory_gib=0", "--config.mesh.data=2",
+                         "--config.mesh.fsdp=2", "--config.mesh.tensor=2"), tmp_path / "eight", quiet=True)
+    shutil.copytree(wd / "checkpoints", tmp_path / "one_ckpts")  # read a copy: the other tests read wd
+    ckpt = Checkpointer(tmp_path / "one_ckpts")
+    one_after, extra = ckpt.restore(1, eight.state)
+    ckpt.close()
+    assert extra["iteration"] == 1
+    one_after = _host(one_after.actor)
+    h8 = eight.train()[0]
     for k in ("train/reward_mean", "actor/pg_loss", "actor/entropy", "critic/value_loss", "actor/grad_norm"):
         np.testing.assert_allclose(h8[k], h1[k], rtol=2e-4, atol=1e-5, err_msg=k)
-    for a, b, c in zip(jax.tree.leaves(_host(one.state.actor)), jax.tree.leaves(_host(eight.state.actor)),
-                       jax.tree.leaves(init)):
+    for a, b in zip(jax.tree.leaves(one_after), jax.tree.leaves(_host(eight.state.actor))):
         np.testing.assert_allclose(a, b, atol=5e-6)
-    assert max(np.abs(a - c).max() for a, c in zip(jax.tree.leaves(_host(one.state.actor)), jax.tree.leaves(init))) > 1e-5
+    assert max(np.abs(a - c).max() for a, c in zip(jax.tree.leaves(one_after), jax.tree.leaves(init))) > 1e-5
 
 
 # ------------------------------------------------------------------------------- exports and warm starts
