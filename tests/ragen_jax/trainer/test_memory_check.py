@@ -76,8 +76,11 @@ def test_remat_auto_is_decided_by_memory(tmp_path):
 
     hf = tmp_path / "hf"
     save_pretrained(Qwen2(Qwen2Config.from_preset("tiny"), nnx.Rngs(0)), str(hf))
-    base = [*FAST, "--config.model.random_init=false", f"--config.model.path={hf}", "--config.model.vocab=full",
-            "--config.model.critic=none", "--config.advantage.estimator=grpo"]
+    # One turn in a context that holds it: four full-vocabulary trainers (151,936 logits per token), so
+    # every token less is felt; the remat relations compared do not depend on the number of turns.
+    base = [*FAST, "--config.prompt.max_turns=1", "--config.rollout.max_context=288", "--config.model.random_init=false",
+            f"--config.model.path={hf}", "--config.model.vocab=full", "--config.model.critic=none",
+            "--config.advantage.estimator=grpo"]
 
     def trainer(name, *extra):
         return Trainer(load_config("tiny_cpu.py", [*base, *extra]), tmp_path / name, quiet=True)
