@@ -125,6 +125,26 @@ def envs_section(d) -> list[str]:
     return out + [""]
 
 
+def env_rules_section(d) -> list[str]:
+    if not d:
+        return []
+    out = ["### Environment rules alone (`bench/env_rules.py`)", "",
+           f"One step = {d['settings']['step_definition']}. Baseline: {d['settings']['host_step_definition']}. "
+           f"{_machine(d.get('machine', {}))}; per wall second and, in brackets, per CPU second of the process.", "",
+           "| env | batch | jax steps/s | plain-Python port steps/s | ratio |", "|---|---|---|---|---|"]
+    for r in d.get("steps", []):
+        out.append(f"| {r['env']} | {r['batch']} | {r['jax_steps_per_s']:,.0f} ({r['jax_steps_per_cpu_s']:,.0f}) | "
+                   f"{r['host_steps_per_s']:,.0f} ({r['host_steps_per_cpu_s']:,.0f}) | "
+                   f"{r['ratio']:.0f}x ({r['ratio_cpu']:.0f}x) |")
+    succ = d.get("random_policy_success", [])
+    if succ:
+        out += ["", "| random policy | episodes (jax / port) | success jax | success port |", "|---|---|---|---|"]
+        for r in succ:
+            out.append(f"| {r['env']} ({r['max_steps_in_episode']} steps) | {r['jax_episodes']} / {r['host_episodes']} | "
+                       f"{r['jax_success']:.3f} | {r['host_success']:.3f} |")
+    return out + [""]
+
+
 def _loads(d) -> str:
     loads = [r.get("machine", {}).get("loadavg_start", [None])[0] for r in d.get("runs", [])]
     loads = [x for x in loads if x is not None]
@@ -501,6 +521,7 @@ def render(root: Path = ROOT) -> str:
     lines += gpu_runs_section(res)
     lines += envs_section(_load(res / "envs.json"))
     lines += sokoban_section(_load(res / "sokoban_difficulty.json"))
+    lines += env_rules_section(_load(res / "env_rules.json"))
     lines += demo_section(root)
     lines += pretrained_sections(root)
     lines.append(END)
