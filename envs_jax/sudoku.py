@@ -77,13 +77,22 @@ class SudokuParams:
 
 
 # ---- pure rule functions ------------------------------------------------------------------------
+def _peers(n: int, row, col) -> jax.Array:
+    b = int(round(n ** 0.5))
+    rows, cols = jnp.arange(n)[:, None], jnp.arange(n)[None, :]
+    return (rows == row) | (cols == col) | ((rows // b == row // b) & (cols // b == col // b))
+
+
 def used_digits(grid: jax.Array, row, col) -> jax.Array:
     """bool[n + 1]: digits present in the cell's row, column or box (index 0 = empty, ignore)."""
     n = grid.shape[0]
-    b = int(round(n ** 0.5))
-    rows, cols = jnp.arange(n)[:, None], jnp.arange(n)[None, :]
-    peer = (rows == row) | (cols == col) | ((rows // b == row // b) & (cols // b == col // b))
-    return jnp.zeros(n + 1, bool).at[jnp.where(peer, grid, 0).reshape(-1)].set(True)
+    return jnp.zeros(n + 1, bool).at[jnp.where(_peers(n, row, col), grid, 0).reshape(-1)].set(True)
+
+
+def digit_used(grid: jax.Array, row, col, digit) -> jax.Array:
+    """bool: `digit` (>= 1) is in the cell's row, column or box; `used_digits(...)[digit]` without the
+    scatter, which XLA:CPU runs element by element (it was most of a step's cost)."""
+    return jnp.any(_peers(grid.shape[0], row, col) & (grid == digit))
 
 
 def backtrack(grid: jax.Array, key: jax.Array | None, max_iters: int):
@@ -438,7 +447,7 @@ class Sudoku(AgentEnv):
     def transition(self, key, state, action, params):
         r, c, d = decode(action, params.grid_size)
         given = state.given[r, c]
-        conflict = used_digits(state.grid, r, c)[d]
+        conflict = digit_used(state.grid, r, c, d)
         valid = ~given & ~conflict
         grid = jnp.where(valid, state.grid.at[r, c].set(d), state.grid)
         correct = d == state.solution[r, c]
