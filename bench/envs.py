@@ -6,6 +6,8 @@ vmapped over the batch and run `--inner-steps` times in one jitted `lax.scan` (t
 compiled program too, so per-call dispatch is not what it pays per step). The answer of each env at
 each step is drawn from "<think> ok </think><answer> {a} || {b} </answer>" over the env's action
 names, and its first parsed action is executed, so the parse is live work and the envs move around.
+Countdown (free-text answers) draws from fixed expression answers over a fixed set of tasks
+(COUNTDOWN_TASKS / COUNTDOWN_PIECES) and is stepped with the parsed `Answer`, as the rollout does.
 An episode that ends is restored to its initial state (both sides), so every step is a live step.
 
 Numpy side (bench/numpy_envs.py), the same work per step in a Python loop: decode the answer ids
@@ -25,6 +27,7 @@ Usage: python -m bench.envs [--quick] [--envs Sokoban,FrozenLake] [--batches 1,2
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
 import os
 import platform
@@ -39,8 +42,9 @@ import jax.numpy as jnp
 import numpy as np
 
 from bench import numpy_envs as npe
+from envs_jax import countdown as cd
 
-ENVS = ("Bandit", "FrozenLake", "Sokoban", "LargerSokoban", "rubikscube", "SimpleSudoku", "game_2048")
+ENVS = ("Bandit", "FrozenLake", "Sokoban", "LargerSokoban", "rubikscube", "SimpleSudoku", "game_2048", "Countdown")
 SOKOBAN_LIKE = ("Sokoban", "LargerSokoban")
 RESULTS = Path(__file__).resolve().parent / "results" / "envs.json"
 
@@ -56,6 +60,19 @@ REFERENCE_SPEEDS = {
 
 # The reference's reverse-play DFS depth (RAGEN config/envs.yaml; SokobanConfig's default is 300).
 REFERENCE_SEARCH_DEPTH = {"Sokoban": 300, "LargerSokoban": 10}
+
+
+# Countdown's tasks (numbers, target; each solvable with + and -, as the reference's filter keeps them)
+# and answer pieces. Random tasks would make every fixed answer fail the numbers check, which the host
+# answers without its `eval`; here the batch cycles through tasks that share their numbers, so a drawn
+# answer scores 1, 0.1 (right numbers: a wrong value, a division by zero, numbers that are no
+# expression) or 0 (a number changed, missing or added), and both sides do the whole scoring.
+COUNTDOWN_TASKS = (((44, 19, 35), 60), ((44, 19, 35), 98), ((44, 19, 35), 10), ((44, 19, 35), 28),
+                   ((3, 5, 2, 7), 13), ((3, 5, 2, 7), 17), ((3, 5, 2, 7), 3), ((3, 5, 2, 7), 7))
+COUNTDOWN_PIECES = ("44 - 19 + 35", "44 + 19 + 35", "19 + 35 - 44", "44 + 19 - 35", "(44 - 19) * 35",
+                    "35 / (44 - 19)", "44 19 35", "44 - 19 + 53",
+                    "3 + 5 - 2 + 7", "3 + 5 + 2 + 7", "(3 + 5 + 2) - 7", "7 / (5 - 3 - 2)", "3 * 5 + 2 * 7",
+                    "3, 5, 2, 7", "2 + 5 - 3", "3 + 5 + 2 + 7 + 1")
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -83,7 +100,15 @@ class Setup:
         self.tokenizer = tokenizer or load_tokenizer()
         self.env, self.params = envs_jax.make(name)
         self.text_env = TextEnv(self.env, self.params, self.tokenizer, PromptConfig())
-        self.answers = answer_texts(self.text_env.action_names)
+        # Countdown is stepped with the parsed `Answer` (its own parser), the others with an action index.
+        self.takes_answer = getattr(self.env, "answer_format", None) == "expression"
+        if self.takes_answer:
+            self.answers = [f"<think> ok </think><answer> {p} </answer>" for p in COUNTDOWN_PIECES]
+            # The host parse of each answer: what the program steps with when the parse is left out.
+            answers = [self.text_env.parse_text(t).answer for t in self.answers]
+            self.answer_table = jax.tree.map(lambda *x: np.stack(x), *answers)
+        else:
+            self.answers = answer_texts(self.text_env.action_names)
         ids = [self.tokenizer.encode(t, add_special_tokens=False) for t in self.answers]
         width = max(len(i) for i in ids)
         if parse_tokens is not None:
@@ -105,10 +130,12 @@ class Setup:
             "rubikscube": lambda: npe.NpCube(int(self.params.max_steps_in_episode), self.params.moves),
             "SimpleSudoku": lambda: npe.NpSudoku(self.params),
             "game_2048": lambda: npe.Np2048(int(self.params.max_steps_in_episode), float(self.params.two_prob)),
+            "Countdown": npe.NpCountdown,
         }[name]()
         self.from_jax = {"Bandit": npe.bandit_from_jax, "FrozenLake": npe.frozen_lake_from_jax,
                          "rubikscube": npe.cube_from_jax, "SimpleSudoku": npe.sudoku_from_jax,
-                         "game_2048": npe.game_2048_from_jax}.get(name, npe.sokoban_from_jax)
+                         "game_2048": npe.game_2048_from_jax,
+                         "Countdown": npe.countdown_from_jax}.get(name, npe.sokoban_from_jax)
 
 
 def tree_where(c, a, b):
@@ -120,6 +147,8 @@ def make_step_program(setup: Setup, inner_steps: int, parse: bool = True, render
 
     parse / render False leave that part out (for the cost breakdown); answer i's first action is
     action i, so without the parse the drawn index is executed directly: the same trajectory.
+    Countdown steps with the parsed `Answer` (the rollout's `Parsed.answer`), without the parse with
+    the host parse of the drawn answer.
     """
     te, env, params = setup.text_env, setup.env, setup.params
     answer_ids, answer_len = jnp.asarray(setup.answer_ids), jnp.asarray(setup.answer_len)
@@ -131,9 +160,17 @@ def make_step_program(setup: Setup, inner_steps: int, parse: bool = True, render
         if parse:
             parsed = te.parse(answer_ids[a], answer_len[a])
             action, check = jnp.maximum(parsed.actions[0], 0), parsed.num_actions
+            if setup.takes_answer:
+                action = parsed.answer
         else:
             action, check = a, jnp.int32(0)
+            if setup.takes_answer:
+                action = jax.tree.map(lambda x: jnp.asarray(x)[a], setup.answer_table)
         _, st, reward, _, _ = env.step_env(k_env, state, action, params)
+        if setup.takes_answer:
+            # Every answer ends its episode, whose state is then replaced by the initial one: without
+            # the reward in the checksum the scoring (and the parse behind it) would be dead code.
+            check = check + jnp.round(reward * 10).astype(jnp.int32)
         st = tree_where(st.done, init, st)
         if render:
             turn = jnp.minimum(st.time + 1, te.max_turns)
@@ -159,7 +196,24 @@ def make_step_program(setup: Setup, inner_steps: int, parse: bool = True, render
     return jax.jit(program)
 
 
+def countdown_states(batch: int):
+    """Countdown states cycling through COUNTDOWN_TASKS (with the +- signs of a solution)."""
+    rows = []
+    for nums, target in COUNTDOWN_TASKS:
+        padded = list(nums) + [0] * (cd.MAX_NUMS - len(nums))
+        signs = next(s for s in itertools.product((1, -1), repeat=cd.MAX_NUMS)
+                     if sum(x * y for x, y in zip(s, padded)) == target)
+        rows.append((padded, len(nums), target, signs))
+    task = np.arange(batch) % len(rows)
+    nums, count, target, signs = (np.asarray(c, np.int32)[task] for c in zip(*rows))
+    return cd.CountdownState(nums=jnp.asarray(nums), count=jnp.asarray(count), target=jnp.asarray(target),
+                             signs=jnp.asarray(signs), reward=jnp.zeros(batch, jnp.float32),
+                             time=jnp.zeros(batch, jnp.int32), done=jnp.zeros(batch, bool))
+
+
 def initial_states(setup: Setup, batch: int, seed: int = 0):
+    if setup.takes_answer:
+        return countdown_states(batch)
     keys = jax.random.split(jax.random.PRNGKey(seed), batch)
     _, states = jax.jit(jax.vmap(setup.env.reset_env, in_axes=(0, None)))(keys, setup.params)
     return jax.block_until_ready(states)

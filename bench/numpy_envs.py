@@ -52,14 +52,18 @@ def segment_text(state_text: str, turn: int, actions_left: int, prev_reward: flo
             f"Max response length: {max_words} words (tokens).\n<|im_end|>\n<|im_start|>assistant\n<think>")
 
 
-def parse_answer(text: str, action_names: Sequence[str], max_actions: int = 5) -> list[int]:
-    """The reference's answer parse: regex, split on '||', strip, case-insensitive lookup."""
+def answer_pieces(text: str, max_actions: int = 5) -> list[str]:
+    """The reference's answer pieces: regex, split on '||', stripped, the empty ones dropped."""
     m = ANSWER_RE.search(text)
     if m is None:
         return []
+    return [p.strip() for p in m.group(2).split("||") if p.strip()][:max_actions]
+
+
+def parse_answer(text: str, action_names: Sequence[str], max_actions: int = 5) -> list[int]:
+    """The reference's answer parse: the pieces looked up by name, case-insensitively."""
     lookup = {n.lower(): i for i, n in enumerate(action_names)}
-    pieces = [p.strip() for p in m.group(2).split("||") if p.strip()][:max_actions]
-    return [lookup[p.lower()] for p in pieces if p.lower() in lookup]
+    return [lookup[p.lower()] for p in answer_pieces(text, max_actions) if p.lower() in lookup]
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -440,20 +444,28 @@ def host_steps(env, states: list, answers: Sequence[Sequence[int]], tokenizer, n
                rng: random.Random, max_turns: int = 5) -> int:
     """Run `num_steps` env steps round-robin over `states` (updated in place); returns a checksum.
 
-    One step: decode a randomly chosen answer's ids, regex-parse it, execute its first action,
+    One step: decode a randomly chosen answer's ids, regex-parse it, execute its first action (or
+    score its first piece, for an env with `step_text`),
     restore the episode's initial state when it ended (so every step is a live one, as on the
     JAX side), render the next segment text and tokenize it.
     """
     inits = [s.copy() for s in states]
     names, max_steps = env.action_names, env.max_steps
+    # An env that reads free text (Countdown) is stepped with the first answer piece, as the reference
+    # passes its pieces to an env without an action lookup.
+    takes_text = hasattr(env, "step_text")
     checksum = 0
     b = len(states)
     for i in range(num_steps):
         j = i % b
         s = states[j]
         text = tokenizer.decode(answers[rng.randrange(len(answers))])
-        actions = parse_answer(text, names)
-        s, reward, done, _ = env.step(s, actions[0] if actions else 0, rng)
+        if takes_text:
+            pieces = answer_pieces(text)
+            s, reward, done, _ = env.step_text(s, pieces[0] if pieces else "", rng)
+        else:
+            actions = parse_answer(text, names)
+            s, reward, done, _ = env.step(s, actions[0] if actions else 0, rng)
         if done:
             s = inits[j].copy()
         states[j] = s
@@ -591,3 +603,70 @@ def game_2048_from_jax(state) -> Game2048NpState:
     board = np.asarray(state.board)
     return Game2048NpState([[int(2 ** v) if v else 0 for v in row] for row in board], int(state.score),
                            int(state.time), bool(state.done))
+
+
+# ---------------------------------------------------------------------------------- Countdown
+# The reference's scores (ragen/env/countdown): the int 1 and the float 0.1, printed as Python prints them.
+COUNTDOWN_SCORE, COUNTDOWN_FORMAT_SCORE = 1, 0.1
+
+
+class CountdownNpState:
+    """The task (numbers, target), the answer's reward as the reference returns it, and the flags."""
+
+    def __init__(self, nums, target, reward=0, time=0, done=False):
+        self.nums, self.target = [int(x) for x in nums], int(target)
+        self.reward, self.time, self.done = reward, int(time), bool(done)
+
+    def copy(self) -> "CountdownNpState":
+        return CountdownNpState(self.nums, self.target, self.reward, self.time, self.done)
+
+
+def countdown_numbers_ok(equation: str, nums) -> bool:
+    """The reference's check_format: the integers of the text are exactly the task's numbers."""
+    try:
+        return sorted(int(n) for n in re.findall(r"\d+", equation)) == sorted(nums)
+    except Exception:  # the reference's bare except (int() of a non-ASCII digit run can fail)
+        return False
+
+
+def countdown_value_ok(equation: str, target: int) -> bool:
+    """The reference's check_correctness: Python eval without builtins, within 1e-5 of the target."""
+    try:
+        return abs(eval(equation, {"__builtins__": None}, {}) - target) < 1e-5
+    except Exception:  # any error (syntax, division by zero, a tuple minus an int) scores as wrong
+        return False
+
+
+class NpCountdown:
+    """The reference's Countdown: one answer (its text) per episode, scored, then done."""
+
+    def __init__(self, score=COUNTDOWN_SCORE, format_score=COUNTDOWN_FORMAT_SCORE):
+        self.score, self.format_score = score, format_score
+        self.max_steps, self.action_names = 1, ()
+
+    def reward(self, s: CountdownNpState, answer: str):
+        if not countdown_numbers_ok(answer, s.nums):
+            return 0
+        return self.score if countdown_value_ok(answer, s.target) else self.format_score
+
+    def step_text(self, s: CountdownNpState, answer: str, rng=None):
+        """-> (state, reward, done, info) for the answer text (the first stripped answer piece)."""
+        if s.done:
+            return s, 0.0, True, {"action_is_effective": False, "success": s.reward == self.score}
+        s = s.copy()
+        s.reward = self.reward(s, answer)
+        s.time, s.done = s.time + 1, True
+        return s, s.reward, True, {"action_is_effective": s.reward > 0, "success": s.reward == self.score}
+
+    def render(self, s: CountdownNpState) -> str:
+        if s.done:
+            return f"Your answer get {s.reward} points."
+        return f"Target: {s.target}, nums: {s.nums}"
+
+
+def countdown_from_jax(state) -> CountdownNpState:
+    """One (unbatched) envs_jax CountdownState; its float32 reward back to the reference's int / float."""
+    r = float(state.reward)
+    reward = COUNTDOWN_SCORE if r == 1.0 else 0 if r == 0.0 else COUNTDOWN_FORMAT_SCORE
+    nums = np.asarray(state.nums)[: int(state.count)].tolist()
+    return CountdownNpState(nums, int(state.target), reward, int(state.time), bool(state.done))
