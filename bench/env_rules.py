@@ -23,7 +23,6 @@ Usage: python -m bench.env_rules [--quick] [--envs rubikscube,game_2048] [--batc
 from __future__ import annotations
 
 import argparse
-import json
 import math
 import random
 import time
@@ -34,7 +33,8 @@ import jax.numpy as jnp
 import numpy as np
 
 from bench import numpy_envs as npe
-from bench.envs import Timing, machine, tree_where
+from bench.common import machine, write_result
+from bench.envs import Timing, tree_where
 
 ENVS = ("Bandit", "FrozenLake", "Sokoban", "rubikscube", "SimpleSudoku", "MediumSudoku", "game_2048")
 SUCCESS_ENVS = ("rubikscube", "SimpleSudoku", "MediumSudoku", "game_2048")  # issue #34's new environments
@@ -234,8 +234,16 @@ def main(argv=None) -> dict:
     host_steps = a.host_max_steps or (2000 if a.quick else 20000)
     host_episodes = a.host_episodes or (100 if a.quick else 1024)
 
-    machine_at_start = machine()
     rows, success = [], []
+    result = dict(
+        machine=machine(),
+        settings=dict(batch=a.batch, repeats=repeats, inner_steps=inner, host_max_steps=host_steps,
+                      host_episodes=host_episodes, quick=a.quick,
+                      step_definition="step_env with a uniformly random action, vmapped, lax.scan of inner_steps "
+                                      "per jitted call; ended episodes restored to their initial state",
+                      host_step_definition="the plain-Python port's step (bench/numpy_envs.py), same policy and "
+                                           "restore rule, one env at a time"),
+        steps=rows, random_policy_success=success)
     for name in envs:
         r = Rules(name, a.batch)
         row = bench_rules(r, inner, repeats, host_steps)
@@ -248,21 +256,10 @@ def main(argv=None) -> dict:
             success.append(s)
             print(f"[{name}] random-policy success: jax {s['jax_success']:.4f} over {s['jax_episodes']} episodes, "
                   f"port {s['host_success']:.4f} over {s['host_episodes']} (z = {s['z']:+.2f})", flush=True)
-    result = dict(
-        machine=machine_at_start,
-        load_average_at_end=machine()["load_average_1_5_15min"],
-        settings=dict(batch=a.batch, repeats=repeats, inner_steps=inner, host_max_steps=host_steps,
-                      host_episodes=host_episodes, quick=a.quick,
-                      step_definition="step_env with a uniformly random action, vmapped, lax.scan of inner_steps "
-                                      "per jitted call; ended episodes restored to their initial state",
-                      host_step_definition="the plain-Python port's step (bench/numpy_envs.py), same policy and "
-                                           "restore rule, one env at a time"),
-        steps=rows, random_policy_success=success,
-        timestamp_utc=time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()))
-    out = Path(a.out)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps(result, indent=1))
-    print(f"wrote {out}")
+        write_result(result, a.out)  # a run cut short keeps its rows
+    result["timestamp_utc"] = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+    write_result(result, a.out)
+    print(f"wrote {a.out}")
     return result
 
 
