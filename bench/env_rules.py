@@ -41,31 +41,6 @@ SUCCESS_ENVS = ("rubikscube", "SimpleSudoku", "MediumSudoku", "game_2048")  # is
 RESULTS = Path(__file__).resolve().parent / "results" / "env_rules.json"
 
 
-def host_env(name: str, env, params):
-    """The plain-Python port of `name`'s rules (bench/numpy_envs.py) with the JAX env's parameters."""
-    if name in ("Sokoban", "LargerSokoban"):
-        return npe.NpSokoban(env.config.num_boxes, int(params.max_steps_in_episode))
-    if name == "FrozenLake":
-        return npe.NpFrozenLake(float(params.slip), int(params.max_steps_in_episode))
-    if name == "Bandit":
-        return npe.NpBandit(params.low_name, params.high_name, float(params.low_reward), float(params.high_reward),
-                            float(params.high_fail_reward), float(params.high_prob), int(params.max_steps_in_episode))
-    if name == "rubikscube":
-        return npe.NpCube(int(params.max_steps_in_episode), params.moves)
-    if name in ("SimpleSudoku", "MediumSudoku"):
-        return npe.NpSudoku(params)
-    if name == "game_2048":
-        return npe.Np2048(int(params.max_steps_in_episode), float(params.two_prob))
-    raise ValueError(f"no plain-Python port of {name!r} in bench/numpy_envs.py; valid: {', '.join(ENVS)}")
-
-
-def from_jax(name: str):
-    """JAX state (one env) -> the port's state."""
-    return {"Bandit": npe.bandit_from_jax, "FrozenLake": npe.frozen_lake_from_jax, "rubikscube": npe.cube_from_jax,
-            "SimpleSudoku": npe.sudoku_from_jax, "MediumSudoku": npe.sudoku_from_jax,
-            "game_2048": npe.game_2048_from_jax}.get(name, npe.sokoban_from_jax)
-
-
 def host_success(name: str, port, s) -> bool:
     """The port's success test at an episode's end (the reference's, written on the port's state)."""
     if name == "rubikscube":
@@ -85,14 +60,14 @@ class Rules:
 
         self.name = name
         self.env, self.params = envs_jax.make(name)
-        self.port = host_env(name, self.env, self.params)
+        self.port = npe.host_env(name, self.env, self.params)
         self.num_actions = int(self.env.num_actions)
         keys = jax.random.split(jax.random.PRNGKey(seed), batch)
         _, self.states = jax.jit(jax.vmap(self.env.reset_env, in_axes=(0, None)))(keys, self.params)
         jax.block_until_ready(self.states)
 
     def host_states(self, n: int) -> list:
-        convert = from_jax(self.name)
+        convert = npe.from_jax(self.name)
         return [convert(jax.tree.map(lambda x: x[i], self.states)) for i in range(n)]
 
 

@@ -120,22 +120,8 @@ class Setup:
         for i, row in enumerate(ids):
             self.answer_ids[i, :len(row)] = row
         self.answer_len = np.array([len(r) for r in ids], np.int32)
-        self.np_env = {
-            "Bandit": lambda: npe.NpBandit(self.params.low_name, self.params.high_name, float(self.params.low_reward),
-                                           float(self.params.high_reward), float(self.params.high_fail_reward),
-                                           float(self.params.high_prob), int(self.params.max_steps_in_episode)),
-            "FrozenLake": lambda: npe.NpFrozenLake(float(self.params.slip), int(self.params.max_steps_in_episode)),
-            "Sokoban": lambda: npe.NpSokoban(self.env.config.num_boxes, int(self.params.max_steps_in_episode)),
-            "LargerSokoban": lambda: npe.NpSokoban(self.env.config.num_boxes, int(self.params.max_steps_in_episode)),
-            "rubikscube": lambda: npe.NpCube(int(self.params.max_steps_in_episode), self.params.moves),
-            "SimpleSudoku": lambda: npe.NpSudoku(self.params),
-            "game_2048": lambda: npe.Np2048(int(self.params.max_steps_in_episode), float(self.params.two_prob)),
-            "Countdown": npe.NpCountdown,
-        }[name]()
-        self.from_jax = {"Bandit": npe.bandit_from_jax, "FrozenLake": npe.frozen_lake_from_jax,
-                         "rubikscube": npe.cube_from_jax, "SimpleSudoku": npe.sudoku_from_jax,
-                         "game_2048": npe.game_2048_from_jax,
-                         "Countdown": npe.countdown_from_jax}.get(name, npe.sokoban_from_jax)
+        self.np_env = npe.host_env(name, self.env, self.params)
+        self.from_jax = npe.from_jax(name)
 
 
 def tree_where(c, a, b):

@@ -670,3 +670,33 @@ def countdown_from_jax(state) -> CountdownNpState:
     reward = COUNTDOWN_SCORE if r == 1.0 else 0 if r == 0.0 else COUNTDOWN_FORMAT_SCORE
     nums = np.asarray(state.nums)[: int(state.count)].tolist()
     return CountdownNpState(nums, int(state.target), reward, int(state.time), bool(state.done))
+
+
+# ---------------------------------------------------------------------------------------------------
+# Which port stands beside which registered environment (bench/envs.py and bench/env_rules.py)
+# ---------------------------------------------------------------------------------------------------
+def host_env(name: str, env, params):
+    """The plain-Python port of `name`'s rules with the JAX env's parameters."""
+    if name in ("Sokoban", "LargerSokoban"):
+        return NpSokoban(env.config.num_boxes, int(params.max_steps_in_episode))
+    if name == "FrozenLake":
+        return NpFrozenLake(float(params.slip), int(params.max_steps_in_episode))
+    if name == "Bandit":
+        return NpBandit(params.low_name, params.high_name, float(params.low_reward), float(params.high_reward),
+                        float(params.high_fail_reward), float(params.high_prob), int(params.max_steps_in_episode))
+    if name == "rubikscube":
+        return NpCube(int(params.max_steps_in_episode), params.moves)
+    if name in ("SimpleSudoku", "MediumSudoku"):
+        return NpSudoku(params)
+    if name == "game_2048":
+        return Np2048(int(params.max_steps_in_episode), float(params.two_prob))
+    if name == "Countdown":
+        return NpCountdown()
+    raise ValueError(f"no plain-Python port of {name!r} in bench/numpy_envs.py")
+
+
+def from_jax(name: str):
+    """JAX state (one env) -> the port's state, for `name`."""
+    return {"Bandit": bandit_from_jax, "FrozenLake": frozen_lake_from_jax, "rubikscube": cube_from_jax,
+            "SimpleSudoku": sudoku_from_jax, "MediumSudoku": sudoku_from_jax, "game_2048": game_2048_from_jax,
+            "Countdown": countdown_from_jax}.get(name, sokoban_from_jax)
