@@ -190,8 +190,8 @@ class _Teacher:
                                  max_tokens=pc.max_response_tokens, max_actions=min(want, text_env.max_actions_per_turn))
         self.actions_per_turn = self.table.max_actions
         self.max_turns = int(text_env.max_turns)
-        steps = getattr(self.env_params, "max_steps_in_episode", text_env.max_actions_per_episode)
-        self.max_actions_per_episode = min(int(text_env.max_actions_per_episode), int(steps))
+        steps = int(self.env_params.max_steps_in_episode)
+        self.max_actions_per_episode = min(int(text_env.max_actions_per_episode), steps)
 
     def actions_left(self, state):
         return jnp.maximum(self.max_actions_per_episode - jnp.asarray(state.time, jnp.int32), 0)
