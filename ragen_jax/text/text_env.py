@@ -96,6 +96,18 @@ def default_cell_symbols(env, params, height: int, width: int, num_symbols: int)
     return [[every] * width for _ in range(height)]
 
 
+def _check_text_declarations(env, symbols) -> None:
+    """One sentence for an env whose answers or grid symbols this layer cannot handle."""
+    if env.answer_format not in ANSWER_FORMATS:
+        raise ValueError(f"{type(env).__name__}.answer_format is {env.answer_format!r}; the text layer reads "
+                         f"{', '.join(ANSWER_FORMATS)} (a new answer grammar needs its parser in ragen_jax/text/)")
+    for s in symbols:
+        # The row seams need rows that start with a visible character (see render.py).
+        if not s or s[0].isspace() or "<|" in s:
+            raise ValueError(f"grid symbol {s!r} cannot be rendered row by row: symbols must be "
+                             "non-empty, not start with whitespace and hold no chat tokens")
+
+
 class TextEnv:
     """An AgentEnv seen as text: fixed prompt pieces as ids, per-turn segments rendered in-graph.
 
@@ -130,16 +142,9 @@ class TextEnv:
         self.symbols: tuple[str, ...] = tuple(env.symbols(env_params))
         # RAGEN-2's coordinate observations, or a state text assembled from slots (Countdown's line).
         self.observation_format = env.observation_format(env_params)
-        if env.answer_format not in ANSWER_FORMATS:
-            raise ValueError(f"{type(env).__name__}.answer_format is {env.answer_format!r}; the text layer reads "
-                             f"{', '.join(ANSWER_FORMATS)} (a new answer grammar needs its parser in ragen_jax/text/)")
+        _check_text_declarations(env, self.symbols)
         self.grid_shape = _grid_shape(env, env_params) if self.observation_format != "slots" else (0, 0)
         h, w = self.grid_shape
-        for s in self.symbols:
-            # The row seams need rows that start with a visible character (see render.py).
-            if not s or s[0].isspace() or "<|" in s:
-                raise ValueError(f"grid symbol {s!r} cannot be rendered row by row: symbols must be "
-                                 "non-empty, not start with whitespace and hold no chat tokens")
         if cell_symbols is None:
             cell_symbols = default_cell_symbols(env, env_params, h, w, len(self.symbols))
         self.cell_symbols = render.check_cell_sets(cell_symbols, h, w, len(self.symbols))
