@@ -22,8 +22,8 @@ from typing import Any, Optional
 
 import envs_jax
 
-from ragen_jax.algorithms.advantages import NEEDS_CRITIC
 from ragen_jax.algorithms.filters import num_kept_groups
+from ragen_jax.algorithms.gigpo import GiGPOOptions
 from ragen_jax.experiment.sections import (AdvantageConfig, BatchingConfig, ConfigError, FilterConfig, LossConfig,
                                           choice, micro_batch, positive)
 from ragen_jax.models.attention import IMPLEMENTATIONS as ATTENTION_IMPLEMENTATIONS
@@ -460,7 +460,7 @@ class Config:
             raise ConfigError(f"filter.metric={spec.metric!r} runs the log-prob pass over all "
                               f"{r.num_groups * r.group_size} rollout rows before filtering, in blocks of "
                               f"batching.micro_batch_size (0: mini_batch_size); the block must divide the rows")
-        if self.advantage.estimator in NEEDS_CRITIC and self.model.critic == "none":
+        if self.advantage.record.needs_critic and self.model.critic == "none":
             raise ConfigError(f"advantage.estimator={self.advantage.estimator!r} needs a critic; set model.critic to "
                               "'separate' or 'shared'")
 
@@ -479,7 +479,8 @@ def _section_keys(section: str, names: str, renames: dict | None = None) -> dict
 LEGACY_ALGO_KEYS = {
     **_section_keys("advantage", "adv_estimator reward_norm gamma lam bi_level_gae reward_placement "
                     "soft_advantage_reweight gigpo_weight gigpo_norm gigpo_gamma",
-                    {"adv_estimator": "estimator", "soft_advantage_reweight": "soft_reweight"}),
+                    {"adv_estimator": "estimator", "soft_advantage_reweight": "soft_reweight",
+                     **{f"gigpo_{k}": f"options.{k}" for k in ("weight", "norm", "gamma")}}),
     **_section_keys("loss", "eps_low eps_high dual_clip loss_agg entropy_coef kl_coef kl_type kl_in_reward "
                     "value_clip tis tis_cap tis_geo_mask", {"loss_agg": "agg"}),
     **_section_keys("batching", "ppo_epochs mini_batch_size micro_batch_size critic_warmup"),
@@ -496,8 +497,35 @@ V1_FILTER_KEYS = {"filter_ratio": (float, 0.25), "filter_mode": (str, "largest")
                   "filter_value": (Optional[float], None), "filter_select": (Optional[str], None)}
 
 
+# GiGPO's options under their released names (advantage.gigpo_weight, ...): now advantage.options.<name>.
+LEGACY_OPTION_KEYS = {f"gigpo_{k}": k for k in ("weight", "norm", "gamma")}
+
+
 def _deprecated(old: str, new: str):
     warnings.warn(f"algo.{old} is deprecated; use {new}", FutureWarning, stacklevel=4)
+
+
+def _get_key(section_obj, key: str):
+    """A section's key; "options.<name>": the estimator option (its default while unset)."""
+    if key.startswith("options."):
+        name = key.split(".", 1)[1]
+        default = {f.name: f.default for f in dataclasses.fields(GiGPOOptions)}.get(name)
+        return section_obj.options.get(name, default)
+    return getattr(section_obj, key)
+
+
+def _set_key(section_obj, key: str, value) -> None:
+    if key.startswith("options."):
+        section_obj.options[key.split(".", 1)[1]] = value
+    else:
+        setattr(section_obj, key, value)
+
+
+def _legacy_key_hint(section: str, key: str):
+    """The type a legacy key's value is coerced to."""
+    if key.startswith("options."):
+        return typing.get_type_hints(GiGPOOptions)[key.split(".", 1)[1]]
+    return typing.get_type_hints(type(getattr(Config(), section)))[key]
 
 
 def translate_v1_filter(legacy: dict, current: FilterConfig, num_groups: int) -> dict:
@@ -544,7 +572,7 @@ class LegacyAlgo:
         if name in LEGACY_ALGO_KEYS:
             section, key = LEGACY_ALGO_KEYS[name]
             _deprecated(name, f"{section}.{key}")
-            return getattr(getattr(cfg, section), key)
+            return _get_key(getattr(cfg, section), key)
         if name in V1_FILTER_KEYS:
             _deprecated(name, "filter.strategy / filter.value / filter.select / filter.max_groups")
             return cfg.legacy_filter.get(name, V1_FILTER_KEYS[name][1])
@@ -557,7 +585,7 @@ class LegacyAlgo:
             section, key = LEGACY_ALGO_KEYS[name]
             _deprecated(name, f"{section}.{key}")
             cfg.legacy_names[f"{section}.{key}"] = f"algo.{name}"
-            setattr(getattr(cfg, section), key, value)
+            _set_key(getattr(cfg, section), key, value)
         elif name in V1_FILTER_KEYS:
             _deprecated(name, "filter.strategy / filter.value / filter.select / filter.max_groups")
             cfg.legacy_filter[name] = value
@@ -610,6 +638,11 @@ def apply_override(cfg: Config, text: str) -> None:
     if parts[0] == "algo" and len(parts) == 2:
         _legacy_override(cfg, parts[1], raw)
         return
+    if parts[0] == "advantage" and len(parts) == 2 and parts[1] in LEGACY_OPTION_KEYS:
+        key = f"options.{LEGACY_OPTION_KEYS[parts[1]]}"
+        warnings.warn(f"advantage.{parts[1]} is deprecated; use advantage.{key}", FutureWarning, stacklevel=2)
+        _set_key(cfg.advantage, key, _coerce(dotted, raw, _legacy_key_hint("advantage", key)))
+        return
     obj = cfg
     for i, name in enumerate(parts):
         if not dataclasses.is_dataclass(obj):
@@ -631,7 +664,7 @@ def apply_override(cfg: Config, text: str) -> None:
 def _legacy_override(cfg: Config, name: str, raw: str) -> None:
     if name in LEGACY_ALGO_KEYS:
         section, key = LEGACY_ALGO_KEYS[name]
-        setattr(cfg.algo, name, _coerce(f"algo.{name}", raw, typing.get_type_hints(type(getattr(cfg, section)))[key]))
+        setattr(cfg.algo, name, _coerce(f"algo.{name}", raw, _legacy_key_hint(section, key)))
     elif name in V1_FILTER_KEYS:
         setattr(cfg.algo, name, _coerce(f"algo.{name}", raw, V1_FILTER_KEYS[name][0]))
     else:
@@ -698,8 +731,16 @@ def migrate_saved(d: dict) -> dict:
         if ok in out.get(os_, {}):
             out.setdefault(ns, {})[nk] = out[os_].pop(ok)
     legacy = {}
-    for old, value in out.pop("algo", {}).items():
-        if old in LEGACY_ALGO_KEYS:
+    adv = out.setdefault("advantage", {})
+    estimator = adv.get("estimator", out.get("algo", {}).get("adv_estimator", AdvantageConfig.estimator))
+    for old, value in [*out.pop("algo", {}).items(), *((k, adv.pop(k)) for k in list(adv) if k in LEGACY_OPTION_KEYS)]:
+        if old in LEGACY_OPTION_KEYS:
+            # Saved before advantage.options: GiGPO's three keys were saved for every estimator; they
+            # acted only under gigpo, and only a non-default value is a setting.
+            name = LEGACY_OPTION_KEYS[old]
+            if estimator == "gigpo" and value != getattr(GiGPOOptions(), name):
+                adv.setdefault("options", {})[name] = value
+        elif old in LEGACY_ALGO_KEYS:
             section, key = LEGACY_ALGO_KEYS[old]
             out.setdefault(section, {})[key] = value
         elif old in V1_FILTER_KEYS:
