@@ -540,14 +540,20 @@ class Qwen2Trunk(nnx.Module):
 
     def prefix_kv(self, prefix_tokens) -> PrefixKV:
         """Keys/values of a prefix every row of a later `__call__(..., prefix=)` shares. [P] ids."""
+        return self.prefix_forward(prefix_tokens)[1]
+
+    def prefix_forward(self, prefix_tokens, inference: bool = False) -> tuple[jax.Array, PrefixKV]:
+        """(final hidden states [P, H], keys/values) of a prefix that rows share: what scoring a record
+        needs of its prefix, computed once for the batch instead of once per row. [P] ids."""
         tokens = jnp.asarray(prefix_tokens)
         if tokens.ndim != 1:
             raise ValueError(f"a shared prefix is one token sequence [P], got shape {tuple(tokens.shape)}")
         tokens = tokens[None]
         valid = jnp.ones(tokens.shape, bool)
         layers = nnx.state(self.layers, nnx.Param).to_pure_dict()
-        _, (k, v) = decoder_stack(self.cfg, layers, self.embed_inputs(tokens, valid), valid, None, return_kv=True)
-        return PrefixKV(k=k[:, 0], v=v[:, 0])
+        x, (k, v) = decoder_stack(self.cfg, layers, self.embed_inputs(tokens, valid), valid, None, return_kv=True,
+                                  inference=inference)
+        return rms_norm(x[0], self.norm.scale[...], self.cfg.rms_norm_eps), PrefixKV(k=k[:, 0], v=v[:, 0])
 
 
 class Qwen2(nnx.Module):
@@ -596,6 +602,10 @@ class Qwen2Critic(nnx.Module):
 
     def __call__(self, tokens, valid, inference: bool = False, prefix: PrefixKV | None = None) -> jax.Array:
         hidden, _ = self.model(tokens, valid, None, prefix, inference=inference)
+        return self.values(hidden)
+
+    def values(self, hidden: jax.Array) -> jax.Array:
+        """[..., H] final hidden states -> float32 [...] values."""
         return dense_layer(hidden.astype(f32), nnx.state(self.value_head, nnx.Param).to_pure_dict())[..., 0]
 
     def prefix_kv(self, prefix_tokens) -> PrefixKV:
