@@ -23,6 +23,8 @@ TEACHER_KINDS = {
     "countdown_solution": "state.nums, state.signs, state.count: a +- solution of the task",
     "backtracking": "env.solve(state, params) -> (grid, ok): the current grid completed; state.solution as fallback",
     "expectimax": "env.teacher_action(key, state, params) -> action: the env's own player's move for the current state",
+    # Any new env: its own policy, written in its file (no teacher class to add in the rollout stage).
+    "env_policy": "env.teacher_action(key, state, params) -> action: the env's own policy's next action, one per turn",
 }
 
 
