@@ -230,6 +230,11 @@ class FilterSpec:
             raise ValueError(f"filter max_groups={self.max_groups} exceeds the {num_groups} groups of a batch")
         return min(num_groups, FILTER_STRATEGIES[self.strategy][0](self, num_groups))
 
+    def kept_rows(self, num_groups: int, group_size: int) -> int:
+        """Rows the update trains on per iteration (static): the group slots x group_size. The config's
+        rules, the mesh check and the compiled step all read this one definition."""
+        return self.slots(num_groups) * group_size
+
 
 @struct.dataclass
 class GroupFilter:

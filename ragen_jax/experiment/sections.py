@@ -11,7 +11,8 @@ from typing import Optional
 
 from ragen_jax.algorithms import ESTIMATORS, NORMALIZATIONS, TOKEN_REWARD_MODES, Estimator
 from ragen_jax.algorithms.filters import LOSS_SCALINGS, FilterSpec
-from ragen_jax.algorithms.losses import KL_ESTIMATORS, LOSS_AGG_MODES, check_clip_args
+from ragen_jax.algorithms.losses import (DUAL_CLIP, EPS_HIGH, EPS_LOW, KL_ESTIMATORS, LOSS_AGG_MODES, VALUE_CLIP,
+                                        check_clip_args)
 from ragen_jax.algorithms.mismatch import TIS_MODES, TIS_SEQUENCE_CAP, TIS_TOKEN_CAP, check_tis_args
 
 
@@ -112,16 +113,16 @@ class AdvantageConfig:
 @dataclass
 class LossConfig:
     # PPO clip, decoupled (StarPO-S "clip-higher": 0.2 / 0.28; vanilla StarPO 0.2 / 0.2).
-    eps_low: float = 0.2
-    eps_high: float = 0.28
-    dual_clip: float = 3.0  # dual-clip constant c for negative advantages
+    eps_low: float = EPS_LOW
+    eps_high: float = EPS_HIGH
+    dual_clip: float = DUAL_CLIP  # dual-clip constant c for negative advantages
     agg: str = "token-mean"  # loss aggregation over tokens and rows (losses.LOSS_AGG_MODES)
     entropy_coef: float = 0.001
     # KL to the frozen initial policy; 0 = off (StarPO-S), and then the reference is never computed.
     kl_coef: float = 0.0
     kl_type: str = "k3"
     kl_in_reward: bool = False  # the KL as a token-reward penalty instead of a loss term
-    value_clip: float = 0.5
+    value_clip: float = VALUE_CLIP
     # Truncated importance sampling against the sampler/trainer mismatch (algorithms/mismatch.py): the
     # policy loss of each token x min(exp(trainer old log-prob - sampler log-prob), cap), no gradient.
     # "none" | "token" (per token, Tunix / SkyRL) | "sequence" (product over the row, SkyRL). The

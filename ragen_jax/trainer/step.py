@@ -281,7 +281,7 @@ class StepPrograms:
         self.temperature = s.temperature
         self.filter_spec = s.filter.spec
         self.kept_groups = self.filter_spec.slots(s.num_groups)  # static group slots (some may be unused)
-        self.kept_rows = self.kept_groups * s.group_size
+        self.kept_rows = self.filter_spec.kept_rows(s.num_groups, s.group_size)
         self.trace_counts = {"prepare": 0, "update": 0}
 
     def _blocks(self, turn_start) -> TurnBlocks | None:
@@ -543,7 +543,7 @@ class StepPrograms:
 def check_batch_fits_mesh(cfg: Config, n_batch_shards: int) -> None:
     r, bt = cfg.rollout, cfg.batching
     b = r.num_groups * r.group_size
-    kept = cfg.filter.spec.slots(r.num_groups) * r.group_size
+    kept = cfg.filter.spec.kept_rows(r.num_groups, r.group_size)
     micro = effective_micro_batch(bt.mini_batch_size, bt.micro_batch_size)
     for what, n in (("rollout batch P*N", b), ("kept trajectories", kept), ("batching.mini_batch_size", bt.mini_batch_size),
                     ("batching.micro_batch_size (0: = mini_batch_size)", micro)):
