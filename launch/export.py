@@ -54,25 +54,14 @@ def checkpoint_step(source: str) -> tuple[str, int | None]:
     return source, None
 
 
-def check_gguf_target(out: str) -> Path:
-    p = Path(out).expanduser()
-    if p.suffix.lower() != ".gguf":
-        raise ValueError(f"--out {out} must name a .gguf file when exporting with --to gguf")
-    if p.exists():
-        raise ValueError(f"{p} already exists; choose a new output path or delete it")
-    if not p.parent.is_dir():
-        raise ValueError(f"the directory {p.parent} of --out does not exist")
-    return p
-
-
 def export(args) -> Path:
     """Load the source and write the export (raises the project's one-sentence errors)."""
     from ragen_jax.evaluation.policies import load_source
     from ragen_jax.models.gguf import write_gguf
-    from ragen_jax.models.hf_export import check_new_directory, write_hf_directory
+    from ragen_jax.models.hf_export import check_new_directory, check_new_file, write_hf_directory
     from ragen_jax.models.lora import is_peft_dir, save_peft_adapter
 
-    out = check_gguf_target(args.out) if args.to == "gguf" else check_new_directory(args.out)  # before any loading
+    out = check_new_file(args.out) if args.to == "gguf" else check_new_directory(args.out)  # before any loading
     source, step = checkpoint_step(args.source)
     loaded, run_cfg = load_source(source, step=step)
     model = loaded.policy

@@ -68,10 +68,11 @@ def _qwen_config(cfg: Config, vocab=None):
         return Qwen2Config.from_preset(m.preset).replace(dtype=m.dtype, param_dtype=m.param_dtype,
                                                          vocab_size=vocab.size)
     if m.path is not None:
-        if not Path(m.path).expanduser().is_dir():
+        path = Path(resolve_model_path(m.path)) if is_gguf(m.path) else Path(m.path).expanduser()
+        if not path.is_dir():
             raise EvalError(f"the run's base model directory {m.path!r} (model.path in its config.json) does not "
                             "exist here; it is needed for the model's shapes and tokenizer")
-        return read_config(str(Path(m.path).expanduser()), dtype=m.dtype, param_dtype=m.param_dtype)
+        return read_config(str(path), dtype=m.dtype, param_dtype=m.param_dtype)
     return Qwen2Config.from_preset(m.preset).replace(dtype=m.dtype, param_dtype=m.param_dtype)
 
 

@@ -1,6 +1,6 @@
 """What the `launch/` entry points share: arguments, multi-process start-up, the run lock, one-line errors.
 
-Imports only the light `distributed` module at the top: the cluster must be joined before JAX's
+Imports only the light `distributed` and `preemption` modules at the top: the cluster must be joined before JAX's
 backend exists, and importing the config (hence the environments: gymnax computes at import
 time) creates it.
 """
@@ -15,6 +15,7 @@ from typing import Callable
 import jax
 
 from ragen_jax.infra.distributed import ClusterError, acquire_run_lock, exit_now, start_cluster
+from ragen_jax.infra.preemption import STOP
 
 # Input problems, reported in one line with exit status 2 (matched by class name: most live in
 # modules that may only be imported after the cluster is joined).
@@ -34,7 +35,7 @@ def add_cluster_args(p: argparse.ArgumentParser) -> None:
     g.add_argument("--num-processes", type=int, default=None, help="how many processes take part")
     g.add_argument("--process-id", type=int, default=None, help="this process's id, 0 .. num-processes - 1")
     g.add_argument("--heartbeat-timeout", type=int, default=None, metavar="S",
-                   help="seconds before a silent (dead) process makes all others exit with an error (default 100)")
+                   help="seconds before a silent (dead) process makes all others exit with an error (default 30)")
     g.add_argument("--shutdown-timeout", type=int, default=None, metavar="S",
                    help="seconds a finished process waits for the others to finish (default 300)")
     g.add_argument("--init-timeout", type=int, default=None, metavar="S",
@@ -56,12 +57,15 @@ def start_from_args(args):
                          shutdown_timeout_s=seconds("shutdown_timeout"), init_timeout_s=seconds("init_timeout"))
 
 
-def parse_run_args(doc: str, argv=None, workdir_help: str = "run directory"):
-    """`--config NAME --workdir DIR [--quiet] [cluster flags] [--config.a.b=value ...]` -> (args, overrides)."""
+def parse_run_args(doc: str, argv=None, workdir_help: str = "run directory", more_args: Callable | None = None):
+    """`--config NAME --workdir DIR [--quiet] [cluster flags] [--config.a.b=value ...]` -> (args, overrides).
+    `more_args(parser)`: a launcher's own flags."""
     p = argparse.ArgumentParser(description=doc, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--config", required=True, help="config file: a bare name in configs/ (sokoban.py) or a path")
     p.add_argument("--workdir", required=True, help=workdir_help + " (a local directory or a bucket URL, gs://...)")
     p.add_argument("--quiet", action="store_true", help="no progress bars")
+    if more_args is not None:
+        more_args(p)
     add_cluster_args(p)
     args, rest = p.parse_known_args(argv)
     bad = [r for r in rest if not r.startswith("--config.")]
@@ -102,11 +106,23 @@ def _multi_process() -> bool:
     return xla_bridge.backends_are_initialized() and jax.process_count() > 1
 
 
-def run_config_job(doc: str, argv, job: Callable, workdir_help: str = "run directory") -> int:
+def run_config_job(doc: str, argv, job: Callable, workdir_help: str = "run directory",
+                   more_args: Callable | None = None) -> int:
     """Load the config, join the cluster, take the run directory's lock, build `job(cfg, args)` and
-    run what it returns. Bad input -> one line, exit 2 (on every process alike)."""
-    args, overrides = parse_run_args(doc, argv, workdir_help)
-    lock, started = None, False
+    run what it returns; its return value, when an int, is the exit status (`PREEMPTED_EXIT` for a
+    run stopped by SIGTERM / SIGINT after its checkpoint). Bad input -> one line, exit 2 (on every
+    process alike). SIGTERM / SIGINT are handled from the start (`infra.preemption`)."""
+    args, overrides = parse_run_args(doc, argv, workdir_help, more_args)
+    STOP.install()
+    try:
+        return _run_job(args, overrides, job)
+    finally:  # a caller in the same process (a test) gets its own handlers back
+        STOP.uninstall()
+        STOP.reset()
+
+
+def _run_job(args, overrides, job: Callable) -> int:
+    lock, started, code = None, False, 0
     try:
         start_from_args(args)
         from ragen_jax.experiment.config import load_config  # only now: it imports the environments (see above)
@@ -116,7 +132,8 @@ def run_config_job(doc: str, argv, job: Callable, workdir_help: str = "run direc
         runner = job(cfg, args)  # everything checked here, before anything is compiled or written
         started = True
         if runner is not None:
-            runner()
+            result = runner()
+            code = result if isinstance(result, int) else 0
     except Exception as e:
         if lock is not None:
             lock.release()
@@ -127,4 +144,4 @@ def run_config_job(doc: str, argv, job: Callable, workdir_help: str = "run direc
         raise
     if lock is not None:
         lock.release()
-    return 0
+    return code

@@ -44,6 +44,18 @@ def check_new_directory(out: str | os.PathLike) -> Path:
     return out
 
 
+def check_new_file(out: str | os.PathLike, suffix: str = ".gguf") -> Path:
+    """`out` as a Path, when it names a new `suffix` file in an existing directory; ValueError else."""
+    p = Path(out).expanduser()
+    if p.suffix.lower() != suffix:
+        raise ValueError(f"{out} must name a {suffix} file")
+    if p.exists():
+        raise ValueError(f"{p} already exists; choose a new output path or delete it")
+    if not p.parent.is_dir():
+        raise ValueError(f"the directory {p.parent} of {p.name} does not exist")
+    return p
+
+
 def task_vocab_tokenizer(tokenizer, vocab):
     """The run's tokenizer with the task vocabulary's ids renumbered to the model's (see the module
     docstring): a `PreTrainedTokenizerFast` with the same pre-tokenizer, merges, special tokens and
@@ -119,5 +131,5 @@ def write_hf_directory(model, tokenizer, out, *, dtype: str = "float32", vocab=N
     return out
 
 
-__all__ = ["ADAPTER_SUBDIR", "GENERATION_CONFIG", "check_new_directory", "generation_config", "task_vocab_tokenizer",
+__all__ = ["ADAPTER_SUBDIR", "GENERATION_CONFIG", "check_new_directory", "check_new_file", "generation_config", "task_vocab_tokenizer",
            "write_hf_directory"]
