@@ -174,6 +174,8 @@ class Rollout:
             raise ValueError("Rollout needs a model (or a teacher for demonstrations)")
         if model is not None and config.matmul_dtype is not None:  # the sampler's numerics only
             model = with_config(model, matmul_dtype=config.matmul_dtype)
+        if model is not None and hasattr(model, "cfg") and model.cfg.decode_bound != config.filled_reads:
+            model = with_config(model, decode_bound=config.filled_reads)
         self.graphdef = nnx.split(model)[0] if model is not None else None
         # Shapes and dtypes only: holding the arrays would keep a second copy of the model alive.
         self.params_spec = (jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype), nnx.state(model))
@@ -296,17 +298,16 @@ class Rollout:
         return model if self.vocab is None else self.vocab.wrap(model)
 
     def _start(self, model, key, seeds) -> _Carry:
-        """Reset every row's env from its group's seed; prefill the shared prompt prefix."""
+        """Reset every row's env from its group's seed; the shared prompt prefix in every row's cache."""
         cfg = self.config
         b, t_max, n_prefix = cfg.batch_size, cfg.max_context, len(self.prefix)
         state = self.text_env.reset_rows(seeds)  # per row: a mixed batch (text/mix.py) resets each row's own env
         prefix = jnp.broadcast_to(jnp.asarray(self.prefix), (b, n_prefix))
         cache = None
         if model is not None:
-            cache = init_cache(model, b, self.cache_len, cfg.cache_dtype)
+            cache = self._prefix_cache(model)
             if hasattr(cache, "k"):
                 cache = cache.replace(k=self._shard(cache.k, 1), v=self._shard(cache.v, 1), end=self._shard(cache.end))
-            _, cache = model(prefix, jnp.ones(prefix.shape, bool), cache)
         tokens = jnp.full((b, t_max), self.chat.pad, jnp.int32).at[:, :n_prefix].set(prefix)
         zeros_i = jnp.zeros((b,), jnp.int32)
         return _Carry(
@@ -334,6 +335,22 @@ class Rollout:
             state_key=(None if self.state_key is None else
                        jnp.full((b, self.max_turns, self.state_key_width), -1, jnp.int32)),
         )
+
+    def _prefix_cache(self, model):
+        """The B-row cache holding the prompt prefix every row shares: prefilled for ONE row, then
+        broadcast (the same keys and values the per-row prefill writes, at 1/B of its cost). Any cache
+        pytree works (`init_cache`): each leaf of the one-row cache is broadcast to its B-row shape.
+        `RolloutConfig.shared_prefix=False`: every row prefills its own copy."""
+        cfg = self.config
+        if not cfg.shared_prefix:
+            prefix = jnp.broadcast_to(jnp.asarray(self.prefix), (cfg.batch_size, len(self.prefix)))
+            cache = init_cache(model, cfg.batch_size, self.cache_len, cfg.cache_dtype)
+            return model(prefix, jnp.ones(prefix.shape, bool), cache)[1]
+        prefix = jnp.asarray(self.prefix)[None]
+        one = init_cache(model, 1, self.cache_len, cfg.cache_dtype)
+        _, one = model(prefix, jnp.ones(prefix.shape, bool), one)
+        rows = jax.eval_shape(lambda: init_cache(model, cfg.batch_size, self.cache_len, cfg.cache_dtype))
+        return jax.tree.map(lambda x, like: jnp.broadcast_to(x, like.shape), one, rows)
 
     def _any_turn_left(self, c: _Carry):
         return (c.turn < self.max_turns) & ~jnp.all(c.done)

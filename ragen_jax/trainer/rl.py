@@ -121,7 +121,8 @@ class Trainer(RunAssembly):
     def _build_programs(self, state: TrainState, policy_graph, critic_graph) -> None:
         blocks = turn_blocks(self.text_env) if self.cfg.prompt.single_turn else None
         self.programs = StepPrograms(StepSettings.of(self.cfg), policy_graph, critic_graph, *self.optimizers, vocab=self.vocab,
-                                     turn_blocks=blocks, batch_shards=self.n_batch_shards)
+                                     turn_blocks=blocks, batch_shards=self.n_batch_shards,
+                                     shared_prefix=turn_blocks(self.text_env)[0])
         state_shardings = jax.tree.map(lambda x: x.sharding, state)
         # Traced on the mesh: the splash kernel's shard_map reads it (models/attention.py `partitioned`).
         self.prepare_jit = jax.jit(on_mesh(self.programs.prepare, self.mesh))
