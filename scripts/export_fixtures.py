@@ -49,7 +49,7 @@ CASES = tuple(f"{family}-{weights}-{kind}" for family in ("qwen2", "llama", "qwe
               for weights in ("full", "lora") for kind in ("hf", "gguf"))
 
 
-def _seeded(model, seed: int, kind=nnx.Param) -> None:
+def seeded(model, seed: int, kind=nnx.Param) -> None:
     """Every parameter of `kind` replaced by numpy draws in a fixed order (machine-independent):
     norm scales near 1, biases 0.5 N(0, 1), matrices N(0, 1) / sqrt(fan-in)."""
     rng = np.random.default_rng(seed)
@@ -74,7 +74,7 @@ def build_model(case: str):
     family, weights, kind = case.split("-")
     if kind == "gguf" and family in GGUF_CONFIGS:
         model = Qwen2(Qwen2Config(**GGUF_CONFIGS[family]), nnx.Rngs(0))
-        _seeded(model, 7)
+        seeded(model, 7)
     else:
         model = from_pretrained(str(FIXTURES / HF_FIXTURES[family]))
     if weights == "lora":

@@ -162,13 +162,13 @@ def test_gguf_started_run_keeps_the_gguf_tokenizer(tmp_path, monkeypatch):
     """A run whose model.path is a .gguf file: the exports carry the tokenizer rebuilt from that file
     (its ids on the run's prompts, its chat template), as an HF directory and as a GGUF file."""
     from ragen_jax.models import Qwen2, Qwen2Config
-    from scripts.export_fixtures import _seeded
+    from scripts.export_fixtures import seeded
 
     monkeypatch.setenv("RAGEN_JAX_CACHE", str(tmp_path / "cache"))  # the GGUF's converted directory
     tok0 = chatml_byte_tokenizer()
     base = Qwen2(Qwen2Config(vocab_size=259, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
                              num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=1024), nnx.Rngs(0))
-    _seeded(base, 5)
+    seeded(base, 5)
     gguf_file = write_gguf(base, tok0, tmp_path / "base.gguf")
     over = [f"model.path={gguf_file}", "model.random_init=false", "model.vocab=full"]
     cfg, tok, envs, vocab, policy = make_run(tmp_path / "run", over)
