@@ -32,6 +32,9 @@ if __name__ == "__main__":  # before jax is imported: glibc malloc huge pages (w
     from ragen_jax.runtime import use_transparent_hugepages
 
     use_transparent_hugepages()
+    from ragen_jax.infra.preemption import STOP  # before the heavy imports: SIGTERM from the first second on
+
+    STOP.install()
 
 from ragen_jax.experiment.cli import run_config_job  # noqa: E402
 

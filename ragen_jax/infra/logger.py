@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import math
+import time
 from pathlib import Path
 
 import jax
@@ -40,7 +41,9 @@ class Logger:
             tb = self.workdir / "tb"
             earlier = tb.exists() and any(p.name.startswith("events.out.tfevents") for p in tb.iterdir())
             purge = keep_through + 1 if earlier and keep_through is not None else None
-            self._tb = SummaryWriter(str(tb), purge_step=purge)
+            # The suffix: two writers within one second would otherwise share (and truncate) one file
+            # name; nanoseconds keep the files in the order they were written, as TensorBoard reads them.
+            self._tb = SummaryWriter(str(tb), purge_step=purge, filename_suffix=f".{time.time_ns()}")
             if is_remote(self.workdir):
                 self._remote_rows = kept if kept is not None else (path.read_text() if path.exists() else "")
                 if kept is not None:

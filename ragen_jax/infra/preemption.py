@@ -8,7 +8,8 @@ a signal seen by any one process stops all of them after the same iteration (eac
 signalled at another moment, or only one of them). A second signal stops at once (`exit_now`): what
 the last complete checkpoint holds is kept, as after kill -9.
 
-The launchers install the handler first thing (`STOP.install()`), so a signal during start-up or
+The launchers install the handler first thing (`STOP.install()`; this module imports no jax, so
+that is within a fraction of a second of the process starting), so a signal during start-up or
 compilation also ends the run with exit 75 at the first boundary; the trainers install it for the
 duration of `train()` when used as a library (`with STOP.installed():`, main thread only).
 """
@@ -19,8 +20,6 @@ import contextlib
 import signal
 import sys
 import threading
-
-from ragen_jax.infra.distributed import any_process, exit_now
 
 # The exit status of a run stopped by SIGTERM / SIGINT after saving its checkpoint: BSD's EX_TEMPFAIL
 # ("temporary failure, retry"), so a scheduler can tell "requeue me" from a failure (1) or bad input (2).
@@ -63,6 +62,8 @@ class StopRequest:
     def _handle(self, signum, frame) -> None:
         name = signal.Signals(signum).name
         if self.signal is not None:
+            from ragen_jax.infra.distributed import exit_now  # jax: imported when needed (module stays light)
+
             print(f"{name} again: stopping now; the run resumes from its last complete checkpoint",
                   file=sys.stderr, flush=True)
             exit_now(128 + signum)
@@ -72,6 +73,8 @@ class StopRequest:
 
     def agreed(self) -> bool:
         """Whether any process has been asked to stop. Every process must call it at the same point."""
+        from ragen_jax.infra.distributed import any_process  # jax: imported when needed (module stays light)
+
         return any_process(self.signal is not None)
 
     def reset(self) -> None:
