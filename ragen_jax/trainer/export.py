@@ -76,7 +76,7 @@ def abstract_programs(cfg: Config, donate: bool = True, devices=None):
     if m.lora_rank:  # the train state holds the adapters; the base is the programs' frozen argument
         actor, frozen = nnx.split_state(actor, POLICY_TRAINABLE, ...)
     critic_graph, critic = None, {}
-    if m.critic == "separate" and cfg.advantage.estimator == "gae":
+    if m.critic == "separate" and cfg.advantage.record.needs_critic:
         critic_model = nnx.eval_shape(lambda: critic_from_policy(make_policy(), nnx.Rngs(1)))
         critic_graph, critic = nnx.split(critic_model)
         critic = sds(critic)

@@ -59,7 +59,7 @@ class Trainer(RunAssembly):
                          check_shards=lambda n: check_batch_fits_mesh(cfg, n))
         cfg = self.cfg
         critic_graph, critic = None, {}
-        if cfg.model.critic == "separate" and cfg.advantage.estimator == "gae":
+        if cfg.model.critic == "separate" and cfg.advantage.record.needs_critic:
             # The critic's trunk starts from the actor's weights, cloned on the mesh: nnx.clone shares the
             # (immutable) sharded arrays, jnp.copy then gives the critic its own buffers shard by shard
             # (the update donates both models, so they may not share one). With LoRA it keeps only its

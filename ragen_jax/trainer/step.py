@@ -281,7 +281,7 @@ class StepPrograms:
         self.temperature = s.temperature
         self.filter_spec = s.filter.spec
         self.kept_groups = self.filter_spec.slots(s.num_groups)  # static group slots (some may be unused)
-        self.kept_rows = self.kept_groups * s.group_size
+        self.kept_rows = self.filter_spec.kept_rows(s.num_groups, s.group_size)
         self.trace_counts = {"prepare": 0, "update": 0}
 
     def _blocks(self, turn_start) -> TurnBlocks | None:
@@ -391,11 +391,10 @@ class StepPrograms:
         if self.use_ref and lo.kl_in_reward:
             tok_rewards, klm = loss_lib.kl_in_reward(tok_rewards, old_logp, ref_logp, mask, lo.kl_coef, lo.kl_type)
             metrics.update({f"actor/{k_}": v for k_, v in klm.items()})
-        estimator = "bilevel_gae" if (adv.estimator == "gae" and adv.bi_level_gae) else adv.estimator
         inputs = {"turn_end": turn_end, **self._gigpo_inputs(t, f, turn_end)}
         advantages, returns, est_metrics = adv_lib.compute_advantages(
-            estimator, tok_rewards, mask, values=values, group_size=n, gamma=adv.gamma, lam=adv.lam, with_metrics=True,
-            **inputs)
+            adv.record.name, tok_rewards, mask, values=values, group_size=n, gamma=adv.gamma, lam=adv.lam,
+            options=adv.estimator_options, with_metrics=True, **inputs)
         metrics.update(est_metrics)
         # RAGEN-2 after the advantages: soft reweighting by group std (GRPO only: the config refuses it
         # with other estimators, as RAGEN applies it only there), then the kept-fraction scale (both on
@@ -415,14 +414,13 @@ class StepPrograms:
         and rewards. The turns of rows the filter dropped (weight 0) are marked not taken, so they join
         no anchor group, no episode statistics and no gigpo/ metric."""
         adv = self.settings.advantage
-        if adv.estimator != "gigpo":
+        if not adv.needs_state_keys:
             return {}
         if t.state_key is None:
-            raise ValueError("advantage.estimator='gigpo' needs Trajectories.state_key: build the Rollout with "
-                             "state_keys=True (the Trainer does)")
+            raise ValueError(f"advantage.estimator={adv.estimator!r} needs Trajectories.state_key: build the Rollout "
+                             "with state_keys=True (the Trainer does)")
         return {"turn_end": jnp.where(f.row_weight[:, None] > 0, turn_end, -1), "turn_reward": t.turn_reward,
-                "state_key": t.state_key, "gigpo_weight": adv.gigpo_weight, "gigpo_norm": adv.gigpo_norm,
-                "gigpo_gamma": adv.gigpo_gamma}
+                "state_key": t.state_key}
 
     # -- update: epochs x mini-batches ---------------------------------------------------------
     def _actor_loss(self, params, mb: Batch, norms, frozen=None):
@@ -545,7 +543,7 @@ class StepPrograms:
 def check_batch_fits_mesh(cfg: Config, n_batch_shards: int) -> None:
     r, bt = cfg.rollout, cfg.batching
     b = r.num_groups * r.group_size
-    kept = cfg.filter.spec.slots(r.num_groups) * r.group_size
+    kept = cfg.filter.spec.kept_rows(r.num_groups, r.group_size)
     micro = effective_micro_batch(bt.mini_batch_size, bt.micro_batch_size)
     for what, n in (("rollout batch P*N", b), ("kept trajectories", kept), ("batching.mini_batch_size", bt.mini_batch_size),
                     ("batching.micro_batch_size (0: = mini_batch_size)", micro)):
