@@ -1,10 +1,10 @@
-"""Turn a lent GPU's `bench/gpu_check.py` JSON into bench/results/gpu_<device>.json for the README.
+"""Turn a lent GPU's `bench/gpu_check.py` JSON into bench/results/gpu_<device>.json for docs/benchmarks.md.
 
     python -m scripts.gpu_results /work/.device/<files_at>          # the run's fetched $OUT folder
     python -m scripts.gpu_results path/to/gpu_check.json --out-dir bench/results
-    python scripts/readme_results.py                                   # then regenerate the README table
+    python scripts/readme_results.py                                   # then regenerate docs/benchmarks.md and the README
 
-The file keeps every number the run wrote (`parts`) and adds `summary`: the few numbers the README
+The file keeps every number the run wrote (`parts`) and adds `summary`: the few numbers the tables
 table shows, each taken from one part (None where that part failed or was skipped; `errors` names
 why). A CPU rehearsal (`--cpu-rehearsal`) is accepted and written as gpu_cpu-rehearsal.json, marked as
 such in the table: it proves the pipeline, not the GPU.
@@ -38,7 +38,7 @@ def _gib(n):
 
 
 def summary(raw: dict) -> dict:
-    """The README's numbers of one run (see the module docstring)."""
+    """The generated tables' numbers of one run (see the module docstring)."""
     p = raw.get("parts") or {}
     it = p.get("iteration") or {}
     return {
@@ -61,8 +61,9 @@ def summary(raw: dict) -> dict:
         "iteration_peak_gib": _gib(it.get("peak_bytes_in_use")),
         "iteration_estimate_gib": _gib(it.get("estimate_max_total_bytes")),
         "iteration_peak_is_own": it.get("peak_rose"),
-        "decode_tokens_per_s": _get(p, "decode", "decode_tokens_per_s"),
-        "decode_fraction_of_bound": _get(p, "decode", "fraction_of_bound"),
+        "rollout_before_s": it.get("rollout_before_s"),
+        "rollout_fraction_of_filled_bound": it.get("rollout_fraction_of_filled_bound"),
+        **_decode_summary(p.get("decode") or {}),
         "fit_3b_peak_gib": _gib(_get(p, "fit_3b", "peak_bytes_in_use")),
         "fit_3b_estimate_gib": _gib(_get(p, "fit_3b", "estimate_program_bytes")),
         "fit_3b_fits": _get(p, "fit_3b", "fits"),
@@ -70,6 +71,21 @@ def summary(raw: dict) -> dict:
         "errors": {k: (v.get("error") or v.get("skipped")) for k, v in p.items()
                    if isinstance(v, dict) and (v.get("error") or v.get("skipped"))},
     }
+
+
+def _decode_summary(d: dict) -> dict:
+    """Decode tokens/s and fraction of its bound at the cache's whole capacity (the bound of runs before
+    issue 45 charged every step for the whole cache); with fills (issue 45 on), also the step time
+    reading the filled slots vs the whole capacity at the smallest fill."""
+    if "fills" not in d:
+        return {"decode_tokens_per_s": d.get("decode_tokens_per_s"), "decode_fraction_of_bound": d.get("fraction_of_bound")}
+    rows = sorted(d["fills"], key=lambda r: r["fill"])
+    full, low = rows[-1], rows[0]
+    return {"decode_tokens_per_s": d["batch"] * 1e3 / full["bounded_step_ms"],
+            "decode_fraction_of_bound": full.get("fraction_of_filled_bound"),
+            "decode_low_fill": low["fill"], "decode_low_fill_step_ms": low["bounded_step_ms"],
+            "decode_low_fill_full_over_bounded": low["full_over_bounded"],
+            "decode_low_fill_fraction_of_bound": low.get("fraction_of_filled_bound")}
 
 
 def slug(raw: dict) -> str:

@@ -1,7 +1,10 @@
-"""Regenerate the README's results section from the files benchmarks and the demo write.
+"""Regenerate the measured tables from the files benchmarks and the demo write.
 
-    python scripts/readme_results.py            # rewrites README.md between the results markers
+    python scripts/readme_results.py            # rewrites docs/benchmarks.md and the README's short table
+    python scripts/readme_results.py --check    # exit 1, naming the files, when either is out of date
 
+Two generated blocks: docs/benchmarks.md between the results markers (every table), and README.md
+between the summary markers (the demo's paired results, the pretrained model's, the GPU iteration).
 Nothing here is typed by hand: every number comes from bench/results/*.json and the CPU demo's
 published outputs in docs/demo_results/ (`python launch/demo.py --workdir runs/demo --publish
 docs/demo_results`), with the machine each was measured on.
@@ -15,6 +18,8 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 START, END = "<!-- results:start -->", "<!-- results:end -->"
+SUMMARY_START, SUMMARY_END = "<!-- summary:start -->", "<!-- summary:end -->"
+BENCHMARKS = Path("docs") / "benchmarks.md"  # the page the results block lives on; image links are relative to it
 
 
 def _load(path: Path):
@@ -296,6 +301,46 @@ def turn_blocks_section(d) -> list[str]:
     return out + [""]
 
 
+def decode_fill_section(d) -> list[str]:
+    rows = (d or {}).get("rows") or []
+    if not rows:
+        return []
+    st = d.get("settings") or {}
+    out = ["### Decode cost that follows the filled cache (`bench/decode_fill.py`)", "",
+           f"One greedy decode step (model, vocabulary head, token choice) with a KV cache of fixed capacity, "
+           f"filled to the slots shown: reading the filled slots in static buckets (the default), the whole "
+           f"capacity (before issue 45) and a cache of exactly the filled size (the floor). Per-step time from "
+           f"two calls of {st.get('steps_short', '-')} and {st.get('steps_long', '-')} tokens ending at the fill, "
+           f"sides interleaved, median of {st.get('repeats', '-')}; random weights, float32. {_machine(d.get('machine'))}.",
+           "", "| shape | batch | capacity | filled | filled reads (ms) | whole capacity (ms) | cache of the filled size "
+           "(ms) | filled reads / floor | whole / filled reads |", "|---|---|---|---|---|---|---|---|---|"]
+    for r in rows:
+        out.append(f"| {r['shape']} | {r['batch']} | {r['capacity']:,} | {r['fill']:,} | {r['bounded_ms_per_step']:.1f} | "
+                   f"{r['full_ms_per_step']:.1f} | {r['native_ms_per_step']:.1f} | {r['bounded_over_native']:.2f}x | "
+                   f"{r['full_over_bounded']:.2f}x |")
+    return out + [""]
+
+
+def rl_iteration_section(d) -> list[str]:
+    rows = (d or {}).get("rows") or []
+    if not rows:
+        return []
+    out = ["### One RL iteration before and after issue 45 (`bench/rl_iteration.py`)", "",
+           "Two Trainers from the same config, weights and seeds: before = every row prefills and the trainer "
+           "scores its own copy of the prompt prefix, every decode step reads the whole cache capacity "
+           "(`rollout.shared_prefix=false rollout.filled_reads=false`); after = the defaults. Iterations "
+           f"alternate between the two; median seconds per phase. {_machine(d.get('machine'))}.", "",
+           "| config | iterations | rollout before / after (s) | prepare before / after (s) | update before / after (s) "
+           "| iteration before / after (s) | speed-up (rollout, prepare, update, iteration) |",
+           "|---|---|---|---|---|---|---|"]
+    for r in rows:
+        cells = [f"{r[f'before_{ph}']:.1f} / {r[f'after_{ph}']:.1f}" for ph in ("rollout_s", "prepare_s", "only_update_s",
+                                                                              "iteration_s")]
+        ratios = ", ".join(f"{r[f'ratio_{ph}']:.1f}x" for ph in ("rollout_s", "prepare_s", "only_update_s", "iteration_s"))
+        out.append(f"| {r['tag']} | {r['iterations']} | " + " | ".join(cells) + f" | {ratios} |")
+    return out + [""]
+
+
 def _fmt(v, spec: str, suffix: str = "") -> str:
     return "-" if v is None else f"{v:{spec}}{suffix}"
 
@@ -502,7 +547,8 @@ def demo_section(root: Path, demo_dir: Path = DEMO_DIR, title: str = "### CPU de
     pngs = [Path(c).name for c in summary.get("curves") or []]
     pngs = [n for n in pngs if (demo / n).is_file()]
     if pngs:
-        out += [f"![{Path(n).stem}]({demo_dir.as_posix()}/{n})" for n in pngs] + [""]
+        rel = demo_dir.relative_to(BENCHMARKS.parent).as_posix()
+        out += [f"![{Path(n).stem}]({rel}/{n})" for n in pngs] + [""]
     return out
 
 
@@ -513,6 +559,8 @@ def render(root: Path = ROOT) -> str:
              "do not edit)", ""]
     lines += sampler_section(_load(res / "sampler.json"))
     lines += rollout_section(_load(res / "rollout.json"))
+    lines += decode_fill_section(_load(res / "decode_fill.json"))
+    lines += rl_iteration_section(_load(res / "rl_iteration.json"))
     lines += memory_section(_load(res / "memory.json"))
     lines += train_step_section(_load(res / "train_step.json"))
     lines += sft_step_section(_load(res / "sft_step.json"))
@@ -528,16 +576,86 @@ def render(root: Path = ROOT) -> str:
     return "\n".join(lines)
 
 
-def main() -> int:
-    readme = ROOT / "README.md"
-    text = readme.read_text()
-    if START not in text or END not in text:
-        print(f"README.md has no {START} ... {END} markers", file=sys.stderr)
+def _paired_rows(root: Path, demo_dir: Path, policy: str) -> list[str]:
+    summary = _load(root / demo_dir / "demo_summary.json") or {}
+    where = f"{summary.get('cpu_count', '?')}-core {summary.get('cpu_model') or 'CPU'}"
+    if isinstance(summary.get("total_s"), (int, float)):
+        where += f", {summary['total_s'] / 60:.0f} min"
+    rows = []
+    for label, t in (summary.get("targets") or {}).items():
+        if "p_value" not in t:
+            continue
+        env = (label.split("(", 1)[-1].rstrip(")") if "(" in label else label).removesuffix(" success")
+        rows.append(f"| {policy} | {env} | {_num(t.get('before'), '.3f')} -> {_num(t.get('after'), '.3f')} | "
+                    f"{t.get('states', '-')} | {t.get('gained', '-')} / {t.get('lost', '-')} | "
+                    f"{_num(t.get('p_value'), '.2g')} | {where} |")
+    return rows
+
+
+def _gpu_sentence(files: list) -> list[str]:
+    rows = [d["summary"] for d in files if d and d.get("summary") and not d["summary"].get("rehearsal")]
+    if not rows:
+        return []
+    r = rows[-1]
+    return [f"One RL iteration of `configs/sokoban.py` at {r.get('iteration_preset', 'qwen2.5-0.5b')} on an "
+            f"{r.get('device_kind', 'GPU')}: rollout {_fmt(r.get('rollout_s'), '.1f')} s, prepare "
+            f"{_fmt(r.get('prepare_s'), '.2f')} s, update {_fmt(r.get('update_s'), '.2f')} s (MFU "
+            f"{_fmt(r.get('update_mfu'), '.1%')}); peak {_fmt(r.get('iteration_peak_gib'), '.1f')} GiB against the "
+            f"Trainer's estimate of {_fmt(r.get('iteration_estimate_gib'), '.1f')} GiB.", ""]
+
+
+def summary(root: Path = ROOT) -> str:
+    """The README's short results block: each RL stage against its warm start on the same states."""
+    rows = _paired_rows(root, DEMO_DIR, "tiny, from scratch")
+    for family in PRETRAINED_FAMILIES:
+        if (root / PRETRAINED_DIR / family / "demo_summary.json").is_file():
+            rows += _paired_rows(root, PRETRAINED_DIR / family, "SmolLM2-135M-Instruct")
+    lines = [SUMMARY_START, "(generated by `python scripts/readme_results.py`; do not edit)", ""]
+    if rows:
+        lines += ["| policy | env | warm start -> RL success | states | flips gained / lost | McNemar p | machine |",
+                  "|---|---|---|---|---|---|---|", *rows, ""]
+    else:
+        lines += [f"The demo results have not been published yet: `{PUBLISH_CMD}`.", ""]
+    lines += _gpu_sentence([_load(f) for f in sorted((root / "bench" / "results").glob("gpu_*.json"))])
+    lines.append(SUMMARY_END)
+    return "\n".join(lines)
+
+
+def _splice(text: str, start: str, end: str, block: str) -> str | None:
+    if start not in text or end not in text:
+        return None
+    head, rest = text.split(start, 1)
+    return head + block + rest.split(end, 1)[1]
+
+
+def rewritten(root: Path = ROOT) -> dict:
+    """{path: (current text, regenerated text)} of the two files holding generated blocks."""
+    out = {}
+    for rel, start, end, block in ((BENCHMARKS, START, END, render(root)),
+                                   (Path("README.md"), SUMMARY_START, SUMMARY_END, summary(root))):
+        text = (root / rel).read_text()
+        new = _splice(text, start, end, block)
+        if new is None:
+            raise ValueError(f"{rel} has no {start} ... {end} markers; put them back where the generated block goes")
+        out[root / rel] = (text, new)
+    return out
+
+
+def main(argv=None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    try:
+        files = rewritten()
+    except ValueError as e:
+        print(e, file=sys.stderr)
         return 2
-    head, rest = text.split(START, 1)
-    _, tail = rest.split(END, 1)
-    readme.write_text(head + render() + tail)
-    print("README.md results section regenerated")
+    stale = [p for p, (old, new) in files.items() if old != new]
+    if "--check" in argv:
+        for p in stale:
+            print(f"{p.relative_to(ROOT)} is out of date: run python scripts/readme_results.py", file=sys.stderr)
+        return 1 if stale else 0
+    for p in stale:
+        p.write_text(files[p][1])
+    print("regenerated: " + (", ".join(str(p.relative_to(ROOT)) for p in stale) or "nothing changed"))
     return 0
 
 
