@@ -5,7 +5,7 @@ with malloc, which serves them by fresh `mmap`s and returns them on free. Every 
 its memory back in, 4 KiB at a time: the CPU demo took 197 million minor page faults, a third of
 its CPU time in the kernel. glibc >= 2.35 can ask for transparent huge pages instead
 (`GLIBC_TUNABLES=glibc.malloc.hugetlb=1`): 644 faults per SFT step instead of 71,869, and the
-step 1.7x faster (bench/sft_step.py, README "SFT step"); the whole demo 10.0 min instead of 11.9
+step 1.7x faster (bench/sft_step.py, docs/benchmarks.md "SFT step"); the whole demo 10.0 min instead of 11.9
 (its RL update got slower, 4.4 s per iteration instead of 3.2: not investigated). The tunable is
 read when the process starts, so the launchers re-execute themselves once with it set, before jax
 is imported.

@@ -1,10 +1,10 @@
-"""Turn a lent GPU's `bench/gpu_check.py` JSON into bench/results/gpu_<device>.json for the README.
+"""Turn a lent GPU's `bench/gpu_check.py` JSON into bench/results/gpu_<device>.json for docs/benchmarks.md.
 
     python -m scripts.gpu_results /work/.device/<files_at>          # the run's fetched $OUT folder
     python -m scripts.gpu_results path/to/gpu_check.json --out-dir bench/results
-    python scripts/readme_results.py                                   # then regenerate the README table
+    python scripts/readme_results.py                                   # then regenerate docs/benchmarks.md and the README
 
-The file keeps every number the run wrote (`parts`) and adds `summary`: the few numbers the README
+The file keeps every number the run wrote (`parts`) and adds `summary`: the few numbers the tables
 table shows, each taken from one part (None where that part failed or was skipped; `errors` names
 why). A CPU rehearsal (`--cpu-rehearsal`) is accepted and written as gpu_cpu-rehearsal.json, marked as
 such in the table: it proves the pipeline, not the GPU.
@@ -38,7 +38,7 @@ def _gib(n):
 
 
 def summary(raw: dict) -> dict:
-    """The README's numbers of one run (see the module docstring)."""
+    """The generated tables' numbers of one run (see the module docstring)."""
     p = raw.get("parts") or {}
     it = p.get("iteration") or {}
     return {

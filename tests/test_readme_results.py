@@ -1,4 +1,4 @@
-"""scripts/readme_results.py's demo section (from docs/demo_results/) and launch/demo.py's publish step.
+"""scripts/readme_results.py's tables (docs/benchmarks.md and the README's short block) and launch/demo.py's publish step.
 
 No demo run and no jax: hand-written eval.json / demo_summary.json in a temporary root, and the
 expected markdown rows typed out by hand from those numbers (the truth the renderer must match).
@@ -104,7 +104,7 @@ def test_targets(tmp_path):
 
 def test_image_links_only_for_existing_pngs(tmp_path):
     md = readme_results.render(_root(tmp_path, pngs=("curves_bandit_sft.png", "curves_unlisted.png")))
-    assert "![curves_bandit_sft](docs/demo_results/curves_bandit_sft.png)" in md
+    assert "![curves_bandit_sft](demo_results/curves_bandit_sft.png)" in md
     assert "curves_sokoban_rl" not in md  # listed in the summary, but the PNG was not published
     assert "curves_unlisted" not in md  # present, but not this run's
 
@@ -172,7 +172,7 @@ def test_publish_creates_dest_and_renders(tmp_path):
     demo.publish_results(w, tmp_path / "docs" / "demo_results", ["curves_bandit_sft.png"])
     md = readme_results.render(tmp_path)
     assert "| bandit/sft | Bandit | 0.816 | 1.000 | 0.816 | 0.406 | 256 |" in md.splitlines()
-    assert "![curves_bandit_sft](docs/demo_results/curves_bandit_sft.png)" in md
+    assert "![curves_bandit_sft](demo_results/curves_bandit_sft.png)" in md
 
 
 def test_publish_errors(tmp_path):
@@ -246,7 +246,7 @@ def test_pretrained_family_sections(tmp_path):
     md = readme_results.render(root)
     section = md.split("### CPU demo from a pretrained model: bandit", 1)[1]
     assert "policy `smollm2`" in section.splitlines()[2]
-    assert "![curves_bandit_sft](docs/pretrained_results/bandit/curves_bandit_sft.png)" in section
+    assert "![curves_bandit_sft](pretrained_results/bandit/curves_bandit_sft.png)" in section
     assert "### CPU demo from a pretrained model: sokoban" not in md and "published yet" not in md
 
 
@@ -279,3 +279,39 @@ def test_gpu_follow_up_rows(tmp_path):
         "6.78 s update | - |",
     ]
     assert readme_results.gpu_runs_section(tmp_path / "none") == []
+
+
+def test_readme_summary_rows(tmp_path):
+    """The README's block: one row per paired target (hand-typed from SUMMARY), the GPU sentence from a real
+    (not rehearsal) GPU summary only."""
+    root = _root(tmp_path)
+    res = root / "bench" / "results"
+    (res / "gpu_cpu-rehearsal.json").write_text(json.dumps({"summary": {"rehearsal": True, "rollout_s": 1.0}}))
+    md = readme_results.summary(root)
+    lines = md.splitlines()
+    assert "| tiny, from scratch | Sokoban | 0.188 -> 0.180 | 256 | 3 / 5 | 0.73 | 2-core CPU, 21 min |" in lines
+    assert not any("high_arm_rate" in ln for ln in lines)  # not a paired target
+    assert "RL iteration" not in md
+    (res / "gpu_h100.json").write_text(json.dumps({"summary": {
+        "rehearsal": False, "device_kind": "H100", "iteration_preset": "qwen2.5-0.5b", "rollout_s": 21.32,
+        "prepare_s": 0.5736, "update_s": 2.9498, "update_mfu": 0.4664, "iteration_peak_gib": 31.43,
+        "iteration_estimate_gib": 31.28}}))
+    assert ("One RL iteration of `configs/sokoban.py` at qwen2.5-0.5b on an H100: rollout 21.3 s, prepare 0.57 s, "
+            "update 2.95 s (MFU 46.6%); peak 31.4 GiB against the Trainer's estimate of 31.3 GiB.") \
+        in readme_results.summary(root).splitlines()
+
+
+def test_missing_markers_name_the_file(tmp_path):
+    root = _root(tmp_path)
+    (root / "README.md").write_text("no markers")
+    (root / "docs" / "benchmarks.md").write_text(f"{readme_results.START}\n{readme_results.END}\n")
+    with pytest.raises(ValueError, match="README.md has no <!-- summary:start -->"):
+        readme_results.rewritten(root)
+
+
+def test_committed_tables_are_current_and_the_readme_short():
+    """The numbers in README.md and docs/benchmarks.md are the ones the result files give today (a result
+    committed without `python scripts/readme_results.py` fails here), and the README stays a five-minute read."""
+    stale = [str(p) for p, (old, new) in readme_results.rewritten().items() if old != new]
+    assert not stale, f"out of date: {stale}; run python scripts/readme_results.py"
+    assert len((readme_results.ROOT / "README.md").read_text().splitlines()) <= 200
