@@ -97,7 +97,8 @@ def smallest_detected(mix, n: int, k: int, trials: int, seed: int, power: float 
 
 
 def simulate(args) -> dict:
-    mixes = {name: BETA_MIXES[name] for name in BETA_MIXES}
+    names = BETA_MIXES if args.beta is None else [n for n in args.beta.split(",") if n]
+    mixes = {name: BETA_MIXES[name] for name in names}
     if args.mix:
         with open(args.mix) as f:
             measured = json.load(f)
@@ -180,6 +181,8 @@ def main(argv=None) -> int:
     s.add_argument("--trials", type=int, default=2000)
     s.add_argument("--seed", type=int, default=0)
     s.add_argument("--mix", default=None, help="a `policy` JSON whose state_rates add a measured state mix")
+    s.add_argument("--beta", default=None, help=f"comma-separated Beta mixes of {', '.join(BETA_MIXES)} (default all; "
+                                                "'' with --mix: the measured mix alone)")
     s.add_argument("--out", default=None)
     q = sub.add_parser("policy")
     q.add_argument("--run", required=True, help="a finished run directory (or anything load_for_eval reads)")
@@ -192,6 +195,8 @@ def main(argv=None) -> int:
     args = p.parse_args(argv)
     if args.mode == "simulate" and (args.states < 1 or args.trials < 4 or not 0 <= args.gain < 1):
         p.error("--states must be >= 1, --trials >= 4 and --gain in [0, 1)")
+    if args.mode == "simulate" and args.beta and set(args.beta.split(",")) - set(BETA_MIXES):
+        p.error(f"--beta names mixes of {', '.join(BETA_MIXES)}, got {args.beta!r}")
     res = simulate(args) if args.mode == "simulate" else policy_selfcheck(args)
     if args.out:
         with open(args.out, "w") as f:

@@ -155,9 +155,12 @@ def wilcoxon_test(diffs: Sequence[int]) -> tuple[float, str]:
     return _null_tail(r2, int((np.sign(d) * r2).sum()))
 
 
-def bootstrap_interval(diffs: np.ndarray, *, resamples: int = BOOTSTRAP_RESAMPLES, seed: int = 0,
+def bootstrap_interval(diffs: Sequence[float], *, resamples: int = BOOTSTRAP_RESAMPLES, seed: int = 0,
                        confidence: float = 0.95) -> list[float]:
     """Percentile bootstrap interval of the mean of `diffs` (states resampled with replacement)."""
+    diffs = np.asarray(diffs, dtype=np.float64)
+    if diffs.size == 0:
+        raise ValueError("bootstrap_interval needs at least one value")
     rng = np.random.default_rng(seed)
     n = diffs.size
     means = np.empty(resamples)

@@ -220,11 +220,17 @@ def _jsonable(x):
     return x
 
 
-def write_eval_json(results: dict, path: str | Path, settings: Optional[dict] = None) -> Path:
-    """Write {"settings": ..., "results": {env: metrics}} (atomically: a temp file, then a rename)."""
+def write_eval_json(results: dict, path: str | Path, settings: Optional[dict] = None, *,
+                    extra: Optional[dict] = None) -> Path:
+    """Write {"settings": ..., "results": {env: metrics}, **extra} (atomically: a temp file, then a
+    rename); `extra`: further top-level entries (the demo's "k_sample" results)."""
     path = Path(path).expanduser()
     path.parent.mkdir(parents=True, exist_ok=True)
     doc = {"settings": _jsonable(settings or {}), "results": _jsonable(results)}
+    for k, v in (extra or {}).items():
+        if k in doc:
+            raise ValueError(f"write_eval_json: extra entry {k!r} would replace the file's own {k!r}")
+        doc[k] = _jsonable(v)
     tmp = path.with_name(path.name + ".tmp")
     tmp.write_text(json.dumps(doc, indent=2, sort_keys=False) + "\n")
     tmp.replace(path)

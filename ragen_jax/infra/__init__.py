@@ -4,7 +4,7 @@
   (`on_primary`), run paths (local or gs://), the run-directory lock (`RunLock`, `acquire_run_lock`).
 - `checkpoint`: Orbax checkpoints (`Checkpointer`, `CheckpointError`), policy and LoRA exports,
   `save_run_files`, `load_policy_params`.
-- `logger`: TensorBoard + metrics.jsonl (`Logger`), `read_metrics`, `plot_curves` (raw + EMA `smooth_ema`, evaluation lines).
+- `logger`: TensorBoard + metrics.jsonl (`Logger`), `read_metrics`, `plot_curves` (each iteration + a centred mean `smooth_window`, or the EMA `smooth_ema`; evaluations as lines or points with intervals).
 
 `distributed` imports nothing of the project: `jax.distributed.initialize` must run before the
 environments (which compute at import) create JAX's backend.

@@ -289,3 +289,27 @@ def test_cli_errors_are_one_line_exit_2(tmp_path, capsys):
         assert cli.main(args) == 2
         err = capsys.readouterr().err.strip().splitlines()
         assert len(err) == 1 and msg in err[0], err
+
+
+def test_cli_compare_pairs_with_an_earlier_evaluation(tiny_results, tmp_path, monkeypatch, capsys):
+    """--compare: the earlier eval.json's per-state rates against this run's, through paired_rates (the
+    truth: paired_rates on the two lists, read back from the files); mismatched states refused in one
+    sentence before any model loads."""
+    from ragen_jax.evaluation.paired import paired_rates
+
+    monkeypatch.chdir(tmp_path)
+    earlier = {"settings": {"num_states": 4, "seed_start": 123, "rollouts_per_state": 2},
+               "results": {"Bandit": {"state_success": [0.0, 0.5, 1.0, 0.5]}}}
+    (tmp_path / "earlier.json").write_text(json.dumps(earlier))
+    args = ["--model", "preset:tiny", "--envs", "bandit", "--num-states", "4", "--rollouts-per-state", "2",
+            "--max-response-tokens", "8", "--max-context", "512", "--seed", "5", "--compare", "earlier.json"]
+    capsys.readouterr()
+    assert _cli_module().main(args) == 0
+    out = capsys.readouterr().out
+    doc = json.loads((tmp_path / "eval.json").read_text())
+    want = paired_rates([0.0, 0.5, 1.0, 0.5], doc["results"]["Bandit"]["state_success"], 2)
+    assert doc["paired"]["Bandit"] == json.loads(json.dumps(want)) and doc["paired"]["against"] == "earlier.json"
+    assert "Bandit: earlier.json -> this:" in out
+    assert _cli_module().main(args[:5] + ["3"] + args[6:]) == 2  # 3 states against the file's 4
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "has num_states 4, this evaluation 3" in err[0]
