@@ -44,7 +44,10 @@ def parse_args(argv=None):
     p.add_argument("--num-states", type=int, default=256, help="initial states per env (seeds seed-start..)")
     p.add_argument("--seed-start", type=int, default=123)
     p.add_argument("--rollouts-per-state", type=int, default=1,
-                   help="k: rollouts per state (pass@k; each state's success rate is what --compare pairs)")
+                   help="rollouts per state in one run (pass@k; each state's success rate is what --compare pairs)")
+    p.add_argument("--repeats", type=int, default=1,
+                   help="runs of the compiled rollout, pooled (keys: --seed's, then derived ones): repeats x "
+                        "rollouts-per-state samples per state at the memory of one run")
     p.add_argument("--temperature", type=float, default=0.5)
     p.add_argument("--greedy", action="store_true", help="argmax decoding instead of sampling")
     p.add_argument("--compare", default=None, metavar="EARLIER_EVAL_JSON",
@@ -87,12 +90,13 @@ def read_comparison(path: str, args, envs) -> dict:
         st, res = doc["settings"], doc["results"]
     except (OSError, ValueError, KeyError, TypeError) as e:
         raise ValueError(f"--compare {path}: not a readable eval.json ({e}); give a file launch/eval.py wrote") from None
+    theirs = dict(st, samples_per_state=(st.get("rollouts_per_state") or 1) * (st.get("repeats") or 1))
     for key, mine in (("num_states", args.num_states), ("seed_start", args.seed_start),
-                      ("rollouts_per_state", args.rollouts_per_state)):
-        if st.get(key) != mine:
-            raise ValueError(f"--compare {path} has {key} {st.get(key)}, this evaluation {mine}; a paired comparison "
-                             f"needs the same states and rollouts per state (pass --{key.replace('_', '-')} "
-                             f"{st.get(key)})")
+                      ("samples_per_state", args.rollouts_per_state * args.repeats)):
+        if theirs.get(key) != mine:
+            raise ValueError(f"--compare {path} has {key} {theirs.get(key)}, this evaluation {mine}; a paired "
+                             "comparison needs the same states and samples per state (--num-states, --seed-start, "
+                             "--rollouts-per-state x --repeats)")
     common = {e: res[e]["state_success"] for e in envs if e in res and "state_success" in res[e]}
     if not common:
         raise ValueError(f"--compare {path} holds none of {', '.join(envs)} with per-state results")
@@ -125,7 +129,8 @@ def _write_results(args, envs, results, run_cfg, prompt, max_context, mesh, pair
     else:
         out = os.path.join(args.model, "eval.json") if run_cfg is not None else "eval.json"
     settings = dict(model=args.model, envs=list(envs), num_states=args.num_states, seed_start=args.seed_start,
-                    rollouts_per_state=args.rollouts_per_state, temperature=args.temperature, greedy=args.greedy,
+                    rollouts_per_state=args.rollouts_per_state, repeats=args.repeats, temperature=args.temperature,
+                    greedy=args.greedy,
                     seed=args.seed, max_context=max_context, prompt=dataclasses.asdict(prompt),
                     device=str(jax.devices()[0].platform), processes=jax.process_count(),
                     devices=jax.device_count() if mesh is not None else 1)
@@ -209,7 +214,7 @@ def main(argv=None) -> int:
 
     try:
         results = evaluate(loaded.policy, params, loaded.tokenizer, envs, num_states=args.num_states,
-                           seed_start=args.seed_start, rollouts_per_state=args.rollouts_per_state,
+                           seed_start=args.seed_start, rollouts_per_state=args.rollouts_per_state, repeats=args.repeats,
                            temperature=args.temperature, greedy=args.greedy, prompt=prompt, max_context=max_context,
                            transcripts=args.transcripts, key=jax.random.PRNGKey(args.seed),
                            cache_dtype=cache_dtype, vocab=loaded.vocab, progress=progress, mesh=mesh)
@@ -219,7 +224,7 @@ def main(argv=None) -> int:
         return 0
 
     print(format_table(results))
-    paired = _print_paired(before, results, args.rollouts_per_state, args.compare) if before else None
+    paired = _print_paired(before, results, args.rollouts_per_state * args.repeats, args.compare) if before else None
     return _write_results(args, envs, results, run_cfg, prompt, max_context, mesh, paired)
 
 

@@ -71,7 +71,7 @@ def main(argv=None) -> int:
                                   [f"model.init_from={os.path.abspath(args.sft)}", "train.val_every=0"])
                 rl = Trainer(cfg, tempfile.mkdtemp(prefix="compare_variants-"), quiet=True)
                 evaluator = StageEvaluator(rl, (env,), int(res.get("eval_states", EVAL_STATES)), temperature=temp,
-                                           samples=k, greedy=greedy)
+                                           repeats=k, greedy=greedy)
             params = load_for_eval(os.path.join(v, f"it{point['iteration']}")).params
             out = evaluator(params)[env]
             if abs(out["success"] - point["success"]) > 1e-9:

@@ -149,7 +149,7 @@ def policy_selfcheck(args) -> dict:
         for key in range(1, 2 * args.pairs + 1):
             t0 = time.perf_counter()
             m = evaluate(loaded.policy, loaded.params, loaded.tokenizer, (env,), num_states=args.states,
-                         seed_start=EVAL_SEED_START, rollouts_per_state=k, temperature=EVAL_TEMPERATURE,
+                         seed_start=EVAL_SEED_START, repeats=k, temperature=EVAL_TEMPERATURE,
                          greedy=args.greedy, key=jax.random.PRNGKey(key), **settings)[env]
             secs.append(time.perf_counter() - t0)
             evals.append(np.asarray(m["state_success"]))

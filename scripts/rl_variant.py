@@ -141,7 +141,7 @@ def main(argv=None) -> int:
     if rl.iteration:
         raise SystemExit(f"{args.out}/rl already holds a run at iteration {rl.iteration}; use a fresh --out")
     setup_s, setup_cpu = time.perf_counter() - t0, time.process_time() - c0
-    evaluators = {t: StageEvaluator(rl, (env,), args.eval_states, temperature=t, samples=args.eval_samples,
+    evaluators = {t: StageEvaluator(rl, (env,), args.eval_states, temperature=t, repeats=args.eval_samples,
                                     greedy=args.greedy) for t in temps}
 
     befores = warm_start_results(args, evaluators, rl, env, temps)

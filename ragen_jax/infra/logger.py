@@ -144,18 +144,20 @@ def _draw_series(ax, pts, key: str, smoothing: float | None, window: int | None)
 
 def _draw_evals(ax, evals: dict) -> None:
     """A number: a dashed horizontal line. A dict {"value", "ci": (lo, hi), "step"}: a point at that
-    iteration with its interval as an error bar (the evaluation before RL at 0, after it at the end)."""
+    iteration with its interval as an error bar (the evaluation before RL at 0, after it at the end).
+    The panel's legend names these alone (the series' entries are on the first panel)."""
+    handles = []
     for i, (label, e) in enumerate(evals.items()):
         color = f"C{i + 1}"
         if not isinstance(e, dict):
-            ax.axhline(float(e), color=color, ls="--", lw=1.2, label=f"{label}: {float(e):.3f}")
+            handles.append(ax.axhline(float(e), color=color, ls="--", lw=1.2, label=f"{label}: {float(e):.3f}"))
             continue
         v, ci = float(e["value"]), e.get("ci")
         text = f"{label}: {v:.3f}" + (f" [{ci[0]:.3f}, {ci[1]:.3f}]" if ci else "")
         yerr = None if not ci else [[v - float(ci[0])], [float(ci[1]) - v]]
-        ax.errorbar([e.get("step", 0)], [v], yerr=yerr, fmt="s", color=color, ms=6, capsize=5, lw=1.6, label=text,
-                    zorder=5)
-    ax.legend(fontsize=7, loc="best")
+        handles.append(ax.errorbar([e.get("step", 0)], [v], yerr=yerr, fmt="s", color=color, ms=6, capsize=5, lw=1.6,
+                                   label=text, zorder=5))
+    ax.legend(handles=handles, fontsize=6.5, loc="best", framealpha=0.6)
 
 
 def plot_curves(workdir: str | Path, keys: tuple[str, ...], out: str | Path | None = None, *,

@@ -52,7 +52,7 @@ from absl import logging as absl_logging
 from ragen_jax.experiment.config import ConfigError, load_config
 from ragen_jax.infra.distributed import RunDirBusy, RunLock
 from ragen_jax.evaluation.suite import evaluate, format_table, write_eval_json
-from ragen_jax.infra.logger import plot_curves
+from ragen_jax.infra.logger import plot_curves, read_metrics
 from ragen_jax.infra.machine import cpu_model
 from ragen_jax.evaluation.paired import bootstrap_interval, format_paired, paired_change, paired_rates
 from ragen_jax.trainer.rl import Trainer
@@ -191,15 +191,15 @@ class StageEvaluator:
     """
 
     def __init__(self, trainer, envs, num_states: int, seed: int = 0, temperature: float = EVAL_TEMPERATURE,
-                 samples: int = 1, greedy: bool = False):
+                 samples: int = 1, repeats: int = 1, greedy: bool = False):
         self.trainer, self.envs, self.num_states, self.seed = trainer, tuple(envs), num_states, seed
-        self.temperature, self.samples, self.greedy = temperature, samples, greedy
+        self.temperature, self.samples, self.repeats, self.greedy = temperature, samples, repeats, greedy
 
     def __call__(self, params) -> dict:
         t, cfg = self.trainer, self.trainer.cfg
         return evaluate(t.policy, params, t.tokenizer, self.envs, num_states=self.num_states,
                         seed_start=EVAL_SEED_START, temperature=self.temperature, prompt=cfg.prompt,
-                        rollouts_per_state=self.samples, greedy=self.greedy,
+                        rollouts_per_state=self.samples, repeats=self.repeats, greedy=self.greedy,
                         max_context=cfg.rollout.max_context, mesh=t.mesh, key=jax.random.PRNGKey(self.seed),
                         env_overrides={cfg.env.name: cfg.env.overrides}, cache_dtype=cfg.rollout.cache_dtype,
                         vocab=t.vocab)
@@ -255,7 +255,9 @@ def run_family(family: str, config_name: str, envs, quick_over, user_over, args,
 
     t0, c0 = time.perf_counter(), time.process_time()
     evaluator = StageEvaluator(sft, envs, n_states)  # its compilation counts as the SFT stage's eval time
-    evaluator_k = (StageEvaluator(sft, (FAMILY_EVAL_ENV[family],), n_states, samples=args.eval_samples)
+    # k samples per state as k runs of the one-rollout program (`repeats`): no new compilation, the
+    # memory of one run, and the first run is the one-rollout evaluation's own sample.
+    evaluator_k = (StageEvaluator(sft, (FAMILY_EVAL_ENV[family],), n_states, repeats=args.eval_samples)
                    if args.eval_samples else None)
     evaluate_and_plot("sft", sft.state.params, SFT_CURVES, t0, c0)
     del sft, hist  # its demos, optimizer state and compiled programs are not needed for RL (peak memory)
@@ -272,8 +274,6 @@ def run_family(family: str, config_name: str, envs, quick_over, user_over, args,
 
 def last_step(run_dir: str) -> int:
     """The last logged step of a run (where its final evaluation is drawn); 0 without metrics."""
-    from ragen_jax.infra.logger import read_metrics
-
     return max((int(r["step"]) for r in read_metrics(run_dir) if "step" in r), default=0)
 
 

@@ -313,3 +313,20 @@ def test_cli_compare_pairs_with_an_earlier_evaluation(tiny_results, tmp_path, mo
     assert _cli_module().main(args[:5] + ["3"] + args[6:]) == 2  # 3 states against the file's 4
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "has num_states 4, this evaluation 3" in err[0]
+
+
+def test_repeats_pool_separate_runs_state_by_state(tiny, tiny_results):
+    """repeats=R: R runs of the same program (keys: the key, then fold_in(key, r)) pooled per state; the
+    truth is the R runs made one by one with those keys and averaged by hand, and the first run is the
+    R = 1 evaluation itself."""
+    pooled = evaluate(tiny.policy, tiny.params, tiny.tokenizer, ("Bandit",), key=KEY, repeats=3, **SETTINGS)["Bandit"]
+    runs = [tiny_results["Bandit"]] + [
+        evaluate(tiny.policy, tiny.params, tiny.tokenizer, ("Bandit",), key=jax.random.fold_in(KEY, r),
+                 **SETTINGS)["Bandit"] for r in (1, 2)]
+    want = np.mean([r["state_success"] for r in runs], axis=0)
+    np.testing.assert_allclose(pooled["state_success"], want, rtol=0, atol=1e-12)
+    assert pooled["num_episodes"] == 3 * runs[0]["num_episodes"] and pooled["num_states"] == SETTINGS["num_states"]
+    assert pooled["success"] == pytest.approx(np.mean([r["success"] for r in runs]))
+    assert pooled["reward_mean"] == pytest.approx(np.mean([r["reward_mean"] for r in runs]))
+    with pytest.raises(EvalError, match="repeats must be a positive integer"):
+        evaluate(tiny.policy, tiny.params, tiny.tokenizer, ("Bandit",), key=KEY, repeats=0, **SETTINGS)
