@@ -101,7 +101,7 @@ class Setup:
         self.env, self.params = envs_jax.make(name)
         self.text_env = TextEnv(self.env, self.params, self.tokenizer, PromptConfig())
         # Countdown is stepped with the parsed `Answer` (its own parser), the others with an action index.
-        self.takes_answer = getattr(self.env, "answer_format", None) == "expression"
+        self.takes_answer = self.env.answer_format == "expression"
         if self.takes_answer:
             self.answers = [f"<think> ok </think><answer> {p} </answer>" for p in COUNTDOWN_PIECES]
             # The host parse of each answer: what the program steps with when the parse is left out.

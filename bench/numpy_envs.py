@@ -95,6 +95,8 @@ class SokobanState:
 
 
 class NpSokoban:
+    answer_format = "action"  # step(state, action index); Countdown's port reads text (step_text)
+
     def __init__(self, num_boxes: int = 1, max_steps: int = 10, symbols: str = "standard"):
         self.num_boxes, self.max_steps = num_boxes, max_steps
         self.symbols = SOKOBAN_SYMBOLS[symbols]
@@ -292,6 +294,8 @@ class FrozenLakeState:
 
 
 class NpFrozenLake:
+    answer_format = "action"  # step(state, action index); Countdown's port reads text (step_text)
+
     def __init__(self, slip: float = 2.0 / 3.0, max_steps: int = 10):
         self.slip, self.max_steps = slip, max_steps
         self.action_names = FROZEN_LAKE_ACTIONS
@@ -355,6 +359,8 @@ class BanditState:
 
 
 class NpBandit:
+    answer_format = "action"  # step(state, action index); Countdown's port reads text (step_text)
+
     def __init__(self, low_name="Phoenix", high_name="Dragon", low_reward=0.1, high_reward=1.0,
                  high_fail_reward=0.0, high_prob=0.25, max_steps: int = 1):
         self.low_name, self.high_name = low_name, high_name
@@ -404,6 +410,8 @@ class CubeState:
 
 
 class NpCube:
+    answer_format = "action"  # step(state, action index); Countdown's port reads text (step_text)
+
     def __init__(self, max_steps: int = 20, moves: str = "correct"):
         self.max_steps = max_steps
         self.perms = [list(map(int, row)) for row in CUBE_MOVE_TABLE(moves)]
@@ -453,7 +461,7 @@ def host_steps(env, states: list, answers: Sequence[Sequence[int]], tokenizer, n
     names, max_steps = env.action_names, env.max_steps
     # An env that reads free text (Countdown) is stepped with the first answer piece, as the reference
     # passes its pieces to an env without an action lookup.
-    takes_text = hasattr(env, "step_text")
+    takes_text = env.answer_format == "text"
     checksum = 0
     b = len(states)
     for i in range(num_steps):
@@ -489,6 +497,8 @@ class SudokuState:
 
 class NpSudoku:
     """The reference's rules in plain Python (a step of index (r * n + c) * n + d - 1)."""
+
+    answer_format = "action"  # step(state, action index); Countdown's port reads text (step_text)
 
     def __init__(self, params):
         from envs_jax import sudoku as sd
@@ -571,6 +581,8 @@ def slide_2048(grid, action):
 class Np2048:
     """The reference's 2048 rules in plain Python (log reward, -0.1 for a move that changes nothing)."""
 
+    answer_format = "action"  # step(state, action index); Countdown's port reads text (step_text)
+
     def __init__(self, max_steps: int = 700, two_prob: float = 0.9):
         self.max_steps, self.two_prob, self.action_names = max_steps, two_prob, G2048_ACTIONS
 
@@ -639,6 +651,8 @@ def countdown_value_ok(equation: str, target: int) -> bool:
 
 class NpCountdown:
     """The reference's Countdown: one answer (its text) per episode, scored, then done."""
+
+    answer_format = "text"  # step_text(state, the first answer piece)
 
     def __init__(self, score=COUNTDOWN_SCORE, format_score=COUNTDOWN_FORMAT_SCORE):
         self.score, self.format_score = score, format_score

@@ -108,13 +108,57 @@ def bandwidth_bound(model, rcfg, turns: int, max_new: int, mean_context: float,
     return out
 
 
+def _variant_row(e: dict) -> dict:
+    vmed = statistics.median(e["times"])
+    return {
+        "first_call_s": round(e["first"], 2),
+        "s_per_rollout": [round(t, 3) for t in e["times"]],
+        "median_s_per_rollout": round(vmed, 3),
+        "generated_tok_s": round(statistics.median(g / t for g, t in zip(e["gen"], e["times"])), 1),
+        # same key and weights: the float32 scan samples the same tokens; bf16 rounding may not
+        "same_tokens_as_current_frac": e["same_tokens_frac"],
+    }
+
+
+def _host_baseline(model, text_env, ro, groups: int, tokenizer, host_repeats: int) -> dict:
+    """The host loop's rates on the same model and text env (ragen_jax/rollout/host_loop.py)."""
+    from ragen_jax.rollout.host_loop import host_rollout
+    from ragen_jax.rollout import group_seeds_for_iteration
+    from ragen_jax.text.tokenizer import token_bytes_table
+
+    tb = token_bytes_table(tokenizer)
+    seeds = group_seeds_for_iteration(0, groups)
+
+    def host_call(i):
+        out = host_rollout(model, text_env, ro.parser, ro.config, jax.random.PRNGKey(i), seeds, tb)
+        return sum(len(x) for x in out["ids"]), sum(sum(m) for m in out["mask"])
+
+    t0 = time.perf_counter()
+    host_call(0)
+    hfirst = time.perf_counter() - t0
+    htimes, hgen, hconv = [], [], []
+    for i in range(host_repeats):
+        t0 = time.perf_counter()
+        c, g = host_call(i + 1)
+        htimes.append(time.perf_counter() - t0)
+        hgen.append(g)
+        hconv.append(c)
+    hmed = statistics.median(htimes)
+    return {
+        "compile_s": round(max(hfirst - hmed, 0.0), 2),
+        "s_per_rollout": [round(t, 3) for t in htimes],
+        "median_s_per_rollout": round(hmed, 3),
+        "generated_tok_s": round(statistics.median(g / t for g, t in zip(hgen, htimes)), 1),
+        "conversation_tok_s": round(statistics.median(c / t for c, t in zip(hconv, htimes)), 1),
+        "episodes_per_s": round(ro.config.batch_size / hmed, 3),
+    }
+
+
 def bench_rollout(shape: str, vocab: str, *, groups: int, group_size: int, turns: int, max_new: int, tokenizer,
                   repeats: int = 3, host_repeats: int = 1, host: bool = True, hbm_gbps: float | None = None,
                   max_context: int | None = None, variants: tuple[str, ...] = ()) -> dict:
     """One row: compiled rollout rates (+ host-loop baseline and ratio, + variants). JSON-able dict."""
-    from ragen_jax.rollout.host_loop import host_rollout
     from ragen_jax.rollout import group_seeds_for_iteration
-    from ragen_jax.text.tokenizer import token_bytes_table
 
     model, text_env, ro, vmap = build(shape, vocab, groups, group_size, turns, max_new, tokenizer, max_context)
     rcfg = ro.config
@@ -175,16 +219,8 @@ def bench_rollout(shape: str, vocab: str, *, groups: int, group_size: int, turns
         "truncated_frac": float(np.mean(np.asarray(traj.truncated))),
     })
     for v, e in extra.items():
-        vmed = statistics.median(e["times"])
-        row[f"variant_{v}"] = {
-            "first_call_s": round(e["first"], 2),
-            "s_per_rollout": [round(t, 3) for t in e["times"]],
-            "median_s_per_rollout": round(vmed, 3),
-            "generated_tok_s": round(statistics.median(g / t for g, t in zip(e["gen"], e["times"])), 1),
-            # same key and weights: the float32 scan samples the same tokens; bf16 rounding may not
-            "same_tokens_as_current_frac": e["same_tokens_frac"],
-        }
-        row[f"ratio_{v}_over_current"] = round(med / vmed, 3)
+        row[f"variant_{v}"] = _variant_row(e)
+        row[f"ratio_{v}_over_current"] = round(med / row[f"variant_{v}"]["median_s_per_rollout"], 3)
     mean_ctx = float(np.mean(np.asarray(traj.length))) / 2  # the cache grows linearly over the rollout
     bound = bandwidth_bound(model, rcfg, turns, max_new, mean_ctx, hbm_gbps)
     if bound["bound_s_per_rollout"]:
@@ -192,32 +228,7 @@ def bench_rollout(shape: str, vocab: str, *, groups: int, group_size: int, turns
     row["bandwidth_bound"] = bound
 
     if host and vmap is None:  # the host loop runs full-vocabulary models only
-        tb = token_bytes_table(tokenizer)
-        seeds = group_seeds_for_iteration(0, groups)
-
-        def host_call(i):
-            out = host_rollout(model, text_env, ro.parser, rcfg, jax.random.PRNGKey(i), seeds, tb)
-            return sum(len(x) for x in out["ids"]), sum(sum(m) for m in out["mask"])
-
-        t0 = time.perf_counter()
-        host_call(0)
-        hfirst = time.perf_counter() - t0
-        htimes, hgen, hconv = [], [], []
-        for i in range(host_repeats):
-            t0 = time.perf_counter()
-            c, g = host_call(i + 1)
-            htimes.append(time.perf_counter() - t0)
-            hgen.append(g)
-            hconv.append(c)
-        hmed = statistics.median(htimes)
-        row["host"] = {
-            "compile_s": round(max(hfirst - hmed, 0.0), 2),
-            "s_per_rollout": [round(t, 3) for t in htimes],
-            "median_s_per_rollout": round(hmed, 3),
-            "generated_tok_s": round(statistics.median(g / t for g, t in zip(hgen, htimes)), 1),
-            "conversation_tok_s": round(statistics.median(c / t for c, t in zip(hconv, htimes)), 1),
-            "episodes_per_s": round(b / hmed, 3),
-        }
+        row["host"] = _host_baseline(model, text_env, ro, groups, tokenizer, host_repeats)
         row["ratio_generated_tok_s_ours_over_host"] = round(row["generated_tok_s"] / row["host"]["generated_tok_s"], 2)
         row["ratio_episodes_per_s_ours_over_host"] = round(row["episodes_per_s"] / row["host"]["episodes_per_s"], 2)
     elif host:

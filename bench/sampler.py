@@ -289,23 +289,7 @@ def bench_row(name, batch, args, model, peers: dict, before: bool, bw_gbs: float
         if not peer.startswith("tunix"):  # tunix runs its own random weights: its tokens are not comparable
             row[f"{peer}_greedy_tokens_equal_frac"] = float(np.mean(peer_tokens == our_tokens))
 
-    times = {k: [] for k in fns}
-    for _ in range(args.repeats):  # interleaved: every side sees the same machine load
-        for k, fn in fns.items():
-            t0 = time.perf_counter()
-            fn()
-            times[k].append(time.perf_counter() - t0)
-    for k, ts in times.items():
-        row[f"{k}_s"] = [round(t, 3) for t in ts]
-        row[f"{k}_tok_s"] = round(batch * n / statistics.median(ts), 1)
-    for o in (o for o in OURS if o in fns):
-        for k in fns:
-            if k not in OURS:
-                row[f"ratio_{o}_over_{k}"] = round(row[f"{o}_tok_s"] / row[f"{k}_tok_s"], 2)
-    # Backwards-compatible names (the README renderer and older readers).
-    if "torch_tok_s" in row:
-        row["greedy_tokens_equal_frac"] = row["torch_greedy_tokens_equal_frac"]
-
+    _time_interleaved(row, fns, args.repeats, batch * n)
     wb = weight_bytes(model)
     row["bandwidth_bound"] = {
         "weight_bytes": wb,
@@ -318,6 +302,27 @@ def bench_row(name, batch, args, model, peers: dict, before: bool, bw_gbs: float
                       "met": targets_met(row, tg, [o for o in OURS if o in fns], lambda o, p: p),
                       "met_like_for_like": targets_met(row, tg, [o for o in OURS if o in fns], same_work_peer)}
     return row
+
+
+def _time_interleaved(row: dict, fns: dict, repeats: int, tokens: int) -> None:
+    """Each side's seconds and tokens/s into `row`, the sides called in turn (every side sees the same
+    machine load), and our sides' ratios over each peer."""
+    times = {k: [] for k in fns}
+    for _ in range(repeats):
+        for k, fn in fns.items():
+            t0 = time.perf_counter()
+            fn()
+            times[k].append(time.perf_counter() - t0)
+    for k, ts in times.items():
+        row[f"{k}_s"] = [round(t, 3) for t in ts]
+        row[f"{k}_tok_s"] = round(tokens / statistics.median(ts), 1)
+    for o in (o for o in OURS if o in fns):
+        for k in fns:
+            if k not in OURS:
+                row[f"ratio_{o}_over_{k}"] = round(row[f"{o}_tok_s"] / row[f"{k}_tok_s"], 2)
+    # Backwards-compatible names (the README renderer and older readers).
+    if "torch_tok_s" in row:
+        row["greedy_tokens_equal_frac"] = row["torch_greedy_tokens_equal_frac"]
 
 
 def same_work_peer(ours: str, peer: str):

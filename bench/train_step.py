@@ -280,7 +280,7 @@ def bench_train_step(shape: str, k: int, t: int, *, repeats: int = 3, torch_base
     return row
 
 
-def main(argv=None):
+def _parse_args(argv):
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--shapes", default="tiny", help="comma-separated presets, e.g. tiny,qwen2.5-0.5b")
     p.add_argument("--rows", type=int, default=32, help="K trajectories (reference: 0.25 * 8 * 16 = 32)")
@@ -308,6 +308,33 @@ def main(argv=None):
     args = p.parse_args(argv)
     if args.quick:
         args.rows, args.seq_len, args.big_rows, args.big_seq_len = 4, 128, 2, 64
+    return args
+
+
+def _before_after(shape: str, k: int, t: int, args) -> list[dict]:
+    """Issue 12's before and after settings of one shape, side by side."""
+    mb = args.mini_batch if shape == "tiny" else None
+    before = bench_train_step(shape, k, t, repeats=args.repeats, torch_baseline=False, mini_batch=mb,
+                              model_overrides={"attention": "xla", "remat": False, "setting": "before"})
+    # remat as a run with model.remat unset decides it on a device of --device-gib: never for
+    # "tiny"; from 0.5B up only when the update does not fit without it (Trainer._fit_memory).
+    after = bench_train_step(shape, k, t, repeats=args.repeats, torch_baseline=False, mini_batch=mb,
+                             model_overrides={"attention": "auto", "remat": False, "setting": "after"})
+    if shape != "tiny" and after["update_peak_gib"] > args.device_gib:
+        after = bench_train_step(shape, k, t, repeats=args.repeats, torch_baseline=False, mini_batch=mb,
+                                 model_overrides={"attention": "auto", "remat": True, "setting": "after"})
+    after["device_gib"] = args.device_gib
+    # Equal digests: the after settings compile to the very program of before (any speed
+    # difference between the two rows is then the shared machine's noise).
+    after["same_program_as_before"] = after["program_digest"] == before["program_digest"]
+    after["ratio_after_over_before"] = round(after["tok_s"] / before["tok_s"], 2)
+    print(f"{shape:>13} K{k} T{t}: before {before['tok_s']:.1f} tok/s, after {after['tok_s']:.1f} tok/s "
+          f"(ratio {after['ratio_after_over_before']:.2f})", flush=True)
+    return [before, after]
+
+
+def main(argv=None):
+    args = _parse_args(argv)
     shapes = [s for s in args.shapes.split(",") if s]
     bad = [s for s in shapes if s not in _presets()]
     if bad:
@@ -331,24 +358,7 @@ def main(argv=None):
     for shape in shapes:
         k, t = (args.rows, args.seq_len) if shape == "tiny" else (args.big_rows, args.big_seq_len)
         if args.before_after:
-            mb = args.mini_batch if shape == "tiny" else None
-            before = bench_train_step(shape, k, t, repeats=args.repeats, torch_baseline=False, mini_batch=mb,
-                                      model_overrides={"attention": "xla", "remat": False, "setting": "before"})
-            # remat as a run with model.remat unset decides it on a device of --device-gib: never for
-            # "tiny"; from 0.5B up only when the update does not fit without it (Trainer._fit_memory).
-            after = bench_train_step(shape, k, t, repeats=args.repeats, torch_baseline=False, mini_batch=mb,
-                                     model_overrides={"attention": "auto", "remat": False, "setting": "after"})
-            if shape != "tiny" and after["update_peak_gib"] > args.device_gib:
-                after = bench_train_step(shape, k, t, repeats=args.repeats, torch_baseline=False, mini_batch=mb,
-                                         model_overrides={"attention": "auto", "remat": True, "setting": "after"})
-            after["device_gib"] = args.device_gib
-            # Equal digests: the after settings compile to the very program of before (any speed
-            # difference between the two rows is then the shared machine's noise).
-            after["same_program_as_before"] = after["program_digest"] == before["program_digest"]
-            after["ratio_after_over_before"] = round(after["tok_s"] / before["tok_s"], 2)
-            result["rows"] += [before, after]
-            print(f"{shape:>13} K{k} T{t}: before {before['tok_s']:.1f} tok/s, after {after['tok_s']:.1f} tok/s "
-                  f"(ratio {after['ratio_after_over_before']:.2f})", flush=True)
+            result["rows"] += _before_after(shape, k, t, args)
             write_result(result, args.out)
             continue
         try:

@@ -19,7 +19,22 @@ from envs_jax import coords
 
 
 class AgentEnv(environment.Environment):
-    """Base class. Every state is a struct.dataclass with `time` (executed actions) and `done`."""
+    """Base class. Every state is a struct.dataclass with `time` (executed actions) and `done`; every
+    params has `max_steps_in_episode` (the base truncates there, and the text layer's default action
+    budget is it).
+
+    Everything the text layer (ragen_jax/text/text_env.py), the rollout and the registry use of an
+    environment is declared here, with its default: what a subclass does not override behaves as
+    documented, and nothing outside envs_jax/ asks whether an env has a method.
+    """
+
+    # How the text layer reads the agent's answer: "names" (action names separated by " || ", the
+    # default: any finite set of answers), "expression" (Countdown's arithmetic) or "placement"
+    # (Sudoku's free-text placements). Each is a parser the text layer owns (`TextEnv.make_parser`).
+    answer_format: str = "names"
+    # Override names `envs_jax.make(name, **overrides)` accepts besides the params' fields (resolved by
+    # `resolve_overrides`).
+    override_aliases: tuple[str, ...] = ()
 
     # ---- to implement in subclasses -------------------------------------------------------------
     def transition(self, key: jax.Array, state: Any, action: jax.Array, params: Any):
@@ -48,15 +63,45 @@ class AgentEnv(environment.Environment):
         """int32[H, W] indices into `symbols(params)`; jittable. The text is rows joined by newline."""
         raise NotImplementedError
 
+    def valid_actions(self, state: Any, params: Any) -> jax.Array | None:
+        """bool[len(action_names)]: the action names `state` accepts (jittable); the text layer drops the
+        others and penalises the turn (BanditPairs: only the episode's own pair). None (the default):
+        every name in every state, and nothing is dropped."""
+        return None
+
+    def cell_symbol_sets(self, params: Any) -> list[list[tuple[int, ...]]] | None:
+        """[H][W] tuples of the symbol indices each grid cell can show: keeps the text layer's row
+        tables small (Sokoban's border is always wall). None (the default): every symbol anywhere."""
+        return None
+
     def lists_actions(self, params: Any) -> bool | None:
         """Whether the first user message lists the action names (the reference does where the env's
         config has an `action_lookup`); None: the text layer's default (grid envs and named slot envs)."""
         return None
 
+    # ---- configuration (optional) ------------------------------------------------------------------
+    def resolve_overrides(self, overrides: dict) -> dict:
+        """Overrides as `make` received them -> params fields (aliases, list-valued forms). Default: as given."""
+        return dict(overrides)
+
+    def validate_params(self, params: Any) -> None:
+        """Raise ValueError (one sentence naming the bad field) for parameters the env cannot honour.
+        Default: every value accepted."""
+
     # ---- coordinate observations (optional; see envs_jax/coords.py) ------------------------------
     def observation_format(self, params: Any) -> str:
-        """"grid" (the symbol grid), "grid_coord" (coordinates, then the grid) or "coord"."""
+        """"grid" (the symbol grid), "grid_coord" (coordinates, then the grid), "coord", or "slots"
+        (a state text assembled from `text_slots`, no grid: the cube, 2048, Sudoku, Countdown)."""
         return "grid"
+
+    def text_slots(self, params: Any) -> tuple[tuple[str, ...], ...]:
+        """"slots" format: the alternatives of each slot of the state text; the state text is one
+        alternative of each slot, in order, its final newline included."""
+        raise NotImplementedError
+
+    def text_slot_index(self, state: Any, params: Any) -> jax.Array:
+        """"slots" format: int32[len(text_slots)], which alternative each slot shows (jittable)."""
+        raise NotImplementedError
 
     def coordinate_labels(self, params: Any) -> tuple[str, ...]:
         """Labels of the coordinate lines, in the reference's order (empty: no coordinate text)."""

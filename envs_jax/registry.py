@@ -23,6 +23,8 @@ TEACHER_KINDS = {
     "countdown_solution": "state.nums, state.signs, state.count: a +- solution of the task",
     "backtracking": "env.solve(state, params) -> (grid, ok): the current grid completed; state.solution as fallback",
     "expectimax": "env.teacher_action(key, state, params) -> action: the env's own player's move for the current state",
+    # Any new env: its own policy, written in its file (no teacher class to add in the rollout stage).
+    "env_policy": "env.teacher_action(key, state, params) -> action: the env's own policy's next action, one per turn",
 }
 
 
@@ -81,14 +83,13 @@ def dataclass_build(default: Callable[[], tuple[Any, Any]]) -> Callable[..., tup
 
     def build(name: str, **overrides):
         env, params = default()
-        valid = [f.name for f in dataclasses.fields(params)] + list(getattr(env, "override_aliases", ()))
+        valid = [f.name for f in dataclasses.fields(params)] + list(env.override_aliases)
         unknown = sorted(set(overrides) - set(valid))
         if unknown:
             raise ValueError(
                 f"unknown parameter(s) {', '.join(map(repr, unknown))} for {name}; valid: {', '.join(valid)}"
             )
-        if hasattr(env, "resolve_overrides"):  # aliases (FrozenLake success_rate) and list-valued overrides
-            overrides = env.resolve_overrides(overrides)
+        overrides = env.resolve_overrides(overrides)  # aliases (FrozenLake success_rate), list-valued forms
         params = params.replace(**overrides)
         env.validate_params(params)
         return env, params

@@ -8,6 +8,7 @@ The truth here is the source itself, read with `ast` (nothing is imported). Ever
 repository is read: the packages, the entry points (launch/), benches, scripts, configs and tests."""
 
 import ast
+import re
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -249,9 +250,11 @@ def test_the_checker_sees_each_kind_of_violation():
         "bench.y:1 imports the private module bench._common"]
 
 
-# Functions the 80-line rule still finds in code other work owns (the model families are being
-# rewritten elsewhere); each entry must still be needed.
-PENDING_LONG: set[tuple[str, str]] = set()
+# Functions the 80-line rule (package, launch/, bench/, scripts/, tests/ alike) still finds in code other
+# work owns; each entry must still be needed.
+PENDING_LONG: set[tuple[str, str]] = {
+    ("bench.envs", "main"),  # bench/envs.py is being rewritten for the text step's speed (issue 48, branch textstep)
+}
 MAX_FUNCTION_LINES = 80
 MAX_FOLDER_SHARE = 0.20  # of the package lines (ragen_jax + envs_jax)
 
@@ -269,10 +272,33 @@ def folder_shares() -> dict[str, float]:
     return {f: sum(n for m, n in lines.items() if m == f or m.startswith(f + ".")) / total for f in folders}
 
 
-def test_no_function_over_80_lines_outside_bench():
-    found = {hit for m, t in TREES.items() if not m.startswith("bench") for hit in long_functions(t, m)}
+def test_no_function_over_80_lines():
+    found = {hit for m, t in TREES.items() for hit in long_functions(t, m)}
     assert found - PENDING_LONG == set()
     assert PENDING_LONG <= found, "no longer too long: drop from PENDING_LONG"
+
+
+# What an expression holding an environment is called: env, text_env, te, self.env, <x>_env, mixed.env, ...
+ENV_OBJECT = re.compile(r"(^|[._])(env|text_env|te)$|_env$")
+
+
+def env_probes(tree: ast.AST, module: str) -> list[str]:
+    """hasattr / getattr on an environment object: what the text layer and the rollout need of an env is
+    declared on `envs_jax.base.AgentEnv` (and on TextEnv / MixedTextEnv), never probed."""
+    return [f"{module}:{n.lineno} {ast.unparse(n)}" for n in ast.walk(tree)
+            if isinstance(n, ast.Call) and isinstance(n.func, ast.Name) and n.func.id in ("hasattr", "getattr")
+            and n.args and ENV_OBJECT.search(ast.unparse(n.args[0]))]
+
+
+def test_no_probing_of_environments_outside_envs_jax():
+    found = [hit for m, t in TREES.items() if not m.startswith("envs_jax") for hit in env_probes(t, m)]
+    assert found == []
+
+
+def test_the_env_probe_check_sees_each_form():
+    src = ("hasattr(env, 'x')\ngetattr(self.text_env, 'y', None)\nhasattr(te.env, 'z')\ngetattr(mixed_env, 'w')\n"
+           "getattr(cfg.env, 'name')\nhasattr(model, 'cfg')\ngetattr(environment_name, 'x')\n")
+    assert [h.split(" ", 1)[0] for h in env_probes(ast.parse(src), "m")] == ["m:1", "m:2", "m:3", "m:4", "m:5"]
 
 
 def test_no_folder_holds_more_than_a_fifth_of_the_package():

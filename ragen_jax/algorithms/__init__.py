@@ -2,9 +2,11 @@
 functions; the names below are the public API)."""
 
 from ragen_jax.algorithms.advantages import (
-    ESTIMATORS, NEEDS_CRITIC, NORMALIZATIONS, TOKEN_REWARD_MODES, bilevel_gae, compute_advantages, drgrpo,
-    gae, get_estimator, get_normalization, grpo, last_token_index, masked_mean, normalize_rewards, rloo,
-    token_rewards, whiten)
+    ESTIMATORS, NORMALIZATIONS, TOKEN_REWARD_MODES, Estimator, EstimatorInputs, bilevel_gae, compute_advantages,
+    drgrpo, gae, get_estimator, get_normalization, grpo, last_token_index, masked_mean, normalize_rewards,
+    register_estimator, rloo, token_rewards, whiten)
+# Estimators registered where they are defined: importing the module registers its record.
+from ragen_jax.algorithms.gigpo import GiGPOOptions
 from ragen_jax.algorithms.filters import (
     GroupFilter, filter_groups, filter_groups_variance_cover, gather_rows, group_reward_stats,
     num_kept_groups)
@@ -14,11 +16,11 @@ from ragen_jax.algorithms.losses import (
     value_loss)
 
 __all__ = [
-    "ESTIMATORS", "KL_ESTIMATORS", "LOSS_AGG_MODES", "NEEDS_CRITIC", "NORMALIZATIONS", "TOKEN_REWARD_MODES",
-    "GroupFilter", "agg_loss", "bilevel_gae", "compute_advantages", "drgrpo", "entropy_from_logits",
+    "ESTIMATORS", "KL_ESTIMATORS", "LOSS_AGG_MODES", "NORMALIZATIONS", "TOKEN_REWARD_MODES",
+    "Estimator", "EstimatorInputs", "GiGPOOptions", "GroupFilter", "agg_loss", "bilevel_gae", "compute_advantages", "drgrpo", "entropy_from_logits",
     "entropy_loss", "filter_groups", "filter_groups_variance_cover", "gae", "gather_rows", "get_estimator",
     "get_kl_estimator", "get_normalization", "group_reward_stats", "grpo", "kl_in_reward", "kl_loss",
     "kl_penalty", "last_token_index", "logprobs_from_logits", "masked_mean", "normalize_rewards",
-    "num_kept_groups", "ppo_policy_loss", "rloo", "token_logprobs_and_entropy", "token_rewards",
+    "num_kept_groups", "ppo_policy_loss", "register_estimator", "rloo", "token_logprobs_and_entropy", "token_rewards",
     "value_loss", "whiten",
 ]

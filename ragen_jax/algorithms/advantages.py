@@ -22,12 +22,11 @@ Reference choices reproduced here (RAGEN `ctx_manager._normalize_score_tensor`, 
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Callable
 
 import jax
 import jax.numpy as jnp
-
-from ragen_jax.algorithms import gigpo as gigpo_lib
 
 STD_EPS = 1e-6  # reference: zero-std threshold and the `std + eps` divisor
 
@@ -320,90 +319,157 @@ def rloo(token_rewards: jax.Array, loss_mask: jax.Array, group_size: int) -> tup
     return _broadcast(s, loss_mask)
 
 
-def _est_gae(token_rewards, loss_mask, values, turn_end, *, group_size, gamma, lam, high_level_gamma, **_):
-    if values is None:
-        raise ValueError("the 'gae' estimator needs critic values")
-    return gae(token_rewards, values, loss_mask, gamma, lam), {}
+# ----------------------------------------------------------------------------- the estimator records
+
+@dataclasses.dataclass(frozen=True)
+class EstimatorInputs:
+    """What the trainer hands every estimator: [B, T] token rewards and sampled-token mask, and the
+    per-row / per-turn arrays an estimator may read (None when the run has none): critic `values`
+    [B, T], `turn_end` [B, K] (each turn's last sampled token, -1 = none), `turn_reward` [B, K],
+    `state_key` [B, K(, D)] (per-turn observation keys), plus the group size and the GAE discounts."""
+
+    token_rewards: jax.Array
+    loss_mask: jax.Array
+    values: jax.Array | None = None
+    turn_end: jax.Array | None = None
+    turn_reward: jax.Array | None = None
+    state_key: jax.Array | None = None
+    group_size: int = 1
+    gamma: float = 1.0
+    lam: float = 1.0
+    high_level_gamma: float = 0.95
 
 
-def _est_bilevel(token_rewards, loss_mask, values, turn_end, *, group_size, gamma, lam, high_level_gamma, **_):
-    if values is None or turn_end is None:
-        raise ValueError("the 'bilevel_gae' estimator needs critic values and turn_end")
-    return bilevel_gae(token_rewards, values, loss_mask, turn_end, gamma, lam, high_level_gamma), {}
+@dataclasses.dataclass(frozen=True)
+class NoOptions:
+    """The options of an estimator that takes none."""
 
 
-def _est_grpo(token_rewards, loss_mask, values, turn_end, *, group_size, **_):
-    return grpo(token_rewards, loss_mask, group_size), {}
+@dataclasses.dataclass(frozen=True)
+class Estimator:
+    """One advantage estimator's record, registered where the estimator is defined (`register_estimator`).
+
+    fn(inputs: EstimatorInputs, options) -> ((advantages [B, T], returns [B, T]), metrics dict), both 0
+        off the mask; advantages before whitening.
+    needs_critic: it reads `inputs.values` (the trainer then trains a critic; config refuses
+        model.critic='none').
+    whiten: whether its advantages are whitened by default (verl's masked_whiten).
+    options: a frozen dataclass of its options with defaults, validating itself in `__post_init__`
+        (ValueError, one sentence naming the option); the config's `advantage.options` fills it.
+    reads: the inputs it needs beyond rewards and the mask ("values", "turn_end", "turn_reward",
+        "state_key"): refused in one sentence when missing; "state_key" makes the rollout record them.
+    soft_reweight: RAGEN's soft_advantage_reweight applies (it reads the group std only GRPO returns).
+    """
+
+    name: str
+    fn: Callable
+    needs_critic: bool = False
+    whiten: bool = False
+    options: type = NoOptions
+    reads: tuple[str, ...] = ()
+    soft_reweight: bool = False
+
+    def __post_init__(self):
+        if not dataclasses.is_dataclass(self.options):
+            raise ValueError(f"estimator {self.name!r}: options must be a dataclass type, got {self.options!r}")
+        unknown = set(self.reads) - set(ESTIMATOR_READS)
+        if unknown:
+            raise ValueError(f"estimator {self.name!r} reads unknown inputs {sorted(unknown)}; "
+                             f"valid: {', '.join(ESTIMATOR_READS)}")
+
+    def make_options(self, values=None):
+        """The options instance: `values` None (defaults), a dict by option name, or an instance."""
+        if isinstance(values, self.options):
+            return values
+        values = dict(values or {})
+        names = [f.name for f in dataclasses.fields(self.options)]
+        unknown = sorted(set(values) - set(names))
+        if unknown:
+            raise ValueError(f"options {', '.join(map(repr, unknown))} are not options of the {self.name!r} estimator; "
+                             f"valid: {', '.join(names) or 'none'}")
+        return self.options(**values)
 
 
-def _est_drgrpo(token_rewards, loss_mask, values, turn_end, *, group_size, **_):
-    return drgrpo(token_rewards, loss_mask, group_size), {}
+# The inputs an estimator may read beyond rewards and the mask, with the words an error names them by.
+ESTIMATOR_READS = {"values": "critic values", "turn_end": "turn_end", "turn_reward": "turn_reward",
+                   "state_key": "state_key (per-turn observation keys)"}
+ESTIMATORS: dict[str, Estimator] = {}
 
 
-def _est_rloo(token_rewards, loss_mask, values, turn_end, *, group_size, **_):
-    return rloo(token_rewards, loss_mask, group_size), {}
+def register_estimator(record: Estimator, *, replace: bool = False) -> Estimator:
+    """Add an estimator's record (ValueError if the name is taken, unless `replace`)."""
+    if not isinstance(record, Estimator):
+        raise ValueError(f"register_estimator takes an Estimator record, got {type(record).__name__}")
+    if record.name in ESTIMATORS and not replace:
+        raise ValueError(f"advantage estimator {record.name!r} is already registered")
+    ESTIMATORS[record.name] = record
+    return record
 
 
-def _est_gigpo(token_rewards, loss_mask, values, turn_end, *, group_size, turn_reward=None, state_key=None,
-               gigpo_weight=1.0, gigpo_norm="std", gigpo_gamma=0.95, **_):
-    if turn_end is None or turn_reward is None or state_key is None:
-        raise ValueError("the 'gigpo' estimator needs turn_end, turn_reward and state_key (per-turn observation keys)")
-    check_group_size(loss_mask.shape[0], group_size)
-    adv, ret, metrics = gigpo_lib.gigpo(token_rewards, loss_mask, turn_end, turn_reward, state_key, group_size,
-                                        step_weight=gigpo_weight, norm=gigpo_norm, gamma=gigpo_gamma, eps=STD_EPS)
-    return (adv, ret), metrics
+def unregister_estimator(name: str) -> None:
+    """Remove a record (tests and plug-ins that registered their own)."""
+    get_estimator(name)
+    del ESTIMATORS[name]
 
 
-# name -> fn(token_rewards, loss_mask, values, turn_end, *, group_size, gamma, lam, high_level_gamma,
-#            **estimator options) -> ((advantages, returns), metrics)
-ESTIMATORS: dict[str, Callable] = {
-    "gae": _est_gae,
-    "bilevel_gae": _est_bilevel,
-    "grpo": _est_grpo,
-    "drgrpo": _est_drgrpo,
-    "rloo": _est_rloo,
-    "gigpo": _est_gigpo,
-}
-# Whether the estimator's advantages are whitened by default (the reference whitens GAE inside verl's
-# compute_gae_advantage_return and its bi-level variant; the group estimators are not whitened).
-WHITEN_BY_DEFAULT = {"gae": True, "bilevel_gae": True, "grpo": False, "drgrpo": False, "rloo": False,
-                     "gigpo": False}
-# Estimators that read critic values (the trainer runs the critic only for these).
-NEEDS_CRITIC = frozenset({"gae", "bilevel_gae"})
-# Estimators that RAGEN's `soft_advantage_reweight` applies to: only its GRPO branch returns the group
-# std that the reweighting reads (ragen/trainer/agent_trainer.py `compute_advantage`); with any other
-# estimator the option does nothing there.
-SOFT_REWEIGHT_ESTIMATORS = frozenset({"grpo"})
-
-
-def get_estimator(name: str) -> Callable:
+def get_estimator(name: str) -> Estimator:
     return lookup_choice(ESTIMATORS, "advantage estimator", name)
+
+
+def _est_gae(x: EstimatorInputs, options):
+    return gae(x.token_rewards, x.values, x.loss_mask, x.gamma, x.lam), {}
+
+
+def _est_bilevel(x: EstimatorInputs, options):
+    return bilevel_gae(x.token_rewards, x.values, x.loss_mask, x.turn_end, x.gamma, x.lam, x.high_level_gamma), {}
+
+
+def _est_grpo(x: EstimatorInputs, options):
+    return grpo(x.token_rewards, x.loss_mask, x.group_size), {}
+
+
+def _est_drgrpo(x: EstimatorInputs, options):
+    return drgrpo(x.token_rewards, x.loss_mask, x.group_size), {}
+
+
+def _est_rloo(x: EstimatorInputs, options):
+    return rloo(x.token_rewards, x.loss_mask, x.group_size), {}
+
+
+# The reference whitens GAE inside verl's compute_gae_advantage_return and its bi-level variant; the
+# group estimators are not whitened. GRPO alone returns the group std RAGEN's soft reweighting reads.
+register_estimator(Estimator("gae", _est_gae, needs_critic=True, whiten=True, reads=("values",)))
+register_estimator(Estimator("bilevel_gae", _est_bilevel, needs_critic=True, whiten=True, reads=("values", "turn_end")))
+register_estimator(Estimator("grpo", _est_grpo, soft_reweight=True))
+register_estimator(Estimator("drgrpo", _est_drgrpo))
+register_estimator(Estimator("rloo", _est_rloo))
 
 
 def compute_advantages(estimator: str, token_rewards: jax.Array, loss_mask: jax.Array, *,
                        values: jax.Array | None = None, turn_end: jax.Array | None = None,
-                       group_size: int = 1, gamma: float = 1.0, lam: float = 1.0,
-                       high_level_gamma: float = 0.95,
-                       whiten_advantages: bool | None = None,
                        turn_reward: jax.Array | None = None, state_key: jax.Array | None = None,
-                       gigpo_weight: float = 1.0, gigpo_norm: str = "std", gigpo_gamma: float = 0.95,
-                       with_metrics: bool = False):
+                       group_size: int = 1, gamma: float = 1.0, lam: float = 1.0,
+                       high_level_gamma: float = 0.95, options=None,
+                       whiten_advantages: bool | None = None, with_metrics: bool = False):
     """Dispatch -> (advantages [B, T], returns [B, T]), both 0 off the mask; with `with_metrics`
     a third item, the estimator's metrics dict (GiGPO's "gigpo/..." keys; empty for the others).
 
-    whiten_advantages None = the reference default (True for the critic-based estimators `gae`,
-    `bilevel_gae`; False for `grpo`, `drgrpo`, `rloo`, `gigpo`). Returns are computed before whitening.
-    `gigpo` reads turn_end, turn_reward [B, K], state_key [B, K(, D)] and its options gigpo_weight
-    (step term weight), gigpo_norm ("std" | "none"), gigpo_gamma (discount of the step returns);
-    see `algorithms/gigpo.py`.
+    `options`: the estimator's options (its record's dataclass, a dict of them, or None: defaults).
+    whiten_advantages None = the record's default (True for the critic-based `gae`, `bilevel_gae`;
+    False for the group estimators). Returns are computed before whitening.
     """
-    fn = get_estimator(estimator)
+    record = get_estimator(estimator)
+    opts = record.make_options(options)
+    check_group_size(loss_mask.shape[0], group_size)
     mask = loss_mask.astype(bool)
-    (adv, ret), metrics = fn(token_rewards, mask, values, turn_end, group_size=group_size, gamma=gamma, lam=lam,
-                             high_level_gamma=high_level_gamma, turn_reward=turn_reward, state_key=state_key,
-                             gigpo_weight=gigpo_weight, gigpo_norm=gigpo_norm, gigpo_gamma=gigpo_gamma)
+    x = EstimatorInputs(token_rewards, mask, values, turn_end, turn_reward, state_key, group_size, gamma, lam,
+                        high_level_gamma)
+    missing = [r for r in record.reads if getattr(x, r) is None]
+    if missing:
+        raise ValueError(f"the {estimator!r} estimator needs {', '.join(ESTIMATOR_READS[r] for r in missing)}")
+    (adv, ret), metrics = record.fn(x, opts)
     if whiten_advantages is None:
-        whiten_advantages = WHITEN_BY_DEFAULT[estimator]
+        whiten_advantages = record.whiten
     if whiten_advantages:
         adv = whiten(adv, mask)
     return (adv, ret, metrics) if with_metrics else (adv, ret)

@@ -28,9 +28,10 @@ Strategies (`FILTER_STRATEGIES`) on the candidates, `key` = score ("largest") or
              candidates, sorted descending; keep the first `searchsorted(cumsum, value) + 1` (the
              first index whose cumulative probability reaches value, plus one; at most all
              candidates): always >= 1 group when there is a candidate. Equal keys over all
-             candidates are decided exactly (cumulative m / n against value, as rationals; RAGEN's
-             float64 running sum of 1/n differs from that by one group in some settings, e.g. 34 of
-             the 2,048 (n <= 64, value j/32)), see `softmax_top_p_count`. mode "linear": walk the
+             candidates keep what RAGEN keeps, by its arithmetic: float32 probabilities 1/n summed
+             in double by torch's CPU cumsum, each sum stored as float32, against the float32
+             value (`tied_top_p_table`; where that differs from the value as written, e.g. 25 groups
+             at 0.8 keep 21 where 4/5 of 25 is 20: docs/algorithms.md). mode "linear": walk the
              candidates in descending-key order, stop before a group when the cumulative SCORE
              already reaches `value * sum(scores) - selection_eps` or when its score is <= 0;
              keep the walked groups only if their sum reached that threshold, else NOTHING (all-zero
@@ -56,12 +57,12 @@ with a cap) are kept as thin wrappers of `filter_by_spec`.
 from __future__ import annotations
 
 import dataclasses
-import fractions
 import math
 from typing import Callable
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 from flax import struct
 
 from ragen_jax.algorithms.advantages import check_group_size, group_std
@@ -114,10 +115,17 @@ def _take_top_p(ctx):
 
 
 def tied_top_p_table(num_groups: int, value: float) -> jax.Array:
-    """int32 [P + 1]: entry n = #{m in 1..n : m / n < value}, compared as exact rationals (value as the
-    float it is): the softmax top-p cutoff when all n candidates have equal keys."""
-    v = fractions.Fraction(value)
-    return jnp.asarray([0] + [min(n, max(0, math.ceil(v * n) - 1)) for n in range(1, num_groups + 1)], jnp.int32)
+    """int32 [P + 1]: entry n = how many of n equal candidates' cumulative probabilities fall below
+    `value`, as RAGEN's filter computes them: torch's float32 softmax gives each 1/n rounded to float32,
+    torch's CPU cumsum adds them in double (exact here: at most P terms of 24 bits) and stores each
+    sum as float32, and searchsorted compares with the value cast to float32. The softmax top-p cutoff
+    when all n candidates have equal keys."""
+    v = np.float32(value)
+    out = [0]
+    for n in range(1, num_groups + 1):
+        p = np.float64(np.float32(1.0) / np.float32(n))
+        out.append(int(np.sum((np.arange(1, n + 1, dtype=np.float64) * p).astype(np.float32) < v)))
+    return jnp.asarray(out, jnp.int32)
 
 
 def softmax_top_p_count(key_sorted: jax.Array, cand_sorted: jax.Array, n_cand: jax.Array, value,
@@ -126,9 +134,9 @@ def softmax_top_p_count(key_sorted: jax.Array, cand_sorted: jax.Array, n_cand: j
     reaches `value`, plus one (torch.searchsorted, left side), at most all candidates. key_sorted [P]
     (candidates first, descending), `table` = `tied_top_p_table(P, value)`.
 
-    Ties are exact: when every candidate has the same key the cumulative probabilities are m / n, and a
-    float32 running sum of 1/n drifts below m / n (24 equal groups at 0.5 kept 13, not 12), so the count
-    comes from the table. Otherwise the sum is float32, taken run by run of equal keys (before-run sum
+    Ties follow RAGEN's arithmetic: when every candidate has the same key the count comes from the
+    table (a float32 running sum of 1/n drifts below RAGEN's double-accumulated one: 24 equal groups at
+    0.5 kept 13, RAGEN 12). Otherwise the sum is float32, taken run by run of equal keys (before-run sum
     + rank in run x p), so tied groups share one probability and a run adds no rounding of its own.
     """
     p = key_sorted.shape[0]
@@ -221,6 +229,11 @@ class FilterSpec:
         if self.max_groups > num_groups:
             raise ValueError(f"filter max_groups={self.max_groups} exceeds the {num_groups} groups of a batch")
         return min(num_groups, FILTER_STRATEGIES[self.strategy][0](self, num_groups))
+
+    def kept_rows(self, num_groups: int, group_size: int) -> int:
+        """Rows the update trains on per iteration (static): the group slots x group_size. The config's
+        rules, the mesh check and the compiled step all read this one definition."""
+        return self.slots(num_groups) * group_size
 
 
 @struct.dataclass

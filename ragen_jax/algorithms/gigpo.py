@@ -30,20 +30,38 @@ the per-turn values [B, K] for a layout with one row per turn.
 
 from __future__ import annotations
 
+import dataclasses
+
 import jax
 import jax.numpy as jnp
+
+from ragen_jax.algorithms.advantages import STD_EPS, Estimator, EstimatorInputs, register_estimator
 
 GIGPO_NORMS = ("std", "none")
 
 
 def check_gigpo_args(step_weight: float, norm: str, gamma: float) -> None:
-    """One sentence per bad argument, raised before anything is traced."""
+    """One sentence per bad argument (named as the GiGPO options), raised before anything is traced."""
     if norm not in GIGPO_NORMS:
-        raise ValueError(f"unknown gigpo_norm {norm!r}; valid: {', '.join(GIGPO_NORMS)}")
+        raise ValueError(f"norm={norm!r} is not valid; choose one of {', '.join(map(repr, GIGPO_NORMS))}")
     if not isinstance(step_weight, (int, float)) or isinstance(step_weight, bool) or step_weight < 0:
-        raise ValueError(f"gigpo_weight must be a number >= 0, got {step_weight!r}")
+        raise ValueError(f"weight must be a number >= 0, got {step_weight!r}")
     if not isinstance(gamma, (int, float)) or isinstance(gamma, bool) or not 0.0 <= gamma <= 1.0:
-        raise ValueError(f"gigpo_gamma must be a number in [0, 1], got {gamma!r}")
+        raise ValueError(f"gamma must be a number in [0, 1], got {gamma!r}")
+
+
+@dataclasses.dataclass(frozen=True)
+class GiGPOOptions:
+    """GiGPO's options (config: `advantage.options`)."""
+
+    weight: float = 1.0  # A = A_episode + weight * A_step (verl-agent step_advantage_w)
+    # Normalisation of both terms within their groups: "std" (x - mean) / (std + 1e-6) (verl-agent
+    # mean_std_norm, its function default) | "none" x - mean (mean_norm, used by many of its scripts).
+    norm: str = "std"
+    gamma: float = 0.95  # discount of the step returns G_k = r_k + gamma G_{k+1} (verl-agent gamma 0.95)
+
+    def __post_init__(self):
+        check_gigpo_args(self.weight, self.norm, self.gamma)
 
 
 def step_returns(turn_reward: jax.Array, turn_valid: jax.Array, gamma: float) -> jax.Array:
@@ -187,5 +205,13 @@ def gigpo(token_rewards: jax.Array, loss_mask: jax.Array, turn_end: jax.Array, t
     return adv, adv, metrics
 
 
-__all__ = ["GIGPO_NORMS", "anchor_groups", "check_gigpo_args", "episode_advantages", "gigpo", "gigpo_metrics",
+def _estimate(x: EstimatorInputs, options: GiGPOOptions):
+    adv, ret, metrics = gigpo(x.token_rewards, x.loss_mask, x.turn_end, x.turn_reward, x.state_key, x.group_size,
+                              step_weight=options.weight, norm=options.norm, gamma=options.gamma, eps=STD_EPS)
+    return (adv, ret), metrics
+
+
+register_estimator(Estimator("gigpo", _estimate, options=GiGPOOptions, reads=("turn_end", "turn_reward", "state_key")))
+
+__all__ = ["GIGPO_NORMS", "GiGPOOptions", "anchor_groups", "check_gigpo_args", "episode_advantages", "gigpo", "gigpo_metrics",
            "gigpo_turn_advantages", "step_advantages", "step_returns", "token_turn_index"]

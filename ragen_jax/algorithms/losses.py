@@ -50,6 +50,11 @@ def agg_loss(loss_mat: jax.Array, mask: jax.Array, mode: str = "token-mean",
 
 # ----------------------------------------------------------------------------- PPO policy loss
 
+# StarPO-S's decoupled clip ("clip-higher": 0.2 / 0.28; vanilla StarPO 0.2 / 0.2), its dual clip and verl's
+# value clip: the keyword defaults below and the loss section's defaults (experiment/sections.py) read these.
+EPS_LOW, EPS_HIGH, DUAL_CLIP, VALUE_CLIP = 0.2, 0.28, 3.0, 0.5
+
+
 def check_clip_args(eps_low: float, eps_high: float, dual_clip: float | None) -> None:
     """One sentence per bad PPO clip argument (the config calls it too, before anything is traced)."""
     def number(x):
@@ -67,7 +72,7 @@ def check_clip_args(eps_low: float, eps_high: float, dual_clip: float | None) ->
 
 
 def ppo_policy_loss(logp: jax.Array, old_logp: jax.Array, advantages: jax.Array, mask: jax.Array, *,
-                    eps_low: float = 0.2, eps_high: float = 0.28, dual_clip: float | None = 3.0,
+                    eps_low: float = EPS_LOW, eps_high: float = EPS_HIGH, dual_clip: float | None = DUAL_CLIP,
                     agg_mode: str = "token-mean",
                     norm: jax.Array | float | None = None,
                     tis_weights: jax.Array | None = None) -> tuple[jax.Array, dict]:
@@ -128,7 +133,7 @@ def ppo_policy_loss(logp: jax.Array, old_logp: jax.Array, advantages: jax.Array,
 # ----------------------------------------------------------------------------- value loss
 
 def value_loss(values: jax.Array, old_values: jax.Array, returns: jax.Array, mask: jax.Array, *,
-               clip: float | None = 0.5, agg_mode: str = "token-mean",
+               clip: float | None = VALUE_CLIP, agg_mode: str = "token-mean",
                norm: jax.Array | float | None = None) -> tuple[jax.Array, dict]:
     """Clipped critic loss (verl `compute_value_loss`) over [B, T] -> (scalar, metrics).
 

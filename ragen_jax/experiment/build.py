@@ -29,7 +29,8 @@ from ragen_jax.text import PromptConfig, TextEnv
 from ragen_jax.text.mix import MixedTextEnv
 from ragen_jax.text.tokenizer import load_tokenizer
 from ragen_jax.infra.checkpoint import load_policy_params
-from ragen_jax.experiment.config import Config, ConfigError, migrate_saved
+from ragen_jax.experiment.config import Config, ConfigError
+from ragen_jax.experiment.legacy import migrate_saved
 from ragen_jax.infra.distributed import run_path
 
 

@@ -1,9 +1,12 @@
-"""Experiment configuration: nested dataclasses that validate themselves, loaded from `configs/*.py`.
+"""Experiment configuration, the schema and its loading: nested dataclasses that validate themselves,
+loaded from `configs/*.py`.
 
 A config file defines `get_config() -> Config`. `load_config("sokoban.py")` looks the bare name up
 in the repository's `configs/` folder (or takes a path), then applies command-line overrides of the
-form `--config.algo.eps_high=0.28`. Every problem is reported as one sentence that names the key:
+form `--config.loss.eps_high=0.28`. Every problem is reported as one sentence that names the key:
 an unknown key lists the valid ones, a value of the wrong type says which type was expected.
+The algorithm's sections are in experiment/sections.py, the rules across sections in
+experiment/rules.py, the old names (`algo.*`, `advantage.gigpo_*`, moved keys) in experiment/legacy.py.
 """
 
 from __future__ import annotations
@@ -15,15 +18,14 @@ import os
 import re
 import types
 import typing
-import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Optional
 
 import envs_jax
 
-from ragen_jax.algorithms.advantages import NEEDS_CRITIC
-from ragen_jax.algorithms.filters import num_kept_groups
+from ragen_jax.experiment.legacy import LegacyAlgo, legacy_target, migrate_saved, translate_v1_filter
+from ragen_jax.experiment.rules import check_across_sections
 from ragen_jax.experiment.sections import (AdvantageConfig, BatchingConfig, ConfigError, FilterConfig, LossConfig,
                                           choice, micro_batch, positive)
 from ragen_jax.models.attention import IMPLEMENTATIONS as ATTENTION_IMPLEMENTATIONS
@@ -430,142 +432,10 @@ class Config:
                 raise
             except ValueError as e:  # the text and rollout stages name their own classes
                 raise ConfigError(str(e).replace(f"{type(sub).__name__}.", f"{f.name}.")) from None
-        if self.rollout.cache_dtype is not None:
-            choice("rollout.cache_dtype", self.rollout.cache_dtype, ("float32", "bfloat16"))
-        r, b, spec = self.rollout, self.batching, self.filter.spec
-        if self.env.mix and sum(g for _, g in self.env.mix) != r.num_groups:
-            raise ConfigError(f"env.mix={format_mix(self.env.mix)!r} has {sum(g for _, g in self.env.mix)} groups in all "
-                              f"but rollout.num_groups={r.num_groups}; make the mix's group counts sum to num_groups")
-        if self.env.mix and 0 < r.groups_per_pass < r.num_groups:
-            raise ConfigError("rollout.groups_per_pass does not work with env.mix yet (the mix assigns envs by row "
-                              "of the whole batch); set rollout.groups_per_pass=0")
-
-        if self.prompt.single_turn and self.env.mix:
-            raise ConfigError("prompt.context_window_mode='single_turn' does not work with env.mix yet (each turn is "
-                              "scored behind one prompt prefix shared by every row); use 'full' or one env")
-        if spec.max_groups > r.num_groups:
-            raise ConfigError(f"filter.max_groups={spec.max_groups} exceeds rollout.num_groups={r.num_groups}")
-        slots = spec.slots(r.num_groups)
-        kept = slots * r.group_size
-        if kept < b.mini_batch_size:
-            raise ConfigError(
-                f"the filter keeps {kept} trajectories per iteration ({slots} of rollout.num_groups={r.num_groups} "
-                f"groups ({spec.strategy}, value {spec.value}) x rollout.group_size={r.group_size}), fewer than "
-                f"batching.mini_batch_size={b.mini_batch_size}")
-        if kept % b.mini_batch_size:
-            raise ConfigError(f"kept trajectories per iteration ({kept} = {slots} groups x {r.group_size}) must be a "
-                              f"multiple of batching.mini_batch_size={b.mini_batch_size}")
-        if spec.input_name == "entropy" and (r.num_groups * r.group_size) % min(
-                b.micro_batch_size or b.mini_batch_size, r.num_groups * r.group_size):
-            raise ConfigError(f"filter.metric={spec.metric!r} runs the log-prob pass over all "
-                              f"{r.num_groups * r.group_size} rollout rows before filtering, in blocks of "
-                              f"batching.micro_batch_size (0: mini_batch_size); the block must divide the rows")
-        if self.advantage.estimator in NEEDS_CRITIC and self.model.critic == "none":
-            raise ConfigError(f"advantage.estimator={self.advantage.estimator!r} needs a critic; set model.critic to "
-                              "'separate' or 'shared'")
+        check_across_sections(self)
 
     def to_dict(self) -> dict:
         return dataclasses.asdict(self)
-
-
-# ----------------------------------------------------------------------------------- old algo.* names
-def _section_keys(section: str, names: str, renames: dict | None = None) -> dict:
-    renames = renames or {}
-    return {old: (section, renames.get(old, old)) for old in names.split()}
-
-
-# The old `algo` section, key by key: old name -> (section, key). Overrides, `cfg.algo.x = v` in config
-# files and saved config.json files keep working through it, with a deprecation warning.
-LEGACY_ALGO_KEYS = {
-    **_section_keys("advantage", "adv_estimator reward_norm gamma lam bi_level_gae reward_placement "
-                    "soft_advantage_reweight gigpo_weight gigpo_norm gigpo_gamma",
-                    {"adv_estimator": "estimator", "soft_advantage_reweight": "soft_reweight"}),
-    **_section_keys("loss", "eps_low eps_high dual_clip loss_agg entropy_coef kl_coef kl_type kl_in_reward "
-                    "value_clip tis tis_cap tis_geo_mask", {"loss_agg": "agg"}),
-    **_section_keys("batching", "ppo_epochs mini_batch_size micro_batch_size critic_warmup"),
-    **_section_keys("filter", "filter_metric filter_include_zero filter_top_p_mode filter_max_groups "
-                    "filter_rounding filter_loss_scaling",
-                    {f"filter_{k}": k for k in ("metric", "include_zero", "top_p_mode", "max_groups", "rounding",
-                                                "loss_scaling")}),
-}
-# The old filter knobs with no one new key (V1's ratio / mode / type / cover, and RAGEN-2's
-# strategy / value / select whose None meant "take the V1 knob"): old name -> (type, V1 default).
-# They are translated together by `translate_v1_filter` once rollout.num_groups is known.
-V1_FILTER_KEYS = {"filter_ratio": (float, 0.25), "filter_mode": (str, "largest"), "filter_type": (str, "top_k"),
-                  "filter_cover": (float, 0.9), "filter_strategy": (Optional[str], None),
-                  "filter_value": (Optional[float], None), "filter_select": (Optional[str], None)}
-
-
-def _deprecated(old: str, new: str):
-    warnings.warn(f"algo.{old} is deprecated; use {new}", FutureWarning, stacklevel=4)
-
-
-def translate_v1_filter(legacy: dict, current: FilterConfig, num_groups: int) -> dict:
-    """The filter section's strategy / value / select / max_groups that the old knobs in `legacy` meant,
-    exactly as the old AlgoConfig.filter_spec: an explicit RAGEN-2 strategy (old name, or a non-default
-    filter.strategy) wins; otherwise filter_type variance_cover = top_p linear with filter_cover, at most
-    num_kept_groups(P, filter_ratio, rounding) groups, and top_k = filter_ratio."""
-    # A top_k section's value and select are V1's filter_ratio and filter_mode (configs now set those).
-    current_v1 = {"filter_mode": current.select}
-    if current.strategy == "top_k":
-        current_v1["filter_ratio"] = current.value
-    v1 = {k: legacy.get(k, current_v1.get(k, d)) for k, (_, d) in V1_FILTER_KEYS.items()}
-    if isinstance(v1["filter_ratio"], bool) or not isinstance(v1["filter_ratio"], (int, float)) \
-            or not 0 < v1["filter_ratio"] <= 1:
-        raise ConfigError(f"algo.filter_ratio must be in (0, 1], got {v1['filter_ratio']!r}")
-    choice("algo.filter_mode", v1["filter_mode"], ("largest", "smallest"))
-    choice("algo.filter_type", v1["filter_type"], ("top_k", "variance_cover"))
-    positive("algo.filter_cover", v1["filter_cover"])
-    choice("filter.rounding", current.rounding, ("floor", "ceil"))
-    strategy, value, select = v1["filter_strategy"], v1["filter_value"], v1["filter_select"]
-    if strategy is None and current.strategy != FilterConfig.strategy and "filter_type" not in legacy:
-        strategy, value = current.strategy, current.value if value is None else value
-    legacy_cover = strategy is None and v1["filter_type"] == "variance_cover"
-    strategy = strategy or ("top_p" if legacy_cover else "top_k")
-    if value is None:
-        if strategy in ("top_k_abs", "min_p"):
-            raise ConfigError(f"algo.filter_strategy={strategy!r} needs a value; set filter.value "
-                              "(top_k_abs: a number of groups; min_p: a fraction of the best score)")
-        value = v1["filter_ratio"] if strategy == "top_k" else v1["filter_cover"]
-    max_groups = current.max_groups
-    if legacy_cover and not max_groups:
-        max_groups = num_kept_groups(num_groups, v1["filter_ratio"], current.rounding)
-    return {"strategy": strategy, "value": value, "select": select or v1["filter_mode"], "max_groups": max_groups}
-
-
-class LegacyAlgo:
-    """`cfg.algo`: the old section's names, read and written on the new sections (deprecated)."""
-
-    def __init__(self, cfg: Config):
-        object.__setattr__(self, "cfg", cfg)
-
-    def __getattr__(self, name):
-        cfg = object.__getattribute__(self, "cfg")
-        if name in LEGACY_ALGO_KEYS:
-            section, key = LEGACY_ALGO_KEYS[name]
-            _deprecated(name, f"{section}.{key}")
-            return getattr(getattr(cfg, section), key)
-        if name in V1_FILTER_KEYS:
-            _deprecated(name, "filter.strategy / filter.value / filter.select / filter.max_groups")
-            return cfg.legacy_filter.get(name, V1_FILTER_KEYS[name][1])
-        raise AttributeError(f"algo has no key {name!r}; the algorithm's keys are in the sections advantage, loss, "
-                             "filter and batching")
-
-    def __setattr__(self, name, value):
-        cfg = object.__getattribute__(self, "cfg")
-        if name in LEGACY_ALGO_KEYS:
-            section, key = LEGACY_ALGO_KEYS[name]
-            _deprecated(name, f"{section}.{key}")
-            cfg.legacy_names[f"{section}.{key}"] = f"algo.{name}"
-            setattr(getattr(cfg, section), key, value)
-        elif name in V1_FILTER_KEYS:
-            _deprecated(name, "filter.strategy / filter.value / filter.select / filter.max_groups")
-            cfg.legacy_filter[name] = value
-            if name in ("filter_strategy", "filter_value", "filter_select"):
-                cfg.legacy_names[name.replace("_", ".", 1)] = f"algo.{name}"
-        else:
-            raise ConfigError(f"unknown config key 'algo.{name}'; the old algo keys are "
-                              f"{', '.join([*LEGACY_ALGO_KEYS, *V1_FILTER_KEYS])}")
 
 
 # ----------------------------------------------------------------------------------- loading
@@ -607,8 +477,10 @@ def apply_override(cfg: Config, text: str) -> None:
         raise ConfigError(f"override {text!r} must look like --config.section.key=value")
     dotted, raw = body.split("=", 1)
     parts = dotted.split(".")
-    if parts[0] == "algo" and len(parts) == 2:
-        _legacy_override(cfg, parts[1], raw)
+    target = legacy_target(cfg, parts)
+    if target is not None:  # an old name (legacy.py): its value set on the new key, with a warning
+        hint, setter = target
+        setter(_coerce(dotted, raw, hint))
         return
     obj = cfg
     for i, name in enumerate(parts):
@@ -626,17 +498,6 @@ def apply_override(cfg: Config, text: str) -> None:
             setattr(obj, name, _coerce(".".join(parts), raw, hint))
             return
         obj = getattr(obj, name)
-
-
-def _legacy_override(cfg: Config, name: str, raw: str) -> None:
-    if name in LEGACY_ALGO_KEYS:
-        section, key = LEGACY_ALGO_KEYS[name]
-        setattr(cfg.algo, name, _coerce(f"algo.{name}", raw, typing.get_type_hints(type(getattr(cfg, section)))[key]))
-    elif name in V1_FILTER_KEYS:
-        setattr(cfg.algo, name, _coerce(f"algo.{name}", raw, V1_FILTER_KEYS[name][0]))
-    else:
-        raise ConfigError(f"unknown config key 'algo.{name}'; the algorithm's keys are now in advantage, loss, "
-                          "filter and batching (docs/configuration.md)")
 
 
 def _parse_literal(raw: str):
@@ -682,34 +543,6 @@ def _coerce(key: str, raw: str, hint) -> Any:
         if not isinstance(value, want):
             raise ConfigError(f"{key} expects a {want.__name__}, got {raw!r}")
     return value
-
-
-# Keys that moved since runs were saved: old dotted name -> new one (the old algo section: LEGACY_ALGO_KEYS).
-# A saved run directory's config.json is read through `migrate_saved`, so old runs resume and evaluate
-# unchanged.
-RENAMED_KEYS = {"model.cache_dtype": "rollout.cache_dtype"}
-
-
-def migrate_saved(d: dict) -> dict:
-    """A saved config dict with renamed keys moved to their current place (a new dict)."""
-    out = {k: dict(v) if isinstance(v, dict) else v for k, v in d.items()}
-    for old, new in RENAMED_KEYS.items():
-        (os_, ok), (ns, nk) = old.split("."), new.split(".")
-        if ok in out.get(os_, {}):
-            out.setdefault(ns, {})[nk] = out[os_].pop(ok)
-    legacy = {}
-    for old, value in out.pop("algo", {}).items():
-        if old in LEGACY_ALGO_KEYS:
-            section, key = LEGACY_ALGO_KEYS[old]
-            out.setdefault(section, {})[key] = value
-        elif old in V1_FILTER_KEYS:
-            legacy[old] = value
-        else:
-            raise ConfigError(f"saved config has unknown keys in algo: {old}")
-    if legacy:
-        num_groups = out.get("rollout", {}).get("num_groups", RolloutConfig.num_groups)
-        out.setdefault("filter", {}).update(translate_v1_filter(legacy, FilterConfig(**out.get("filter", {})), num_groups))
-    return out
 
 
 def config_from_dict(d: dict) -> Config:

@@ -6,13 +6,13 @@ naming the key; checks across sections (filter vs batching, estimator vs critic)
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Optional
 
-from ragen_jax.algorithms.advantages import ESTIMATORS, NORMALIZATIONS, SOFT_REWEIGHT_ESTIMATORS, TOKEN_REWARD_MODES
+from ragen_jax.algorithms import ESTIMATORS, NORMALIZATIONS, TOKEN_REWARD_MODES, Estimator
 from ragen_jax.algorithms.filters import LOSS_SCALINGS, FilterSpec
-from ragen_jax.algorithms.gigpo import GIGPO_NORMS, check_gigpo_args
-from ragen_jax.algorithms.losses import KL_ESTIMATORS, LOSS_AGG_MODES, check_clip_args
+from ragen_jax.algorithms.losses import (DUAL_CLIP, EPS_HIGH, EPS_LOW, KL_ESTIMATORS, LOSS_AGG_MODES, VALUE_CLIP,
+                                        check_clip_args)
 from ragen_jax.algorithms.mismatch import TIS_MODES, TIS_SEQUENCE_CAP, TIS_TOKEN_CAP, check_tis_args
 
 
@@ -50,8 +50,9 @@ def boolean(name: str, value):
 
 @dataclass
 class AdvantageConfig:
-    # "gae" (PPO with critic), "grpo", "drgrpo", "rloo", "gigpo" (GRPO's episode advantage + an
-    # anchor-state step advantage, verl-agent; algorithms/gigpo.py).
+    # A registered estimator (its record: algorithms/advantages.py ESTIMATORS): "gae" (PPO with critic),
+    # "grpo", "drgrpo", "rloo", "gigpo" (GRPO's episode advantage + an anchor-state step advantage,
+    # verl-agent; algorithms/gigpo.py).
     estimator: str = "gae"
     # Reward normalisation grouped by initial state: identity (PPO default) / mean_std / mean / asym_clip.
     reward_norm: str = "identity"
@@ -64,13 +65,10 @@ class AdvantageConfig:
     # GRPO only, as RAGEN (only its GRPO branch returns the group std the reweighting reads); with
     # another estimator the config refuses it rather than ignore it silently.
     soft_reweight: bool = False
-    # GiGPO: A = A_episode + gigpo_weight * A_step (verl-agent step_advantage_w).
-    gigpo_weight: float = 1.0
-    # Normalisation of both terms within their groups: "std" (x - mean) / (std + 1e-6) (verl-agent
-    # mean_std_norm, its function default) | "none" x - mean (mean_norm, used by many of its scripts).
-    gigpo_norm: str = "std"
-    # Discount of the step returns G_k = r_k + gamma G_{k+1} over an episode's turns (verl-agent gamma 0.95).
-    gigpo_gamma: float = 0.95
+    # The estimator's own options by name, e.g. GiGPO's {"weight": 1.0, "norm": "std", "gamma": 0.95}
+    # (each estimator's record lists them: algorithms/advantages.py ESTIMATORS; unset ones keep their
+    # defaults). `--config.advantage.options.weight=0.5`; the released advantage.gigpo_* names map here.
+    options: dict = field(default_factory=dict)
 
     def validate(self):
         # Option names come from the registries that implement them (one list per option).
@@ -84,35 +82,47 @@ class AdvantageConfig:
                                   f"got {v!r}")
         boolean("advantage.bi_level_gae", self.bi_level_gae)
         boolean("advantage.soft_reweight", self.soft_reweight)
-        if self.soft_reweight and self.estimator not in SOFT_REWEIGHT_ESTIMATORS:
+        if self.soft_reweight and not ESTIMATORS[self.estimator].soft_reweight:
+            with_it = sorted(n for n, e in ESTIMATORS.items() if e.soft_reweight)
             raise ConfigError(f"advantage.soft_reweight works only with advantage.estimator="
-                              f"{' or '.join(sorted(SOFT_REWEIGHT_ESTIMATORS))} (as in RAGEN), not "
-                              f"{self.estimator!r}; set advantage.soft_reweight=false")
-        choice("advantage.gigpo_norm", self.gigpo_norm, GIGPO_NORMS)
+                              f"{' or '.join(with_it)} (as in RAGEN), not {self.estimator!r}; set "
+                              "advantage.soft_reweight=false")
+        if not isinstance(self.options, dict):
+            raise ConfigError(f"advantage.options must be a dict of the estimator's options, got {self.options!r}")
+        self.estimator_options  # noqa: B018  (the record's dataclass checks every option)
+
+    @property
+    def record(self) -> Estimator:
+        """The estimator that runs: `estimator`, or bilevel_gae for gae with bi_level_gae."""
+        return ESTIMATORS["bilevel_gae" if (self.estimator == "gae" and self.bi_level_gae) else self.estimator]
+
+    @property
+    def estimator_options(self):
+        """`options` as the estimator's typed options (its record's dataclass, defaults filled in)."""
         try:
-            check_gigpo_args(self.gigpo_weight, self.gigpo_norm, self.gigpo_gamma)
-        except ValueError as e:
-            raise ConfigError(f"advantage.{e}") from None
+            return ESTIMATORS[self.estimator].make_options(self.options)
+        except (ValueError, TypeError) as e:
+            raise ConfigError(f"advantage.options: {e}") from None
 
     @property
     def needs_state_keys(self) -> bool:
         """The training rollout records per-turn observation keys (GiGPO's anchor states)."""
-        return self.estimator == "gigpo"
+        return "state_key" in self.record.reads
 
 
 @dataclass
 class LossConfig:
     # PPO clip, decoupled (StarPO-S "clip-higher": 0.2 / 0.28; vanilla StarPO 0.2 / 0.2).
-    eps_low: float = 0.2
-    eps_high: float = 0.28
-    dual_clip: float = 3.0  # dual-clip constant c for negative advantages
+    eps_low: float = EPS_LOW
+    eps_high: float = EPS_HIGH
+    dual_clip: float = DUAL_CLIP  # dual-clip constant c for negative advantages
     agg: str = "token-mean"  # loss aggregation over tokens and rows (losses.LOSS_AGG_MODES)
     entropy_coef: float = 0.001
     # KL to the frozen initial policy; 0 = off (StarPO-S), and then the reference is never computed.
     kl_coef: float = 0.0
     kl_type: str = "k3"
     kl_in_reward: bool = False  # the KL as a token-reward penalty instead of a loss term
-    value_clip: float = 0.5
+    value_clip: float = VALUE_CLIP
     # Truncated importance sampling against the sampler/trainer mismatch (algorithms/mismatch.py): the
     # policy loss of each token x min(exp(trainer old log-prob - sampler log-prob), cap), no gradient.
     # "none" | "token" (per token, Tunix / SkyRL) | "sequence" (product over the row, SkyRL). The

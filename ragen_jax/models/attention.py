@@ -28,11 +28,19 @@ Implementations (`model.attention`, `IMPLEMENTATIONS`):
            chunked from that size on (cudnn/splash have no per-row query offset).
 An explicit cudnn/splash is used where its layout fits and the call falls back to the `auto` choice
 otherwise (cudnn with a shared prefix, any kernel for cache appends).
+
+Reads that follow the filled cache (`read_filled`): a call on a KV cache of capacity S needs only the
+slots below the largest `q_slot + 1` of its used queries; the others are masked for every row. The
+caller computes that count (a traced scalar) and `read_filled` runs the attention on the smallest of
+a few static slot counts (`fill_buckets`: block multiples growing by at most `FILL_GROWTH`) that holds
+it, through one `lax.switch`: a decode step at 256 filled slots of a 3,600-slot cache reads 256 slots,
+not 3,600, with shapes that stay static (docs/decode.md, "Reads that follow the filled cache").
 """
 
 from __future__ import annotations
 
 import functools
+import math
 
 import jax
 import jax.numpy as jnp
@@ -52,6 +60,9 @@ CHUNKED_MIN_SCORES = 512 * 512
 # block's scores in cache on CPU (bench/results/attention.json compares 128/256/512).
 DEFAULT_BLOCK = 128
 _CUDNN_DTYPES = ("bfloat16", "float16")
+# Consecutive `fill_buckets` sizes grow by at most this factor (and by at least one block): a call
+# reads at most 25% more slots than it needs, with ~13 buckets for a 3,600-slot cache.
+FILL_GROWTH = 1.25
 
 
 # ----------------------------------------------------------------------------- choice
@@ -138,6 +149,35 @@ def visible_mask(kv_valid: jax.Array | None, q_slot: jax.Array, s: int) -> jax.A
     """The rule as a [B, T, S] bool mask."""
     mask = jnp.arange(s)[None, None, :] <= q_slot[:, :, None]
     return mask if kv_valid is None else mask & kv_valid[:, None, :]
+
+
+# ----------------------------------------------------------------------------- filled reads
+def fill_buckets(capacity: int, block: int = DEFAULT_BLOCK) -> tuple[int, ...]:
+    """The static slot counts `read_filled` chooses from for a cache of `capacity` slots: multiples of
+    `block`, each at most `FILL_GROWTH` times (and at least one block more than) the previous, ending
+    with `capacity` itself."""
+    sizes, n = [], block
+    while n < capacity:
+        sizes.append(n)
+        n = max(n + block, _round_up(math.ceil(n * FILL_GROWTH), block))
+    return (*sizes, capacity)
+
+
+def slots_needed(q_slot: jax.Array, q_valid: jax.Array | None) -> jax.Array:
+    """The key slots a cached call must read: one past the largest slot of a used query ([] int32)."""
+    last = q_slot if q_valid is None else jnp.where(q_valid, q_slot, -1)
+    return jnp.max(last).astype(jnp.int32) + 1
+
+
+def read_filled(fn, *, needed: jax.Array, sizes: tuple[int, ...], operands: tuple):
+    """`fn(n, *operands)` for the smallest static `n` in `sizes` with n >= `needed` (the last size when
+    none is): one `lax.switch` whose branches slice their keys/values to n slots. Exact when every key
+    slot >= `needed` is masked for every used query (the cache rule guarantees it for
+    `needed = slots_needed(q_slot, q_valid)`)."""
+    if len(sizes) == 1:
+        return fn(sizes[0], *operands)
+    idx = jnp.minimum(jnp.searchsorted(jnp.asarray(sizes, jnp.int32), needed, side="left"), len(sizes) - 1)
+    return jax.lax.switch(idx, [functools.partial(fn, n) for n in sizes], *operands)
 
 
 # ----------------------------------------------------------------------------- xla
@@ -375,13 +415,17 @@ def _splash_per_platform(q, k, v, kv_valid):
 __all__ = [
     "CHUNKED_MIN_SCORES",
     "DEFAULT_BLOCK",
+    "FILL_GROWTH",
     "IMPLEMENTATIONS",
     "MASK_VALUE",
     "attention",
     "check_available",
     "chunked_attention",
     "cudnn_attention",
+    "fill_buckets",
+    "read_filled",
     "resolve",
+    "slots_needed",
     "splash_attention",
     "partitioned",
     "visible_mask",

@@ -20,7 +20,6 @@ from flax import nnx
 from ragen_jax.rollout import sampler
 from ragen_jax.rollout.rollout import init_cache
 from ragen_jax.text.parse import format_penalty_applies
-from ragen_jax.text.tokenizer import chat_ids
 
 
 _GEN = {}
@@ -45,7 +44,7 @@ def _generate(model, prompt, valid, key, max_new, cfg, stop_table, chat):
 def host_rollout(model, text_env, parser, cfg, key, group_seeds, token_bytes):
     env, params = text_env.env, text_env.env_params
     tok = text_env.tokenizer
-    chat = getattr(text_env, "ids", None) or chat_ids(tok)
+    chat = text_env.ids
     pc = text_env.config
     n_per, b, t_max = cfg.group_size, cfg.batch_size, cfg.max_context
     max_new = pc.max_response_tokens
@@ -102,8 +101,8 @@ def host_rollout(model, text_env, parser, cfg, key, group_seeds, token_bytes):
             parsed = parser.parse_text(forced_text + tok.decode(gen, skip_special_tokens=False))
             reward = 0.0
             st = states[a_row]
-            if hasattr(text_env, "restrict_to_state"):  # names this episode does not accept: dropped, penalised
-                parsed = jax.tree.map(np.asarray, text_env.restrict_to_state(parsed, st))
+            # Names this episode does not accept: dropped, penalised (identity for most envs).
+            parsed = jax.tree.map(np.asarray, text_env.restrict_to_state(parsed, st))
             for a in range(int(parsed.num_actions)):
                 k = jax.random.fold_in(jax.random.fold_in(k_env, a), a_row)
                 _, st, rew, _, _ = step(k, st, jnp.int32(parsed.actions[a]), params)

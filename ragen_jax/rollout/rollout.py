@@ -41,8 +41,8 @@ from ragen_jax.models.qwen2.model import KVCache, with_config
 from ragen_jax.rollout import sampler
 from ragen_jax.rollout.state_keys import state_key_fn
 from ragen_jax.rollout.types import RolloutConfig, Trajectories
-from ragen_jax.text.parse import Parsed, Parser, format_penalty_applies
-from ragen_jax.text.tokenizer import chat_ids, token_bytes_table
+from ragen_jax.text.parse import Parsed, format_penalty_applies
+from ragen_jax.text.tokenizer import token_bytes_table
 
 
 def init_cache(model, batch: int, max_len: int, dtype=None):
@@ -174,6 +174,8 @@ class Rollout:
             raise ValueError("Rollout needs a model (or a teacher for demonstrations)")
         if model is not None and config.matmul_dtype is not None:  # the sampler's numerics only
             model = with_config(model, matmul_dtype=config.matmul_dtype)
+        if model is not None and hasattr(model, "cfg") and model.cfg.decode_bound != config.filled_reads:
+            model = with_config(model, decode_bound=config.filled_reads)
         self.graphdef = nnx.split(model)[0] if model is not None else None
         # Shapes and dtypes only: holding the arrays would keep a second copy of the model alive.
         self.params_spec = (jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype), nnx.state(model))
@@ -192,9 +194,9 @@ class Rollout:
         self.prefix = np.asarray(text_env.prefix_ids, np.int32)
         self.forced = np.asarray(text_env.forced_prefix_ids, np.int32)
         # Pad, <|im_end|> and stop ids are the tokenizer's (Qwen: 151643 / 151645; SmolLM2: 2 / 2).
-        self.chat = getattr(text_env, "ids", None) or chat_ids(text_env.tokenizer)
+        self.chat = text_env.ids
         seg = int(text_env.max_segment_len)
-        self.single_turn = bool(getattr(text_env, "single_turn", False))
+        self.single_turn = bool(text_env.single_turn)
         # Single-turn: the cache holds the prefix and one turn (segment + answer), whatever T_max is.
         self.cache_len = (min(config.max_context, len(self.prefix) + seg + self.max_new) if self.single_turn
                           else config.max_context)
@@ -213,18 +215,14 @@ class Rollout:
         # With a task vocabulary (and no teacher forcing ids from outside it) only its ids and the forced
         # prefix can reach the parser, which then sizes its byte buffer by their longest token.
         emit = None if vocab is None or teacher is not None else np.union1d(vocab.to_qwen, self.forced)
-        if hasattr(text_env, "make_parser"):  # the env's own reader (Countdown's expression answers)
-            self.parser = text_env.make_parser(len(self.forced) + self.max_new, emit_ids=emit)
-        else:
-            self.parser = Parser(text_env.tokenizer, text_env.action_names, self.max_actions,
-                                 think=pc.think, max_tokens=len(self.forced) + self.max_new, emit_ids=emit)
+        self.parser = text_env.make_parser(len(self.forced) + self.max_new, emit_ids=emit)  # the env's answer format
         self.stop_table = None
         if config.stop_at_answer:
             self.stop_table = sampler.make_stop_table(("</answer>",), token_bytes_table(text_env.tokenizer))
         # Several passes: one pass is this same rollout for groups_per_pass groups, run in a loop.
         self._pass = None
         if 0 < config.groups_per_pass < config.num_groups:
-            if hasattr(text_env, "env_of_row"):  # a MixedTextEnv assigns envs by row of the whole batch
+            if text_env.is_mix:  # a MixedTextEnv assigns envs by row of the whole batch
                 raise ValueError("RolloutConfig.groups_per_pass does not work with a mixed-environment batch "
                                  "(env.mix) yet; set it to 0")
             self._pass = Rollout(model, text_env,
@@ -296,17 +294,16 @@ class Rollout:
         return model if self.vocab is None else self.vocab.wrap(model)
 
     def _start(self, model, key, seeds) -> _Carry:
-        """Reset every row's env from its group's seed; prefill the shared prompt prefix."""
+        """Reset every row's env from its group's seed; the shared prompt prefix in every row's cache."""
         cfg = self.config
         b, t_max, n_prefix = cfg.batch_size, cfg.max_context, len(self.prefix)
         state = self.text_env.reset_rows(seeds)  # per row: a mixed batch (text/mix.py) resets each row's own env
         prefix = jnp.broadcast_to(jnp.asarray(self.prefix), (b, n_prefix))
         cache = None
         if model is not None:
-            cache = init_cache(model, b, self.cache_len, cfg.cache_dtype)
+            cache = self._prefix_cache(model)
             if hasattr(cache, "k"):
                 cache = cache.replace(k=self._shard(cache.k, 1), v=self._shard(cache.v, 1), end=self._shard(cache.end))
-            _, cache = model(prefix, jnp.ones(prefix.shape, bool), cache)
         tokens = jnp.full((b, t_max), self.chat.pad, jnp.int32).at[:, :n_prefix].set(prefix)
         zeros_i = jnp.zeros((b,), jnp.int32)
         return _Carry(
@@ -334,6 +331,22 @@ class Rollout:
             state_key=(None if self.state_key is None else
                        jnp.full((b, self.max_turns, self.state_key_width), -1, jnp.int32)),
         )
+
+    def _prefix_cache(self, model):
+        """The B-row cache holding the prompt prefix every row shares: prefilled for ONE row, then
+        broadcast (the same keys and values the per-row prefill writes, at 1/B of its cost). Any cache
+        pytree works (`init_cache`): each leaf of the one-row cache is broadcast to its B-row shape.
+        `RolloutConfig.shared_prefix=False`: every row prefills its own copy."""
+        cfg = self.config
+        if not cfg.shared_prefix:
+            prefix = jnp.broadcast_to(jnp.asarray(self.prefix), (cfg.batch_size, len(self.prefix)))
+            cache = init_cache(model, cfg.batch_size, self.cache_len, cfg.cache_dtype)
+            return model(prefix, jnp.ones(prefix.shape, bool), cache)[1]
+        prefix = jnp.asarray(self.prefix)[None]
+        one = init_cache(model, 1, self.cache_len, cfg.cache_dtype)
+        _, one = model(prefix, jnp.ones(prefix.shape, bool), one)
+        rows = jax.eval_shape(lambda: init_cache(model, cfg.batch_size, self.cache_len, cfg.cache_dtype))
+        return jax.tree.map(lambda x, like: jnp.broadcast_to(x, like.shape), one, rows)
 
     def _any_turn_left(self, c: _Carry):
         return (c.turn < self.max_turns) & ~jnp.all(c.done)
@@ -399,8 +412,7 @@ class Rollout:
     def _restrict(self, parsed: Parsed, state) -> Parsed:
         """Drop the names each row's own state does not accept (flagged, so the turn is penalised):
         an env whose action names depend on the episode (BanditPairs draws its arm pair per reset)."""
-        restrict = getattr(self.text_env, "restrict_to_state", None)
-        return parsed if restrict is None else jax.vmap(restrict)(parsed, state)
+        return jax.vmap(self.text_env.restrict_to_state)(parsed, state)
 
     def _execute(self, state, parsed: Parsed, active, key) -> _Executed:
         """Step the env with each active row's valid actions, in answer order."""

@@ -35,6 +35,8 @@ Teachers per kind (an environment's record, `envs_jax.get_spec(name).teacher`, n
 - expectimax (2048): the env's depth-2 expectimax player (`env.teacher_action`), ONE move per turn:
   every move spawns a random tile, so a second move named in the same turn would be planned for a
   board the teacher has not seen (and the reference's instruction asks for a single action).
+- env_policy (any env that brings its own policy, e.g. the worked example of docs/environments.md):
+  `env.teacher_action(key, state, params)`, one action per turn.
 - bandit_arm (Bandit): the high-risk arm with probability `high_prob`, else the low-risk arm, drawn from the
   turn's key (a Bandit episode is one turn, so this is one draw per episode).
 """
@@ -190,8 +192,8 @@ class _Teacher:
                                  max_tokens=pc.max_response_tokens, max_actions=min(want, text_env.max_actions_per_turn))
         self.actions_per_turn = self.table.max_actions
         self.max_turns = int(text_env.max_turns)
-        steps = getattr(self.env_params, "max_steps_in_episode", text_env.max_actions_per_episode)
-        self.max_actions_per_episode = min(int(text_env.max_actions_per_episode), int(steps))
+        steps = int(self.env_params.max_steps_in_episode)
+        self.max_actions_per_episode = min(int(text_env.max_actions_per_episode), steps)
 
     def actions_left(self, state):
         return jnp.maximum(self.max_actions_per_episode - jnp.asarray(state.time, jnp.int32), 0)
@@ -322,19 +324,28 @@ class SudokuTeacher(_Teacher):
         return self.table.ids(acts, num)
 
 
-class Game2048Teacher(_Teacher):
-    """The env's own player's move for the current board, one per turn (see the module docstring)."""
+class EnvPolicyTeacher(_Teacher):
+    """The env's own policy (`env.teacher_action`), one action per turn: the teacher of any environment
+    whose record names the kind "env_policy", so a new env brings its teacher in its own file. Every
+    demonstration is kept (SFTTrainer(demo_filter="success") keeps only the successful ones)."""
 
-    kind = "expectimax"
-    keep_only_successful = False  # success needs a 2048 tile at the game's end: no short episode has one
+    kind = "env_policy"
+    keep_only_successful = False
 
     def __call__(self, state, turn, key):
         action = self.env.teacher_action(key, state, self.env_params)
         return self.table.ids(jnp.full((self.actions_per_turn,), action), 1)
 
 
+class Game2048Teacher(EnvPolicyTeacher):
+    """2048's depth-2 expectimax player, one move per turn (see the module docstring). All
+    demonstrations are kept: success needs a 2048 tile at the game's end, which no short episode has."""
+
+    kind = "expectimax"
+
+
 TEACHERS = {cls.kind: cls for cls in (SokobanTeacher, FrozenLakeTeacher, BanditTeacher, CountdownTeacher,
-                                      SudokuTeacher, Game2048Teacher)}
+                                      SudokuTeacher, Game2048Teacher, EnvPolicyTeacher)}
 
 
 def get_teacher(env_name: str, text_env, **kw):
@@ -357,7 +368,8 @@ def get_teacher(env_name: str, text_env, **kw):
     return cls(text_env, **kw)
 
 
-__all__ = ["AnswerTable", "BanditTeacher", "CountdownTeacher", "FrozenLakeTeacher", "Game2048Teacher", "SokobanTeacher",
+__all__ = ["AnswerTable", "BanditTeacher", "CountdownTeacher", "EnvPolicyTeacher", "FrozenLakeTeacher", "Game2048Teacher",
+           "SokobanTeacher",
            "SudokuTeacher",
            "TEACHERS", "get_teacher",
            "teacher_texts"]

@@ -158,6 +158,8 @@ class MixedTextEnv:
         tokenizer, the `PromptConfig` and the action names (ValueError naming the difference).
     """
 
+    is_mix = True  # rows belong to members by their place in the whole batch (env_of_row)
+
     def __init__(self, members: Sequence[tuple[str, TextEnv, int]]):
         members = list(members)
         if not members:
@@ -188,6 +190,7 @@ class MixedTextEnv:
         self.action_names = first.action_names
         self.max_actions_per_turn = first.max_actions_per_turn
         self.max_turns = first.max_turns
+        self.single_turn = first.single_turn
         self.forced_prefix_ids = np.asarray(first.forced_prefix_ids, np.int32)
         self.max_actions_per_episode = max(te.max_actions_per_episode for te in self.members)
         # Mix action i -> each member's index of the same name.
@@ -276,7 +279,7 @@ class MixedTextEnv:
         """Each member's `restrict_to_state` on its own rows (actions in the mix's own order)."""
         outs = []
         for e, (te, st) in enumerate(zip(self.members, state.members)):
-            if not hasattr(te.env, "valid_actions"):
+            if te.env.valid_actions(st, te.env_params) is None:  # accepts every name: nothing to drop
                 outs.append(parsed)
                 continue
             own = parsed.replace(actions=self.env.map_action(e, parsed.actions))
@@ -309,6 +312,9 @@ class MixedTextEnv:
     @property
     def parser(self):
         return self.members[0].parser
+
+    def make_parser(self, max_tokens: int, emit_ids=None):
+        return self.members[0].make_parser(max_tokens, emit_ids=emit_ids)  # one action list, one answer format
 
     def parse(self, ids, length):
         return self.members[0].parse(ids, length)

@@ -57,6 +57,8 @@ from ragen_jax.text.placement import PlacementParser
 # the texts' defining values, so two TextEnvs of the same env/config share tables; 8x8 Sokoban's
 # 117k-row table is built once per process.
 _CACHE: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
+# What `AgentEnv.answer_format` may say: the answer grammars this layer has a parser for (make_parser).
+ANSWER_FORMATS = ("names", "expression", "placement")
 
 
 def _cached(tokenizer, key, build):
@@ -85,12 +87,25 @@ def _grid_shape(env, params) -> tuple[int, int]:
 
 
 def default_cell_symbols(env, params, height: int, width: int, num_symbols: int):
-    """What each grid cell can show: the env's own `cell_symbol_sets(params)` when it has one (Sokoban:
-    a wall border, since its rooms always have one); else every symbol everywhere."""
-    if hasattr(env, "cell_symbol_sets"):
-        return env.cell_symbol_sets(params)
+    """What each grid cell can show: the env's own `cell_symbol_sets(params)` (Sokoban: a wall border,
+    since its rooms always have one), or every symbol everywhere when it declares none."""
+    sets = env.cell_symbol_sets(params)
+    if sets is not None:
+        return sets
     every = tuple(range(num_symbols))
     return [[every] * width for _ in range(height)]
+
+
+def _check_text_declarations(env, symbols) -> None:
+    """One sentence for an env whose answers or grid symbols this layer cannot handle."""
+    if env.answer_format not in ANSWER_FORMATS:
+        raise ValueError(f"{type(env).__name__}.answer_format is {env.answer_format!r}; the text layer reads "
+                         f"{', '.join(ANSWER_FORMATS)} (a new answer grammar needs its parser in ragen_jax/text/)")
+    for s in symbols:
+        # The row seams need rows that start with a visible character (see render.py).
+        if not s or s[0].isspace() or "<|" in s:
+            raise ValueError(f"grid symbol {s!r} cannot be rendered row by row: symbols must be "
+                             "non-empty, not start with whitespace and hold no chat tokens")
 
 
 class TextEnv:
@@ -104,6 +119,8 @@ class TextEnv:
         row tables small (a Sokoban border is always wall). Default: the env's
         `cell_symbol_sets(params)` when it has one, else every symbol everywhere.
     """
+
+    is_mix = False  # MixedTextEnv: several envs by row (the rollout then cannot split a batch into passes)
 
     def __init__(self, env, env_params, tokenizer, config: Optional[conv.PromptConfig] = None,
                  cell_symbols=None):
@@ -121,24 +138,20 @@ class TextEnv:
         if config.max_actions_per_episode is not None:
             self.max_actions_per_episode = config.max_actions_per_episode
         else:
-            self.max_actions_per_episode = int(getattr(env_params, "max_steps_in_episode", 10))
+            self.max_actions_per_episode = int(env_params.max_steps_in_episode)
         self.symbols: tuple[str, ...] = tuple(env.symbols(env_params))
         # RAGEN-2's coordinate observations, or a state text assembled from slots (Countdown's line).
-        self.observation_format = env.observation_format(env_params) if hasattr(env, "observation_format") else "grid"
+        self.observation_format = env.observation_format(env_params)
+        _check_text_declarations(env, self.symbols)
         self.grid_shape = _grid_shape(env, env_params) if self.observation_format != "slots" else (0, 0)
         h, w = self.grid_shape
-        for s in self.symbols:
-            # The row seams need rows that start with a visible character (see render.py).
-            if not s or s[0].isspace() or "<|" in s:
-                raise ValueError(f"grid symbol {s!r} cannot be rendered row by row: symbols must be "
-                                 "non-empty, not start with whitespace and hold no chat tokens")
         if cell_symbols is None:
             cell_symbols = default_cell_symbols(env, env_params, h, w, len(self.symbols))
         self.cell_symbols = render.check_cell_sets(cell_symbols, h, w, len(self.symbols))
 
         # The reference lists the actions of every env whose config has an action_lookup: the grid envs
         # and the slot-assembled ones with names (the cube, 2048), not the Bandit, Countdown or Sudoku.
-        env_lists = env.lists_actions(env_params) if hasattr(env, "lists_actions") else None
+        env_lists = env.lists_actions(env_params)
         list_actions = (config.list_actions if config.list_actions is not None else env_lists if env_lists is not None
                         else (h * w > 1 or (self.observation_format == "slots" and bool(self.action_names))))
         self.head_text = conv.first_user_message_head(
@@ -167,7 +180,7 @@ class TextEnv:
         # every alternative is a whole newline-terminated line, looked up like a grid row.
         self._extra = [_cached(tok, ("extra", alts), lambda alts=alts: render.PieceTable(
             *render.encode_rows(tok, [a + "\n" for a in alts], pad_id)))
-            for alts in (env.extra_lines(env_params) if hasattr(env, "extra_lines") else ())]
+            for alts in env.extra_lines(env_params)]
         self.single_turn = config.single_turn
         self._turns = render.PieceTable.build(
             tok, [conv.turn_piece_text(t, self.single_turn) for t in range(1, config.max_turns + 1)], pad_id)
@@ -341,7 +354,7 @@ class TextEnv:
         """The parser of this env's answers: action names, or a free-text reader for an env whose
         `answer_format` is "expression" (Countdown; text/expression.py) or "placement" (Sudoku's six
         free-text forms; text/placement.py)."""
-        answer_format = getattr(self.env, "answer_format", None)
+        answer_format = self.env.answer_format
         if answer_format == "expression":
             return ExpressionParser(self.tokenizer, self.max_actions_per_turn, think=self.config.think,
                                     max_tokens=max_tokens, emit_ids=emit_ids)
@@ -364,11 +377,12 @@ class TextEnv:
 
         The reference's es_manager._extract_map_valid_actions: names outside the env's CURRENT action
         lookup are dropped (the others keep their order) and the turn gets the format penalty, so
-        `has_invalid` is set when anything was dropped. Identity for envs without `valid_actions`.
+        `has_invalid` is set when anything was dropped. Identity for an env whose `valid_actions` is None.
         """
-        if not hasattr(self.env, "valid_actions"):
+        accept = self.env.valid_actions(state, self.env_params)
+        if accept is None:
             return parsed
-        accept = jnp.asarray(self.env.valid_actions(state, self.env_params), bool)
+        accept = jnp.asarray(accept, bool)
         acts = jnp.asarray(parsed.actions, jnp.int32)
         named = acts >= 0
         keep = named & accept[jnp.clip(acts, 0, accept.shape[0] - 1)]

@@ -76,7 +76,7 @@ def abstract_programs(cfg: Config, donate: bool = True, devices=None):
     if m.lora_rank:  # the train state holds the adapters; the base is the programs' frozen argument
         actor, frozen = nnx.split_state(actor, POLICY_TRAINABLE, ...)
     critic_graph, critic = None, {}
-    if m.critic == "separate" and cfg.advantage.estimator == "gae":
+    if m.critic == "separate" and cfg.advantage.record.needs_critic:
         critic_model = nnx.eval_shape(lambda: critic_from_policy(make_policy(), nnx.Rngs(1)))
         critic_graph, critic = nnx.split(critic_model)
         critic = sds(critic)
@@ -94,7 +94,7 @@ def abstract_programs(cfg: Config, donate: bool = True, devices=None):
     shards = mesh.shape["data"] * mesh.shape["fsdp"]
     blocks = turn_blocks(text_env) if cfg.prompt.single_turn else None
     programs = StepPrograms(StepSettings.of(cfg), graph, critic_graph, actor_opt, critic_opt, vocab=vocab, turn_blocks=blocks,
-                            batch_shards=shards)
+                            batch_shards=shards, shared_prefix=turn_blocks(text_env)[0])
     state_shardings = jax.tree.map(lambda x: x.sharding, state)
     prepare = jax.jit(on_mesh(programs.prepare, mesh))
     update = jax.jit(on_mesh(programs.update, mesh), out_shardings=(state_shardings, None),

@@ -58,7 +58,7 @@ class Trainer(RunAssembly):
                          check_shards=lambda n: check_batch_fits_mesh(cfg, n))
         cfg = self.cfg
         critic_graph, critic = None, {}
-        if cfg.model.critic == "separate" and cfg.advantage.estimator == "gae":
+        if cfg.model.critic == "separate" and cfg.advantage.record.needs_critic:
             # The critic's trunk starts from the actor's weights, cloned on the mesh: nnx.clone shares the
             # (immutable) sharded arrays, jnp.copy then gives the critic its own buffers shard by shard
             # (the update donates both models, so they may not share one). With LoRA it keeps only its
@@ -114,7 +114,8 @@ class Trainer(RunAssembly):
     def _build_programs(self, state: TrainState, policy_graph, critic_graph) -> None:
         blocks = turn_blocks(self.text_env) if self.cfg.prompt.single_turn else None
         self.programs = StepPrograms(StepSettings.of(self.cfg), policy_graph, critic_graph, *self.optimizers, vocab=self.vocab,
-                                     turn_blocks=blocks, batch_shards=self.n_batch_shards)
+                                     turn_blocks=blocks, batch_shards=self.n_batch_shards,
+                                     shared_prefix=turn_blocks(self.text_env)[0])
         state_shardings = jax.tree.map(lambda x: x.sharding, state)
         # Traced on the mesh: the splash kernel's shard_map reads it (models/attention.py `partitioned`).
         self.prepare_fn = jax.jit(on_mesh(self.programs.prepare, self.mesh))

@@ -85,7 +85,7 @@ def critic_frozen(frozen):
 
 # ----------------------------------------------------------------------------------- forward helpers
 def sequence_logprobs(graphdef, params, tokens, valid, chunk: int = 128, vocab=None, temperature: float = 1.0,
-                      inference: bool = False, blocks: TurnBlocks | None = None):
+                      inference: bool = False, blocks: TurnBlocks | None = None, prefix: int = 0):
     """Per-target log-probs and entropies [K, T-1], never materialising [K, T, V] logits.
 
     `vocab`: optional VocabMap of a small-vocabulary model; tokens stay Qwen ids outside the model.
@@ -95,12 +95,26 @@ def sequence_logprobs(graphdef, params, tokens, valid, chunk: int = 128, vocab=N
     `inference`: no gradient will be taken through this call (the no-grad passes), which lets the
     model pick a lighter memory layout (models/qwen2/model.py `scan_layers`); same numbers.
     `blocks`: single-turn records; each turn is scored behind the prefix alone (`TurnBlocks`).
+    `prefix`: full-context records whose first `prefix` tokens are the same in every row (the prompt
+    prefix): that part runs through the model once for the batch (`prefixed_forward`), its gradient
+    gathered from every row; the numbers are those of the per-row forward.
     """
     model = nnx.merge(graphdef, params)
     to_model = (lambda x: x) if vocab is None else vocab.model_ids
     logits_fn = model.logits if temperature == 1.0 else (lambda h: model.logits(h) / temperature)
     if blocks is None:
         ids = to_model(tokens)
+        if prefix:
+            p_hidden, hidden = prefixed_forward(model, ids, valid, prefix, inference)
+            k = ids.shape[0]
+            # Targets 1..P-1 depend on the prefix alone: scored once, the same in every row.
+            lp_p, ent_p = loss_lib.token_logprobs_and_entropy(p_hidden[None, :-1], ids[:1, 1:prefix], logits_fn,
+                                                              chunk=chunk)
+            # Targets P..T-1: from the prefix's last position and every row's own positions.
+            h = jnp.concatenate([jnp.broadcast_to(p_hidden[-1], (k, 1, p_hidden.shape[-1])), hidden[:, :-1]], axis=1)
+            lp, ent = loss_lib.token_logprobs_and_entropy(h, ids[:, prefix:], logits_fn, chunk=chunk)
+            return (jnp.concatenate([jnp.broadcast_to(lp_p, (k, prefix - 1)), lp], axis=1),
+                    jnp.concatenate([jnp.broadcast_to(ent_p, (k, prefix - 1)), ent], axis=1))
         hidden, _ = model(ids, valid, None, inference=inference)
         return loss_lib.token_logprobs_and_entropy(hidden[:, :-1], ids[:, 1:], logits_fn, chunk=chunk)
     ids, ok, pos = blocks.unfold(to_model(tokens), valid)
@@ -115,12 +129,27 @@ def sequence_logprobs(graphdef, params, tokens, valid, chunk: int = 128, vocab=N
     return fold_columns(logp, pos, 1, width), fold_columns(ent, pos, 1, width)
 
 
+def prefixed_forward(model, ids, valid, prefix: int, inference: bool = False):
+    """(final hidden states of the shared prefix [P, H], of every row's positions after it [K, T-P, H])
+    of records [K, T] whose first `prefix` ids are the same in every row: the prefix runs once and
+    the rows attend to its keys/values (`PrefixKV`), exactly the per-row forward of the whole record."""
+    trunk = model.model  # the policy's or the critic's decoder (hidden states, not logits or values)
+    p_hidden, shared = trunk.prefix_forward(ids[0, :prefix], inference=inference)
+    hidden, _ = trunk(ids[:, prefix:], valid[:, prefix:], None, shared, inference=inference)
+    return p_hidden, hidden
+
+
 def sequence_values(graphdef, params, tokens, valid, vocab=None, inference: bool = False,
-                    blocks: TurnBlocks | None = None):
-    """Critic values aligned on targets: V at position t is the value before sampling token t+1."""
+                    blocks: TurnBlocks | None = None, prefix: int = 0):
+    """Critic values aligned on targets: V at position t is the value before sampling token t+1.
+    `prefix`: as `sequence_logprobs`, the shared prompt prefix run once for the batch."""
     critic = nnx.merge(graphdef, params)
     to_model = (lambda x: x) if vocab is None else vocab.model_ids
     if blocks is None:
+        if prefix:
+            p_hidden, hidden = prefixed_forward(critic, to_model(tokens), valid, prefix, inference)
+            v_p = jnp.broadcast_to(critic.values(p_hidden), (tokens.shape[0], prefix))
+            return jnp.concatenate([v_p, critic.values(hidden)[:, :-1]], axis=1).astype(jnp.float32)
         return critic(to_model(tokens), valid, inference=inference)[:, :-1].astype(jnp.float32)
     ids, ok, pos = blocks.unfold(to_model(tokens), valid)
     shared = critic.prefix_kv(to_model(tokens[0, :blocks.prefix]))
@@ -205,6 +234,7 @@ class StepSettings:
     # Log-probs and entropy are of the policy the rollout sampled from: logits / rollout temperature.
     temperature: float
     single_turn: bool  # prompt.context_window_mode == "single_turn": records are turn blocks
+    shared_prefix: bool  # rollout.shared_prefix: the passes run the records' prompt prefix once per batch
     actor_lr: float  # only for the logged actor/lr
     warmup_steps: int
 
@@ -214,6 +244,7 @@ class StepSettings:
         return cls(advantage=cfg.advantage, loss=cfg.loss, filter=cfg.filter, batching=cfg.batching,
                    num_groups=r.num_groups, group_size=r.group_size,
                    temperature=1.0 if r.greedy else float(r.temperature), single_turn=cfg.prompt.single_turn,
+                   shared_prefix=r.shared_prefix,
                    actor_lr=cfg.optim.actor_lr, warmup_steps=cfg.optim.warmup_steps)
 
 
@@ -221,12 +252,14 @@ class StepPrograms:
     """The compiled `prepare` and `update` programs of one config (built once per run)."""
 
     def __init__(self, settings: StepSettings, actor_graph, critic_graph, actor_opt, critic_opt, vocab=None,
-                 turn_blocks: tuple[int, int] | None = None, batch_shards: int = 1):
+                 turn_blocks: tuple[int, int] | None = None, batch_shards: int = 1, shared_prefix: int = 0):
         """`settings`: `StepSettings.of(config)`. `turn_blocks`:
         (prefix length, block width) of single-turn records (`TurnBlocks`;
         `ragen_jax.rollout.rollout.turn_blocks(text_env)`), required when
         `prompt.context_window_mode="single_turn"`. `batch_shards`: the data-parallel devices the
-        rows are sharded over (`over_taken_blocks` compacts turn blocks within each one)."""
+        rows are sharded over (`over_taken_blocks` compacts turn blocks within each one).
+        `shared_prefix`: the length of the prompt prefix every full-context record starts with
+        (`turn_blocks(text_env)[0]`): the passes run it once per batch; 0 runs every row whole."""
         if not isinstance(settings, StepSettings):
             raise TypeError("StepPrograms takes StepSettings.of(config), not a whole Config")
         s = self.settings = settings
@@ -235,6 +268,10 @@ class StepPrograms:
             raise ConfigError("prompt.context_window_mode='single_turn' needs StepPrograms(turn_blocks=(prefix "
                               "length, block width)), from ragen_jax.rollout.rollout.turn_blocks(text_env)")
         self.turn_blocks = turn_blocks if s.single_turn else None
+        # Full-context records share the prompt prefix (single-turn blocks carry their own).
+        self.shared_prefix = int(shared_prefix) if s.shared_prefix and not s.single_turn else 0
+        if self.shared_prefix == 1:  # a one-token prefix has no target of its own to share
+            self.shared_prefix = 0
         self.skip_untaken = True  # `TurnBlocks.skip_untaken`; False only to measure the plain pass against it
         self.batch_shards = batch_shards
         self.actor_graph, self.critic_graph = actor_graph, critic_graph
@@ -244,7 +281,7 @@ class StepPrograms:
         self.temperature = s.temperature
         self.filter_spec = s.filter.spec
         self.kept_groups = self.filter_spec.slots(s.num_groups)  # static group slots (some may be unused)
-        self.kept_rows = self.kept_groups * s.group_size
+        self.kept_rows = self.filter_spec.kept_rows(s.num_groups, s.group_size)
         self.trace_counts = {"prepare": 0, "update": 0}
 
     def _blocks(self, turn_start) -> TurnBlocks | None:
@@ -254,9 +291,9 @@ class StepPrograms:
                           skip_untaken=self.skip_untaken, shards=self.batch_shards)
 
     def _per_rows(self, fn):
-        """`fn(tokens, valid, blocks=...)` as a function of row arrays (tokens, valid, turn_start), the
-        form `in_minibatches` splits."""
-        return lambda x, v, ts: fn(x, v, blocks=self._blocks(ts))
+        """`fn(tokens, valid, blocks=..., prefix=...)` as a function of row arrays (tokens, valid,
+        turn_start), the form `in_minibatches` splits."""
+        return lambda x, v, ts: fn(x, v, blocks=self._blocks(ts), prefix=self.shared_prefix)
 
     # -- prepare: filter + no-grad passes + advantages --------------------------------------
     def prepare(self, actor, critic, ref, traj, frozen=None) -> tuple[Batch, dict]:
@@ -354,11 +391,10 @@ class StepPrograms:
         if self.use_ref and lo.kl_in_reward:
             tok_rewards, klm = loss_lib.kl_in_reward(tok_rewards, old_logp, ref_logp, mask, lo.kl_coef, lo.kl_type)
             metrics.update({f"actor/{k_}": v for k_, v in klm.items()})
-        estimator = "bilevel_gae" if (adv.estimator == "gae" and adv.bi_level_gae) else adv.estimator
         inputs = {"turn_end": turn_end, **self._gigpo_inputs(t, f, turn_end)}
         advantages, returns, est_metrics = adv_lib.compute_advantages(
-            estimator, tok_rewards, mask, values=values, group_size=n, gamma=adv.gamma, lam=adv.lam, with_metrics=True,
-            **inputs)
+            adv.record.name, tok_rewards, mask, values=values, group_size=n, gamma=adv.gamma, lam=adv.lam,
+            options=adv.estimator_options, with_metrics=True, **inputs)
         metrics.update(est_metrics)
         # RAGEN-2 after the advantages: soft reweighting by group std (GRPO only: the config refuses it
         # with other estimators, as RAGEN applies it only there), then the kept-fraction scale (both on
@@ -378,14 +414,13 @@ class StepPrograms:
         and rewards. The turns of rows the filter dropped (weight 0) are marked not taken, so they join
         no anchor group, no episode statistics and no gigpo/ metric."""
         adv = self.settings.advantage
-        if adv.estimator != "gigpo":
+        if not adv.needs_state_keys:
             return {}
         if t.state_key is None:
-            raise ValueError("advantage.estimator='gigpo' needs Trajectories.state_key: build the Rollout with "
-                             "state_keys=True (the Trainer does)")
+            raise ValueError(f"advantage.estimator={adv.estimator!r} needs Trajectories.state_key: build the Rollout "
+                             "with state_keys=True (the Trainer does)")
         return {"turn_end": jnp.where(f.row_weight[:, None] > 0, turn_end, -1), "turn_reward": t.turn_reward,
-                "state_key": t.state_key, "gigpo_weight": adv.gigpo_weight, "gigpo_norm": adv.gigpo_norm,
-                "gigpo_gamma": adv.gigpo_gamma}
+                "state_key": t.state_key}
 
     # -- update: epochs x mini-batches ---------------------------------------------------------
     def _actor_loss(self, params, mb: Batch, norms, frozen=None):
@@ -399,7 +434,7 @@ class StepPrograms:
         share = jnp.sum(mb.mask.astype(jnp.float32)) / tok_norm
         logp, entropy = sequence_logprobs(self.actor_graph, full_params(params, frozen), mb.tokens, mb.valid,
                                           vocab=self.vocab, temperature=self.temperature,
-                                          blocks=self._blocks(mb.turn_start))
+                                          blocks=self._blocks(mb.turn_start), prefix=self.shared_prefix)
         pg_loss, pm = loss_lib.ppo_policy_loss(
             logp, mb.old_logp, mb.advantages, mb.mask, eps_low=lo.eps_low, eps_high=lo.eps_high,
             dual_clip=lo.dual_clip, agg_mode=lo.agg, norm=norm, tis_weights=mb.tis_weight)
@@ -418,7 +453,7 @@ class StepPrograms:
         tok_norm, _ = norms
         share = jnp.sum(mb.mask.astype(jnp.float32)) / tok_norm
         v = sequence_values(self.critic_graph, full_params(params, critic_frozen(frozen)), mb.tokens, mb.valid,
-                            vocab=self.vocab, blocks=self._blocks(mb.turn_start))
+                            vocab=self.vocab, blocks=self._blocks(mb.turn_start), prefix=self.shared_prefix)
         loss, m = loss_lib.value_loss(v, mb.values, mb.returns, mb.mask, clip=self.settings.loss.value_clip,
                                       agg_mode="token-mean", norm=tok_norm)
         return loss, {"critic/value_loss": m["vf_loss"], "critic/vf_clipfrac": m["vf_clipfrac"] * share,
@@ -508,7 +543,7 @@ class StepPrograms:
 def check_batch_fits_mesh(cfg: Config, n_batch_shards: int) -> None:
     r, bt = cfg.rollout, cfg.batching
     b = r.num_groups * r.group_size
-    kept = cfg.filter.spec.slots(r.num_groups) * r.group_size
+    kept = cfg.filter.spec.kept_rows(r.num_groups, r.group_size)
     micro = effective_micro_batch(bt.mini_batch_size, bt.micro_batch_size)
     for what, n in (("rollout batch P*N", b), ("kept trajectories", kept), ("batching.mini_batch_size", bt.mini_batch_size),
                     ("batching.micro_batch_size (0: = mini_batch_size)", micro)):
@@ -518,5 +553,5 @@ def check_batch_fits_mesh(cfg: Config, n_batch_shards: int) -> None:
 
 
 __all__ = ["Batch", "GIB", "StepPrograms", "StepSettings", "TrainState", "accumulated_value_and_grad", "check_batch_fits_mesh", "critic_frozen",
-           "effective_micro_batch", "full_params", "in_minibatches", "join_rows", "loss_norms", "sequence_logprobs",
+           "effective_micro_batch", "full_params", "in_minibatches", "join_rows", "loss_norms", "prefixed_forward", "sequence_logprobs",
            "sequence_values", "split_rows"]

@@ -102,6 +102,9 @@ class Qwen2Config:
     decode_transposed: bool = True
     # The sampler's token loop carries the cache as per-layer [B, nKV, S, D] buffers (model.decode_layout).
     layer_cache: bool = True
+    # Cached steps (decode, prefill appends) read only the key slots some row has filled, in static
+    # buckets (attention.py `read_filled`); False reads the cache's whole capacity every step.
+    decode_bound: bool = True
     # Multi-token cache appends (prefill) unrolled on the hoisted copies too: measured slower (XLA
     # keeps both copies live), hence off.
     prefill_unroll: bool = False

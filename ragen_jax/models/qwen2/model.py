@@ -46,7 +46,8 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx, struct
 
-from ragen_jax.models.attention import MASK_VALUE, attention, visible_mask
+from ragen_jax.models.attention import (MASK_VALUE, attention, fill_buckets, read_filled, resolve, slots_needed,
+                                       visible_mask)
 from ragen_jax.models.qwen2 import decode as decode_weights
 from ragen_jax.models.qwen2.config import REMAT_POLICIES, Qwen2Config
 
@@ -358,21 +359,33 @@ def _cached_stack(cfg: Qwen2Config, layers, x, valid, cache):
     write = jnp.where(valid & (pos >= 0) & (pos < s), pos, s)
     rows = jnp.arange(b)[:, None]
     cos, sin = rope_cos_sin(pos, cfg)
+    # Attention reads only the slots some used query can see, in static buckets (attention.py
+    # `read_filled`): decode cost follows the filled cache, not its capacity. The chunked kernel
+    # (long appends) skips the blocks past its queries by itself.
+    chunked = resolve(cfg.attention, t=t, s=s, self_layout=False, dtype=x.dtype, head_dim=cfg.head_dim) == "chunked"
+    read = functools.partial(read_filled, needed=slots_needed(pos, valid),
+                             sizes=fill_buckets(s, cfg.attention_block) if cfg.decode_bound and not chunked else (s,))
 
     if isinstance(cache, LayerKVCache):
-        return _decode_layer_cache(cfg, layers, x, cache, rows, write, pos, cos, sin, n_new)
+        return _decode_layer_cache(cfg, layers, x, cache, rows, write, pos, cos, sin, n_new, read)
+
+    def attend_filled(n, ck, cv, li, q):
+        keys = jax.lax.dynamic_index_in_dim(ck, li, axis=0, keepdims=False)[:, :n]
+        vals = jax.lax.dynamic_index_in_dim(cv, li, axis=0, keepdims=False)[:, :n]
+        # A query sees every slot <= its own (the cache rule); per-row offsets, so no cudnn/splash.
+        return attend(q, keys, vals, None, q_slot=pos, q_valid=valid)
 
     def layer(carry, xs):
         x, ck, cv = carry
         p, li = xs
         q, k, v = _attn_in(cfg, p, x, cos, sin)
         # Scatter only the new rows into the loop-carried stacked cache (updated in place by XLA);
-        # then read back this layer's [B, S, ...] slice: decode costs O(S) per token, no O(S^2).
+        # then read back this layer's filled [B, n, ...] slots: decode costs O(n) per token, no O(S^2).
         ck, cv = _write_kv(ck, li, rows, write, k), _write_kv(cv, li, rows, write, v)
-        keys = jax.lax.dynamic_index_in_dim(ck, li, axis=0, keepdims=False)
-        vals = jax.lax.dynamic_index_in_dim(cv, li, axis=0, keepdims=False)
-        # A query sees every slot <= its own (the cache rule); per-row offsets, so no cudnn/splash.
-        out = attend(q, keys, vals, None, q_slot=pos, q_valid=valid)
+        # The bucket is chosen per layer, around the attention alone: a choice around the whole layer
+        # stack would hold the cache's in-place writes inside the conditional, and XLA then copies the
+        # whole cache every call (measured: memory_analysis temporaries + one cache; docs/decode.md).
+        out = read(attend_filled, operands=(ck, cv, li, q))
         return (_attn_out_mlp(cfg, p, x, out), ck, cv), None
 
     # No remat here: the cached path is inference (remat would only keep per-layer cache copies alive).
@@ -388,7 +401,7 @@ def _cached_stack(cfg: Qwen2Config, layers, x, valid, cache):
         dt = jnp.dtype(cfg.dtype)
         for li in range(cfg.num_hidden_layers):
             p = jax.lax.optimization_barrier(decode_weights.layer_weights(layers, li, dt, cfg.matmul_dtype, cfg.decode_transposed))
-            carry, _ = layer(carry, (p, li))
+            carry, _ = layer(carry, (p, jnp.int32(li)))
     else:
         li = jnp.arange(cfg.num_hidden_layers, dtype=jnp.int32)
         carry, _ = scan_layers(layer, carry, layers, li)
@@ -396,9 +409,10 @@ def _cached_stack(cfg: Qwen2Config, layers, x, valid, cache):
     return x, KVCache(k=ck, v=cv, end=cache.end + n_new)
 
 
-def _decode_layer_cache(cfg: Qwen2Config, layers, x, cache: LayerKVCache, rows, write, pos, cos, sin, n_new):
+def _decode_layer_cache(cfg: Qwen2Config, layers, x, cache: LayerKVCache, rows, write, pos, cos, sin, n_new, read):
     """`decoder_stack` on a per-layer cache: the unrolled layers (hoisted weights, as for `KVCache`),
-    each writing its new keys/values into its own [B, nKV, S, D] buffer and attending to it in place."""
+    each writing its new keys/values into its own [B, nKV, S, D] buffer and attending to its filled
+    slots (`read`: `read_filled` with the call's bound)."""
     if x.shape[1] != 1 or not unrolled_decode(cfg, cache):
         raise ValueError("a LayerKVCache is for single-token decode steps on the unrolled path; convert it "
                          "with stacked_layout(cache) for longer appends")
@@ -410,7 +424,9 @@ def _decode_layer_cache(cfg: Qwen2Config, layers, x, cache: LayerKVCache, rows, 
         # [B, 1, nKV, D] rows into [B, nKV, S, D] at each row's slot; slot S is dropped.
         ks[li] = ks[li].at[rows, :, write].set(k.astype(ks[li].dtype), mode="drop")
         vs[li] = vs[li].at[rows, :, write].set(v.astype(vs[li].dtype), mode="drop")
-        x = _attn_out_mlp(cfg, p, x, _layer_cache_attention(q, ks[li], vs[li], pos))
+        out = read(lambda n, kl, vl, q: _layer_cache_attention(q, kl[:, :, :n], vl[:, :, :n], pos),
+                   operands=(ks[li], vs[li], q))
+        x = _attn_out_mlp(cfg, p, x, out)
     return x, LayerKVCache(k=tuple(ks), v=tuple(vs), end=cache.end + n_new)
 
 
@@ -530,14 +546,20 @@ class Qwen2Trunk(nnx.Module):
 
     def prefix_kv(self, prefix_tokens) -> PrefixKV:
         """Keys/values of a prefix every row of a later `__call__(..., prefix=)` shares. [P] ids."""
+        return self.prefix_forward(prefix_tokens)[1]
+
+    def prefix_forward(self, prefix_tokens, inference: bool = False) -> tuple[jax.Array, PrefixKV]:
+        """(final hidden states [P, H], keys/values) of a prefix that rows share: what scoring a record
+        needs of its prefix, computed once for the batch instead of once per row. [P] ids."""
         tokens = jnp.asarray(prefix_tokens)
         if tokens.ndim != 1:
             raise ValueError(f"a shared prefix is one token sequence [P], got shape {tuple(tokens.shape)}")
         tokens = tokens[None]
         valid = jnp.ones(tokens.shape, bool)
         layers = nnx.state(self.layers, nnx.Param).to_pure_dict()
-        _, (k, v) = decoder_stack(self.cfg, layers, self.embed_inputs(tokens, valid), valid, None, return_kv=True)
-        return PrefixKV(k=k[:, 0], v=v[:, 0])
+        x, (k, v) = decoder_stack(self.cfg, layers, self.embed_inputs(tokens, valid), valid, None, return_kv=True,
+                                  inference=inference)
+        return rms_norm(x[0], self.norm.scale[...], self.cfg.rms_norm_eps), PrefixKV(k=k[:, 0], v=v[:, 0])
 
 
 class Qwen2(nnx.Module):
@@ -586,6 +608,10 @@ class Qwen2Critic(nnx.Module):
 
     def __call__(self, tokens, valid, inference: bool = False, prefix: PrefixKV | None = None) -> jax.Array:
         hidden, _ = self.model(tokens, valid, None, prefix, inference=inference)
+        return self.values(hidden)
+
+    def values(self, hidden: jax.Array) -> jax.Array:
+        """[..., H] final hidden states -> float32 [...] values."""
         return dense_layer(hidden.astype(f32), nnx.state(self.value_head, nnx.Param).to_pure_dict())[..., 0]
 
     def prefix_kv(self, prefix_tokens) -> PrefixKV:

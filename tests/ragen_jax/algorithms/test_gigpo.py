@@ -181,26 +181,28 @@ def test_registered_estimator_and_jit():
     eps = [(0, 1.0, [(obs(1), 0.0), (obs(2), 1.0)]), (0, 0.0, [(obs(1), 0.0)])]
     tok_r, mask, turn_end, turn_r, key, _ = layout(eps, 2, 1, random.Random(0))
     f = jax.jit(lambda *a: A.compute_advantages("gigpo", a[0], a[1], turn_end=a[2], turn_reward=a[3], state_key=a[4],
-                                                group_size=2, gigpo_norm="none", gigpo_gamma=0.5,
+                                                group_size=2, options={"norm": "none", "gamma": 0.5},
                                                 with_metrics=True))
     adv, ret, m = f(*map(jnp.asarray, (tok_r, mask, turn_end, turn_r, key[..., 0])))  # [B, K] keys
     want, *_ = G.gigpo(jnp.asarray(tok_r), jnp.asarray(mask), jnp.asarray(turn_end), jnp.asarray(turn_r),
                        jnp.asarray(key), 2, norm="none", gamma=0.5)
     np.testing.assert_allclose(adv, want, atol=1e-7)
     assert set(m) == {"gigpo/anchor_groups_per_group", "gigpo/shared_turn_fraction", "gigpo/step_advantage_std"}
-    assert "gigpo" in A.ESTIMATORS and "gigpo" not in A.NEEDS_CRITIC
+    assert not A.ESTIMATORS["gigpo"].needs_critic and A.ESTIMATORS["gigpo"].options is G.GiGPOOptions
 
 
 def test_bad_arguments_one_sentence():
     z = jnp.zeros((2, 4))
     m = jnp.ones((2, 4), bool)
     te = jnp.array([[3], [3]])
-    with pytest.raises(ValueError, match="needs turn_end, turn_reward and state_key"):
+    with pytest.raises(ValueError, match="the .gigpo. estimator needs turn_reward, state_key"):
         A.compute_advantages("gigpo", z, m, turn_end=te, group_size=2)
-    with pytest.raises(ValueError, match="unknown gigpo_norm 'z'"):
+    with pytest.raises(ValueError, match="norm='z' is not valid; choose one of 'std', 'none'"):
         A.compute_advantages("gigpo", z, m, turn_end=te, turn_reward=jnp.zeros((2, 1)),
-                             state_key=jnp.zeros((2, 1), jnp.int32), group_size=2, gigpo_norm="z")
-    with pytest.raises(ValueError, match="gigpo_gamma must be a number in"):
+                             state_key=jnp.zeros((2, 1), jnp.int32), group_size=2, options={"norm": "z"})
+    with pytest.raises(ValueError, match="'steps' are not options of the 'gigpo' estimator; valid: weight, norm, gamma"):
+        A.compute_advantages("gigpo", z, m, options={"steps": 2})
+    with pytest.raises(ValueError, match="gamma must be a number in"):
         G.gigpo(z, m, te, jnp.zeros((2, 1)), jnp.zeros((2, 1), jnp.int32), 2, gamma=1.5)
     with pytest.raises(ValueError, match="state_key"):
         G.gigpo(z, m, te, jnp.zeros((2, 1)), jnp.zeros((2, 3), jnp.int32), 2)

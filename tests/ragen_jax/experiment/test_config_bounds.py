@@ -34,8 +34,7 @@ BAD = [
     ("filter.value=-1", "filter.value"),
     ("filter.max_groups=-1", "filter.max_groups"),
     ("filter.max_groups=5", "filter.max_groups"),
-    ("advantage.gigpo_weight=-1", "advantage.gigpo_weight"),
-    ("advantage.gigpo_gamma=1.5", "advantage.gigpo_gamma"),
+    ("advantage.options.weight=0.5", "advantage.options"),  # tiny_cpu.py's gae takes no options
     ("loss.tis_cap=0.5", "loss.tis_cap"),
     ("loss.tis_geo_mask=(1.1, 1.2)", "loss.tis_geo_mask"),
 ]

@@ -16,7 +16,6 @@ from ragen_jax.experiment.config import Config, ConfigError, config_from_dict, l
 RENAMED = [
     ("algo.adv_estimator=grpo", "advantage.estimator=grpo"),
     ("algo.gamma=0.9", "advantage.gamma=0.9"),
-    ("algo.gigpo_norm=none", "advantage.gigpo_norm=none"),
     ("algo.loss_agg=seq-mean-token-sum", "loss.agg=seq-mean-token-sum"),
     ("algo.tis=token", "loss.tis=token"),
     ("algo.kl_coef=0.1", "loss.kl_coef=0.1"),
@@ -110,3 +109,28 @@ def test_bad_values_name_the_new_key_and_the_old_one(overrides, match):
         with pytest.raises(ConfigError, match=match) as e:
             load_config("tiny_cpu.py", overrides)
     assert "\n" not in str(e.value)
+
+
+GIGPO = ["advantage.estimator=gigpo", "model.critic=none"]
+
+
+@pytest.mark.parametrize("old", ["advantage.gigpo_norm=none", "algo.gigpo_norm=none"])
+def test_released_gigpo_names_set_its_options(old):
+    # GiGPO's options live in advantage.options (its record's GiGPOOptions); the names they were
+    # released under still set them, with a deprecation warning.
+    with pytest.warns(FutureWarning, match=rf"{old.split('=')[0]} is deprecated; use advantage\.options\.norm"):
+        via_old = load_config("tiny_cpu.py", [*GIGPO, old])
+    assert via_old.to_dict() == load_config("tiny_cpu.py", [*GIGPO, "advantage.options.norm=none"]).to_dict()
+    assert via_old.advantage.options == {"norm": "none"}
+
+
+def test_saved_gigpo_keys_migrate_into_options():
+    # Runs saved before advantage.options stored all three keys for every estimator: under gigpo a
+    # non-default value becomes an option, defaults and other estimators' copies are dropped (so the
+    # same command still resumes such a run: check_run_dir_config compares against these).
+    base = Config().to_dict()
+    saved = {**base, "advantage": {k: v for k, v in base["advantage"].items() if k != "options"}}
+    saved["advantage"].update(estimator="gigpo", gigpo_weight=1.0, gigpo_norm="none", gigpo_gamma=0.95)
+    assert config_from_dict(saved).advantage.options == {"norm": "none"}
+    saved["advantage"].update(estimator="grpo")
+    assert config_from_dict(saved).advantage.options == {}

@@ -16,8 +16,9 @@ from flax import nnx
 from ragen_jax.models import Qwen2, Qwen2Config
 from ragen_jax.rollout import Trajectories
 from ragen_jax.trainer.collapse import EarlyStops
-from ragen_jax.experiment.config import (LEGACY_ALGO_KEYS, Config, ConfigError, TrainConfig, config_from_dict,
-                                         load_config)
+from ragen_jax.algorithms.gigpo import GiGPOOptions
+from ragen_jax.experiment.config import Config, ConfigError, TrainConfig, config_from_dict, load_config
+from ragen_jax.experiment.legacy import LEGACY_ALGO_KEYS
 from ragen_jax.trainer.rl import RESUMABLE_CHANGES, Trainer
 from ragen_jax.experiment.build import check_run_dir_config
 from ragen_jax.trainer.step import StepPrograms, StepSettings, TrainState
@@ -85,7 +86,10 @@ def test_a_run_saved_before_the_new_keys_resumes(tmp_path):
     saved = json.loads(json.dumps(cfg.to_dict(), default=str))
     # The layout runs were saved in before the sections (one algo section, V1 filter knobs), and
     # before the RAGEN-2 / collapse keys existed.
-    old = {name: saved[sec].pop(key) for name, (sec, key) in LEGACY_ALGO_KEYS.items()}
+    # GiGPO's options (advantage.options now) were saved as algo.gigpo_* with their defaults.
+    old = {name: getattr(GiGPOOptions(), key.split(".", 1)[1]) if key.startswith("options.") else saved[sec].pop(key)
+           for name, (sec, key) in LEGACY_ALGO_KEYS.items()}
+    assert saved["advantage"].pop("options") == {}
     assert (saved.pop("filter"), saved.pop("advantage"), saved.pop("loss"), saved.pop("batching")) == (
         {"strategy": "top_k", "value": 0.5, "select": "largest"}, {}, {}, {})
     saved["algo"] = {**old, "filter_ratio": 0.5, "filter_mode": "largest", "filter_type": "top_k", "filter_cover": 0.9}

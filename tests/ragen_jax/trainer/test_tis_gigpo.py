@@ -25,6 +25,7 @@ from flax import nnx
 
 import envs_jax
 from envs_jax.observation_key import observation_key
+from ragen_jax.algorithms.gigpo import GiGPOOptions
 from ragen_jax.experiment.config import Config, ConfigError, load_config
 from ragen_jax.models import Qwen2, Qwen2Config
 from ragen_jax.rollout import Rollout, Trajectories, group_seeds_for_iteration
@@ -40,24 +41,26 @@ from tests.ragen_jax.trainer.algo_knobs import set_algo
     ("loss.tis_cap=0.5", "loss.tis_cap must be a number >= 1"),
     ("loss.tis_geo_mask=(1.01, 0.99)", "loss.tis_geo_mask must be (low, high) with 0 < low <= 1 <= high"),
     ("loss.tis_geo_mask=(0.99, 1.01)", "loss.tis_geo_mask applies to the TIS weights; set loss.tis"),
-    ("advantage.gigpo_norm=mean", "advantage.gigpo_norm='mean' is not valid; choose one of 'std', 'none'"),
-    ("advantage.gigpo_gamma=1.5", "advantage.gigpo_gamma must be a number in [0, 1]"),
-    ("advantage.gigpo_weight=-1", "advantage.gigpo_weight must be a number >= 0"),
+    ("advantage.options={'norm': 'mean'}", "advantage.options: norm='mean' is not valid; choose one of 'std', 'none'"),
+    ("advantage.options.gamma=1.5", "advantage.options: gamma must be a number in [0, 1]"),
+    ("advantage.options.weight=-1", "advantage.options: weight must be a number >= 0"),
     ("advantage.soft_reweight=true", "advantage.soft_reweight works only with advantage.estimator=grpo"),
     ("rollout.matmul_dtype=float16", "rollout.matmul_dtype must be None (the model's), 'float32' or 'bfloat16'"),
 ])
 def test_bad_settings_name_the_key(override, message):
     with pytest.raises(ConfigError) as e:
-        load_config("tiny_cpu.py", [override])
+        gigpo = ["advantage.estimator=gigpo", "model.critic=none"] if override.startswith("advantage.options") else []
+        load_config("tiny_cpu.py", [*gigpo, override])
     assert message in str(e.value) and "\n" not in str(e.value)
 
 
 def test_settings_reach_the_config():
     cfg = load_config("tiny_cpu.py", ["advantage.estimator=gigpo", "loss.tis=sequence", "loss.tis_geo_mask=0.99,1.01",
-                                      "advantage.gigpo_norm=none", "advantage.gigpo_gamma=0.9"])
+                                      "advantage.options.norm=none", "advantage.options.gamma=0.9"])
     a = cfg.loss
     assert (a.tis, a.effective_tis_cap, a.tis_geo_mask, cfg.advantage.needs_state_keys) == ("sequence", 5.0, (0.99, 1.01),
                                                                                            True)
+    assert cfg.advantage.estimator_options == GiGPOOptions(weight=1.0, norm="none", gamma=0.9)
     assert load_config("tiny_cpu.py").loss.effective_tis_cap == 2.0
     assert load_config("tiny_cpu.py", ["advantage.estimator=grpo", "advantage.soft_reweight=true"])
 
@@ -158,7 +161,7 @@ def test_sequence_tis_with_geometric_mask_by_hand(tiny):
 TINY = ["model.preset=tiny", "model.random_init=true", "model.vocab=task", "model.dtype=float32",
         "model.critic=none", "rollout.cache_dtype=float32", "rollout.num_groups=2", "rollout.group_size=4",
         "rollout.max_context=512", "prompt.max_turns=3", "prompt.max_response_tokens=8", "filter.value=1.0",
-        "batching.mini_batch_size=8", "advantage.estimator=gigpo", "advantage.gigpo_gamma=0.9", "loss.tis=token",
+        "batching.mini_batch_size=8", "advantage.estimator=gigpo", "advantage.options.gamma=0.9", "loss.tis=token",
         "train.iterations=1", "train.val_every=0", "train.log_samples=0", "train.collapse_every=0", "mesh.data=1"]
 
 
