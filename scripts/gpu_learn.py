@@ -7,7 +7,8 @@ Per environment, in order (Sokoban, then FrozenLake and Countdown while time is 
   1. the format warm start: SFT of the model on the solver's demonstrations (the SmolLM2 configs'
      recipe with 256 demonstrations x 2 epochs, the fourth CPU attempt's: docs/pretrained.md),
   2. the k-sample evaluation of the warm start: `--eval-states` fixed states (seeds from 123) x
-     `--eval-samples` rollouts each at temperature 0.5 (launch/demo.py's StageEvaluator),
+     k = `--eval-samples` x `--eval-repeats` rollouts each (default 128 x 16) at temperature 0.5
+     (launch/demo.py's StageEvaluator),
   3. StarPO-S with RAGEN's settings (behaviour spec 5: P=8 x N=16, the 2 of 8 groups with the largest
      reward spread, PPO with a critic, clip 0.2 / 0.28, entropy 0.001, no KL, actor lr 1e-6, critic lr
      1e-5, one optimizer step per iteration) for as many iterations as fit (at most --iterations),
@@ -71,7 +72,10 @@ def parse(argv=None):
     p.add_argument("--budget-s", type=float, default=480.0, help="wall seconds for everything this process does")
     p.add_argument("--iterations", type=int, default=200, help="at most this many RL iterations per env (RAGEN: 200)")
     p.add_argument("--eval-states", type=int, default=128)
-    p.add_argument("--eval-samples", type=int, default=8, help="rollouts per state of both evaluations")
+    p.add_argument("--eval-samples", type=int, default=8, help="rollouts per state in one evaluation run")
+    p.add_argument("--eval-repeats", type=int, default=2,
+                   help="evaluation runs pooled per state: k = samples x repeats (default 16; a run of 128 x 8 "
+                        "episodes keeps SmolLM2's float32 cache at ~36 GB)")
     p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="RL stage config override")
     p.add_argument("--sft-set", action="append", default=[], metavar="KEY=VALUE", help="warm start config override")
     p.add_argument("--workdir", default=None, help="run directories (default: a fresh temporary one)")
@@ -82,7 +86,7 @@ def parse(argv=None):
     bad = [f for f in fams if f not in FAMILIES]
     if not fams or bad:
         p.error(f"--envs must name families of {', '.join(FAMILIES)}, got {args.envs!r}")
-    for name in ("budget_s", "iterations", "eval_states", "eval_samples"):
+    for name in ("budget_s", "iterations", "eval_states", "eval_samples", "eval_repeats"):
         if getattr(args, name) <= 0:
             p.error(f"--{name.replace('_', '-')} must be positive, got {getattr(args, name)}")
     if not (os.path.isfile(args.model) or os.path.isdir(args.model)):
@@ -169,11 +173,13 @@ def run_family(args, family: str, root: str, rec: dict, doc: dict, clock: Clock)
                   "loss_last": hist[-1]["sft/loss"] if hist else None,
                   "token_accuracy_last": hist[-1]["sft/token_accuracy"] if hist else None}
     t1 = time.perf_counter()
-    before = StageEvaluator(sft, (env,), args.eval_states, samples=args.eval_samples)(sft.state.params)[env]
+    k = args.eval_samples * args.eval_repeats
+    before = StageEvaluator(sft, (env,), args.eval_states, samples=args.eval_samples,
+                            repeats=args.eval_repeats)(sft.state.params)[env]
     rec["before"] = evaluation(before)
     rec["before"]["wall_s"] = eval_s = time.perf_counter() - t1
     log(f"{env}: warm start {before['success']:.3f} (format {before['format_ok']:.2f}) on {args.eval_states} x "
-        f"{args.eval_samples}; SFT {rec['sft']['seconds']:.0f} s, evaluation {eval_s:.0f} s")
+        f"{k}; SFT {rec['sft']['seconds']:.0f} s, evaluation {eval_s:.0f} s")
     write(doc, args.out)
     del sft
     gc.collect()
@@ -189,10 +195,11 @@ def run_family(args, family: str, root: str, rec: dict, doc: dict, clock: Clock)
         rec["status"] = "no RL iteration fitted in the time left"
         return
     t4 = time.perf_counter()
-    after = StageEvaluator(rl, (env,), args.eval_states, samples=args.eval_samples)(rl.state.actor)[env]
+    after = StageEvaluator(rl, (env,), args.eval_states, samples=args.eval_samples,
+                           repeats=args.eval_repeats)(rl.state.actor)[env]
     rec["after"] = evaluation(after)
     rec["after"]["wall_s"] = time.perf_counter() - t4
-    rec["paired"] = paired_rates(before["state_success"], after["state_success"], args.eval_samples)
+    rec["paired"] = paired_rates(before["state_success"], after["state_success"], k)
     rec["status"] = "done"
     log(f"{env}: after {rec['rl']['iterations']} RL iterations ({rec['rl']['seconds']:.0f} s): "
         f"{format_paired(rec['paired'])}")
@@ -228,7 +235,8 @@ def main(argv=None) -> int:
     doc = {"kind": "gpu_learn", "date": time.strftime("%Y-%m-%d"), "rehearsal": args.cpu_rehearsal,
            "machine": machine(), "model": os.path.basename(os.path.normpath(args.model)),
            "settings": {"budget_s": args.budget_s, "iterations_max": args.iterations, "eval_states": args.eval_states,
-                        "eval_samples": args.eval_samples, "eval_temperature": EVAL_TEMPERATURE,
+                        "eval_samples": args.eval_samples, "eval_repeats": args.eval_repeats,
+                        "eval_temperature": EVAL_TEMPERATURE,
                         "eval_seed_start": EVAL_SEED_START, "rl": list(RAGEN_RL) + args.set,
                         "warm_start": list(WARM_START) + args.sft_set},
            "envs": {}}

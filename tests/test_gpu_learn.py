@@ -4,9 +4,9 @@ The model travels in parts (a call carries at most 64 MiB; SmolLM2's GGUF is 94 
 file's own bytes (the joined file's sha256 computed here with hashlib), a part left behind or damaged
 (one sentence naming it, exit 3, nothing learned or written), and the call's budget arithmetic on a
 scripted clock. One rehearsal of the whole call (`--cpu-rehearsal`: a tiny random GGUF with a byte-level
-vocabulary, one single-turn env, 2 states x 2 rollouts, one RL iteration): its JSON against the
-requested sizes and paired.py's own comparison of the two stages' per-state rates, its summary line,
-and the docs/benchmarks.md row typed out from the JSON's numbers.
+vocabulary, one single-turn env, 2 states x 2 rollouts as two pooled runs of one, one RL iteration):
+its JSON against the requested sizes and paired.py's own comparison of the two stages' per-state
+rates, its summary line, and the docs/benchmarks.md row typed out from the JSON's numbers.
 """
 
 from __future__ import annotations
@@ -140,8 +140,8 @@ def rehearsal(parts, tmp_path_factory):
     cache = tmp_path_factory.mktemp("cache")
     missing = _sh("--cpu-rehearsal", model_dir=work, out=out, cache=cache)  # the second call's part not there
     (work / "tiny.gguf.part1").write_bytes((pdir / "tiny.gguf.part1").read_bytes())
-    r = _sh("--cpu-rehearsal", "--envs", "countdown", "--eval-states", "2", "--eval-samples", "2", "--iterations", "1",
-            "--budget-s", "3000", model_dir=work, out=out, cache=cache)
+    r = _sh("--cpu-rehearsal", "--envs", "countdown", "--eval-states", "2", "--eval-samples", "1", "--eval-repeats", "2",
+            "--iterations", "1", "--budget-s", "3000", model_dir=work, out=out, cache=cache)
     assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-3000:]
     return missing, r, json.loads((out / "gpu_learn.json").read_text())
 
