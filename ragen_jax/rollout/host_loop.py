@@ -1,7 +1,8 @@
 """The slow, obvious rollout: a Python loop over episodes and turns.
 
-It is the independent reference the compiled rollout is tested against (tests/ragen_jax/rollout)
-and the baseline `bench/rollout.py` times it against.
+It is the independent reference the compiled rollout is tested against (tests/ragen_jax/rollout: it
+then decodes with `next_logits`, a plain-numpy Qwen2 forward, so not even the model or the sampler is
+shared) and the baseline `bench/rollout.py` times it against (then with the JAX sampler).
 
 Everything the compiled rollout does in-graph is done here the plain way: the conversation is
 assembled from host TEXT (`TextEnv.render_text`) encoded by the real tokenizer, every turn is a
@@ -41,7 +42,23 @@ def _generate(model, prompt, valid, key, max_new, cfg, stop_table, chat):
     return _GEN[fkey](params, jnp.asarray(prompt), jnp.asarray(valid), key, stop_table)
 
 
-def host_rollout(model, text_env, parser, cfg, key, group_seeds, token_bytes):
+def _greedy_on_host(next_logits, ids, max_new, stop_ids, stop_text, tok):
+    """Greedy decoding with `next_logits(ids) -> [V]` (no cache: the whole sequence each token), stopping
+    after a stop id or once the generated text holds `stop_text` (the compiled stop table's rule)."""
+    gen = []
+    while len(gen) < max_new:
+        gen.append(int(np.argmax(next_logits(ids + gen))))
+        if gen[-1] in stop_ids or (stop_text and stop_text in tok.decode(gen, skip_special_tokens=False)):
+            break
+    return gen
+
+
+def host_rollout(model, text_env, parser, cfg, key, group_seeds, token_bytes, next_logits=None):
+    """The rollout as a Python loop (module docstring) -> dict of per-row lists. `next_logits`: an
+    independent forward (`ids -> [V]` logits of the next token, e.g. a numpy Qwen2) to decode with,
+    greedily, instead of the JAX sampler; the model is then not used."""
+    if next_logits is not None and not cfg.greedy:
+        raise ValueError("host_rollout decodes with next_logits greedily only; set RolloutConfig.greedy=True")
     env, params = text_env.env, text_env.env_params
     tok = text_env.tokenizer
     chat = text_env.ids
@@ -88,9 +105,16 @@ def host_rollout(model, text_env, parser, cfg, key, group_seeds, token_bytes):
             if active[r]:
                 prompt[r, t_max - len(ids[r]):] = ids[r]
                 valid[r, t_max - len(ids[r]):] = True
-        stop_table = sampler.make_stop_table(("</answer>",), token_bytes) if cfg.stop_at_answer else None
-        out = _generate(model, prompt, valid, k_sample, max_new, cfg, stop_table, chat)
-        gen_all, n_all = np.asarray(out.tokens), np.asarray(out.lengths)
+        if next_logits is None:
+            stop_table = sampler.make_stop_table(("</answer>",), token_bytes) if cfg.stop_at_answer else None
+            out = _generate(model, prompt, valid, k_sample, max_new, cfg, stop_table, chat)
+            gen_all, n_all = np.asarray(out.tokens), np.asarray(out.lengths)
+        else:
+            stop_text = "</answer>" if cfg.stop_at_answer else ""
+            gens = [_greedy_on_host(next_logits, ids[r], max_new, set(chat.stop), stop_text, tok) if active[r] else []
+                    for r in range(b)]
+            gen_all = np.array([g + [chat.pad] * (max_new - len(g)) for g in gens], np.int64)
+            n_all = np.array([len(g) for g in gens])
         for a_row in range(b):
             if not active[a_row]:
                 continue

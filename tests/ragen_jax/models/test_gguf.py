@@ -24,6 +24,7 @@ from gguf import quants  # noqa: E402
 from safetensors.numpy import load_file  # noqa: E402
 
 from ragen_jax.models import gguf as conv  # noqa: E402
+from tests.ragen_jax.models import ref_smollm2_tokenizer  # noqa: E402
 
 FIXTURES = Path(__file__).resolve().parents[2] / "fixtures"
 HIDDEN, HEADS, KV, FFN, LAYERS = 64, 4, 2, 96, 2
@@ -382,6 +383,28 @@ def test_smollm2_tokenizer_matches_transformers_gguf_loader(smollm2):
     assert (ours.bos_token_id, ours.eos_token_id, ours.pad_token_id, ours.unk_token_id) == (1, 2, 2, 0)
     msgs = [{"role": "user", "content": "Hi 42"}]
     assert ours.apply_chat_template(msgs, tokenize=False) == ref.apply_chat_template(msgs, tokenize=False)
+
+
+def test_smollm2_tokenizer_matches_the_stored_transformers_ids(smollm2):
+    """CI without torch: transformers' GGUF tokenizer with llama.cpp's pre-tokenizer (the test above),
+    stored by tests/ragen_jax/models/ref_smollm2_tokenizer.py: its ids on 600 random strings and its
+    chat template."""
+    stored = np.load(ref_smollm2_tokenizer.FIXTURE)
+    _, ours = smollm2
+    got = ours(random_strings(ref_smollm2_tokenizer.NUM_STRINGS), add_special_tokens=False)["input_ids"]
+    want = ref_smollm2_tokenizer.flatten(got)
+    np.testing.assert_array_equal(want["offsets"], stored["offsets"])
+    np.testing.assert_array_equal(want["ids"], stored["ids"])
+    assert ours.apply_chat_template(ref_smollm2_tokenizer.MESSAGES, tokenize=False) == str(stored["chat"])
+
+
+def test_smollm2_tokenizer_fixture_is_transformers_under_torch(smollm2):
+    pytest.importorskip("torch")  # transformers' GGUF reader imports torch
+    path, _ = smollm2
+    ref = ref_smollm2_tokenizer.transformers_tokenizer(path)
+    ids = ref(random_strings(ref_smollm2_tokenizer.NUM_STRINGS), add_special_tokens=False)["input_ids"]
+    stored = np.load(ref_smollm2_tokenizer.FIXTURE)
+    np.testing.assert_array_equal(ref_smollm2_tokenizer.flatten(ids)["ids"], stored["ids"])
 
 
 def test_smollm2_weights_match_transformers_fixture(smollm2, tmp_path_factory):
