@@ -215,6 +215,8 @@ class RefSudoku:
         self.rules = Sudoku(self.grid_size, max_steps, scores=scores)
 
     current_grid = property(lambda self: self.state.grid)
+    solution_grid = property(lambda self: self.state.solution)
+    initial_grid = property(lambda self: self.state.initial)
 
     def parse_action(self, action):
         action = action.strip().lower()
@@ -235,7 +237,9 @@ class RefSudoku:
         ok, row, col, num = self.parse_action(action)
         assert ok, action
         reward, solved, info = self.rules.place(self.state, row, col, num)
-        return self.render(), reward, solved or self.state.time >= self.rules.max_steps, info
+        # The reference's step ends the episode only after a placement (solved, or its max_steps).
+        done = solved or (info["action_is_effective"] and self.state.time >= self.rules.max_steps)
+        return self.render(), reward, done, info
 
     def render(self):
         return self.rules.render(self.state)

@@ -24,7 +24,9 @@ class NumpyQwen2:
         self.eps = c["rms_norm_eps"]
         theta = (c.get("rope_parameters") or {}).get("rope_theta", c.get("rope_theta", 10000.0))
         self.inv_freq = 1.0 / theta ** (np.arange(0, self.head_dim, 2, dtype=np.float64) / self.head_dim)
-        self.head = self.w["model.embed_tokens.weight"] if c["tie_word_embeddings"] else self.w["lm_head.weight"]
+        head = self.w["model.embed_tokens.weight"] if c["tie_word_embeddings"] else self.w["lm_head.weight"]
+        self.head_t = np.ascontiguousarray(head.T)  # [hidden, V]: a transposed view would be copied per call
+        self._cache = ([], None)  # (ids, per-layer keys/values) of the last next_logits call
 
     def _norm(self, x, weight):
         return (x / np.sqrt(np.mean(x * x, axis=-1, keepdims=True) + self.eps)) * weight
@@ -34,7 +36,9 @@ class NumpyQwen2:
         rotated = np.concatenate([-x[..., half:], x[..., :half]], axis=-1)
         return x * cos + rotated * sin
 
-    def _attention(self, x, i, cos, sin):
+    def _attention(self, x, i, cos, sin, past):
+        """Attention of the new positions (x [n, hidden]) over the past keys/values and their own,
+        causally -> (output [n, hidden], this layer's keys/values including the new ones)."""
         p = f"model.layers.{i}.self_attn."
         n = x.shape[0]
 
@@ -45,30 +49,52 @@ class NumpyQwen2:
         q = self._rope(proj("q_proj", self.heads), cos, sin)
         k = self._rope(proj("k_proj", self.kv_heads), cos, sin)
         v = proj("v_proj", self.kv_heads)
+        if past is not None:
+            k, v = np.concatenate([past[0], k], axis=1), np.concatenate([past[1], v], axis=1)
         group = self.heads // self.kv_heads
-        k, v = np.repeat(k, group, axis=0), np.repeat(v, group, axis=0)
-        scores = q @ k.transpose(0, 2, 1) / np.sqrt(self.head_dim)
-        scores = np.where(np.tril(np.ones((n, n), bool)), scores, -np.inf)
+        kk, vv = np.repeat(k, group, axis=0), np.repeat(v, group, axis=0)
+        start = k.shape[1] - n
+        scores = q @ kk.transpose(0, 2, 1) / np.sqrt(self.head_dim)
+        allowed = np.arange(k.shape[1])[None, :] <= start + np.arange(n)[:, None]
+        scores = np.where(allowed, scores, -np.inf)
         probs = np.exp(scores - scores.max(-1, keepdims=True))
-        out = (probs / probs.sum(-1, keepdims=True)) @ v
-        return out.transpose(1, 0, 2).reshape(n, -1) @ self.w[p + "o_proj.weight"].T
+        out = (probs / probs.sum(-1, keepdims=True)) @ vv
+        return out.transpose(1, 0, 2).reshape(n, -1) @ self.w[p + "o_proj.weight"].T, (k, v)
 
     def _mlp(self, x, i):
         p = f"model.layers.{i}.mlp."
         gate, up = x @ self.w[p + "gate_proj.weight"].T, x @ self.w[p + "up_proj.weight"].T
         return (gate / (1.0 + np.exp(-gate)) * up) @ self.w[p + "down_proj.weight"].T
 
-    def logits(self, ids) -> np.ndarray:
-        """[L, V] float32 logits of token ids [L] (positions 0..L-1, causal)."""
+    def _run(self, ids, start, past, last_only):
+        """Positions start.. of `ids` (the tokens after the `past` keys/values) -> (logits, keys/values)."""
         x = self.w["model.embed_tokens.weight"][np.asarray(ids)]
-        freqs = np.arange(len(ids))[:, None] * self.inv_freq[None, :]
+        freqs = (start + np.arange(len(ids)))[:, None] * self.inv_freq[None, :]
         emb = np.concatenate([freqs, freqs], axis=-1)
         cos, sin = np.cos(emb).astype(np.float32), np.sin(emb).astype(np.float32)
+        kv = []
         for i in range(self.layers):
-            x = x + self._attention(self._norm(x, self.w[f"model.layers.{i}.input_layernorm.weight"]), i, cos, sin)
+            a, layer_kv = self._attention(self._norm(x, self.w[f"model.layers.{i}.input_layernorm.weight"]), i, cos, sin,
+                                          None if past is None else past[i])
+            kv.append(layer_kv)
+            x = x + a
             x = x + self._mlp(self._norm(x, self.w[f"model.layers.{i}.post_attention_layernorm.weight"]), i)
-        return self._norm(x, self.w["model.norm.weight"]) @ self.head.T
+        x = x[-1:] if last_only else x  # the vocabulary head is most of a step's cost
+        return self._norm(x, self.w["model.norm.weight"]) @ self.head_t, kv
+
+    def logits(self, ids) -> np.ndarray:
+        """[L, V] float32 logits of token ids [L] (positions 0..L-1, causal), from scratch."""
+        return self._run(ids, 0, None, last_only=False)[0]
 
     def next_logits(self, ids) -> np.ndarray:
-        """[V]: the logits of the token after `ids` (the whole sequence recomputed: no cache)."""
-        return self.logits(ids)[-1]
+        """[V]: the logits of the token after `ids`. The keys/values of the longest prefix `ids` shares
+        with the previous call are reused (greedy decoding extends a sequence token by token)."""
+        ids = [int(t) for t in ids]
+        cached, past = self._cache
+        k = 0
+        while k < min(len(cached), len(ids) - 1) and cached[k] == ids[k]:
+            k += 1
+        past = None if k == 0 else [(pk[:, :k], pv[:, :k]) for pk, pv in past]
+        out, kv = self._run(ids[k:], k, past, last_only=True)
+        self._cache = (ids, kv)
+        return out[0]

@@ -59,11 +59,15 @@ def test_programs_that_fit_run_with_the_checked_executables(tmp_path):
     hist = tr.train()
     assert len(hist) == 1 and math.isfinite(hist[0]["actor/pg_loss"]) and math.isfinite(hist[0]["critic/value_loss"])
     # XLA's argument and output sizes of the checked update are the real call's arrays, counted by numpy:
-    # the train state and the prepared batch in, the new state and the metrics out.
+    # the train state and the prepared batch in (less the reference log-probs: KL is off, the program
+    # never reads them and jit drops unread inputs), the new state and the metrics out (XLA:CPU returns
+    # several outputs through a table of one 8-byte pointer each).
     traj = tr.rollout(tr.actor_params, jax.random.PRNGKey(1), group_seeds_for_iteration(1, 2, cfg.train.seed_base))
     batch, _ = tr.prepare_fn(tr.state.actor, tr.state.critic, tr.ref, traj, *tr.frozen_args)
-    inputs = _nbytes((tr.state, batch, *tr.frozen_args))
-    outputs = _nbytes(tr.update_fn(tr.state, batch, *tr.frozen_args))
+    assert cfg.loss.kl_coef == 0
+    inputs = _nbytes((tr.state, batch, *tr.frozen_args)) - _nbytes(batch.ref_logp)
+    out = tr.update_fn(tr.state, batch, *tr.frozen_args)
+    outputs = _nbytes(out) + 8 * len(jax.tree.leaves(out))
     assert (update["argument_bytes"], update["output_bytes"]) == (inputs, outputs)
 
     # A limit between what the largest other program and the update need: the update's knobs are named.
