@@ -11,8 +11,9 @@ slots filled. Three sides, timed interleaved in one run:
   native    a cache of exactly `fill` slots: the floor a step at that fill can reach
 
 Per-step time is isolated from the call's fixed costs (cache layout conversion, head set-up) by
-timing two programs of `--steps-short` and `--steps-long` tokens from the same filled cache and
-dividing the difference by the step difference; median over `--repeats` pairs. Ratios:
+timing two calls of `--steps-short` and `--steps-long` tokens that end at the same fill (one compiled
+program per side: fill and token budget are traced inputs) and dividing the difference by the step
+difference; median over `--repeats` pairs. Ratios:
 `bounded_over_native` (issue 45 target: <= 1.15 at 256 filled of 3,600) and `full_over_bounded`.
 
 Usage: python -m bench.decode_fill [--shapes tiny:64,qwen2.5-0.5b:16] [--capacity 3600]
@@ -39,9 +40,12 @@ RESULTS = Path(__file__).resolve().parent / "results" / "decode_fill.json"
 SIDES = ("bounded", "full", "native")
 
 
-def decode_program(model, batch: int, capacity: int, fill: int, steps: int):
-    """A jitted call: `steps` greedy decode steps from a cache of `capacity` slots whose first
-    `fill - steps` are filled (so the last step reads `fill` slots). Returns a () -> seconds timer."""
+def decode_timer(model, batch: int, capacity: int, max_steps: int, dtype=None):
+    """One compiled greedy decode of at most `max_steps` tokens over a cache of `capacity` slots
+    (random keys/values: softmax over them is a real workload), and `timed(fill, steps)` -> seconds
+    of a call that decodes `steps` tokens from `fill - steps` filled slots (so its last step reads
+    `fill`). Fill and step count are traced inputs (the cache's end and every row's token budget):
+    one compilation serves every point."""
     from ragen_jax.models.qwen2.model import KVCache
     from ragen_jax.rollout import sampler
 
@@ -49,48 +53,49 @@ def decode_program(model, batch: int, capacity: int, fill: int, steps: int):
     cfg = model.cfg
 
     @jax.jit
-    def run(state, cache, logits):
+    def run(state, cache, logits, end, budget):
         m = nnx.merge(graphdef, state)
-        out = sampler.decode(m, cache, logits, jax.random.PRNGKey(0), max_new_tokens=steps, greedy=True,
+        out = sampler.decode(m, cache.replace(end=jnp.full((batch,), end, jnp.int32)), logits, jax.random.PRNGKey(0),
+                             max_new_tokens=max_steps, budget=jnp.full((batch,), budget, jnp.int32), greedy=True,
                              stop_ids=(), pad_id=0, logprobs=False)
         return out.tokens
 
-    cache = KVCache.init(cfg, batch=batch, max_len=capacity)
-    # Filled slots hold small random keys/values: softmax over them is a real workload (zeros would be too).
-    k = 0.1 * jax.random.normal(jax.random.PRNGKey(1), cache.k.shape, cache.k.dtype)
-    cache = cache.replace(k=k, v=k, end=jnp.full((batch,), fill - steps, jnp.int32))
+    cache = KVCache.init(cfg, batch=batch, max_len=capacity, dtype=dtype)
+    k = (0.1 * jax.random.normal(jax.random.PRNGKey(1), cache.k.shape, jnp.float32)).astype(cache.k.dtype)
+    cache = cache.replace(k=k, v=k)
     logits = jax.random.normal(jax.random.PRNGKey(2), (batch, cfg.vocab_size), jnp.float32)
-    jax.block_until_ready(run(state, cache, logits))  # compile + warm up
 
-    def timed() -> float:
+    def timed(fill: int, steps: int) -> float:
+        args = (state, cache, logits, jnp.int32(fill - steps), jnp.int32(steps))
         t0 = time.perf_counter()
-        jax.block_until_ready(run(state, cache, logits))
+        jax.block_until_ready(run(*args))
         return time.perf_counter() - t0
 
+    timed(capacity, max_steps)  # compile + warm up
     return timed
 
 
+def per_step_ms(timers: dict, fill: int, steps: tuple[int, int], repeats: int) -> dict:
+    """{side: median ms of one decode step at `fill`} by the two-call difference, sides interleaved."""
+    per = {s: [] for s in timers}
+    for _ in range(repeats):
+        for side, timed in timers.items():
+            per[side].append((timed(fill, steps[1]) - timed(fill, steps[0])) / (steps[1] - steps[0]))
+    return {s: 1e3 * statistics.median(v) for s, v in per.items()}
+
+
 def bench_shape(shape: str, batch: int, capacity: int, fills, steps: tuple[int, int], repeats: int) -> list[dict]:
-    from ragen_jax.models import Qwen2, Qwen2Config
+    from ragen_jax.models import Qwen2, Qwen2Config, with_config
 
     model = Qwen2(Qwen2Config.from_preset(shape), rngs=nnx.Rngs(0))
+    if any(f > capacity or f <= steps[1] for f in fills):
+        raise SystemExit(f"every fill must be in ({steps[1]}, capacity {capacity}]: {fills}")
+    timers = {"bounded": decode_timer(model, batch, capacity, steps[1]),
+              "full": decode_timer(with_config(model, decode_bound=False), batch, capacity, steps[1])}
     rows = []
     for fill in fills:
-        if fill > capacity or fill <= steps[1]:
-            raise SystemExit(f"fill {fill} must be in ({steps[1]}, capacity {capacity}]")
-        side_models = {"bounded": (model.cfg.replace(decode_bound=True), capacity),
-                       "full": (model.cfg.replace(decode_bound=False), capacity),
-                       "native": (model.cfg.replace(decode_bound=True), fill)}
-        timers = {}
-        for side, (cfg, cap) in side_models.items():
-            m = nnx.merge(nnx.graphdef(Qwen2(cfg, rngs=nnx.Rngs(0))), nnx.state(model))
-            timers[side] = tuple(decode_program(m, batch, cap, fill, n) for n in steps)
-        per_step = {s: [] for s in SIDES}
-        for _ in range(repeats):  # interleaved: every side once per repeat
-            for side in SIDES:
-                short, long = timers[side]
-                per_step[side].append((long() - short()) / (steps[1] - steps[0]))
-        ms = {s: 1e3 * statistics.median(v) for s, v in per_step.items()}
+        native = decode_timer(model, batch, fill, steps[1])
+        ms = per_step_ms({**timers, "native": native}, fill, steps, repeats)
         row = {"shape": shape, "batch": batch, "capacity": capacity, "fill": fill,
                **{f"{s}_ms_per_step": round(ms[s], 3) for s in SIDES},
                "bounded_over_native": round(ms["bounded"] / ms["native"], 3),

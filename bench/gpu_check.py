@@ -18,8 +18,9 @@ after every part (a run cut short keeps what finished):
                Trainer: seconds for rollout, prepare and update; rollout tokens/s against the HBM
                bound; the update's MFU; peak device memory against the Trainer's AOT estimate (the
                same `memory_analysis` bench/memory.py reports)
-  decode       0.5B, batch 128, a 3,600-token cache (bf16): decode tokens/s and its fraction of the
-               HBM bound (weights + KV cache read once per step)
+  decode       0.5B, batch 128, a 3,600-slot cache (bf16) filled to 256 / 1,024 / 3,600 slots: step
+               time reading the filled slots (the default) and the whole capacity (before issue 45),
+               and the fraction of the HBM bound of the weights + the FILLED cache read once per step
   fit_3b       the 3B GRPO update at the reference settings (bench/memory.py row 3b-grpo, after):
                compiled, run once on random parameters, peak memory against the estimate
 
@@ -50,7 +51,7 @@ import numpy as np
 PARTS = ("environment", "parity", "attention", "iteration", "decode", "fit_3b")
 # Seconds each part may take on an H100 (compile included), from the sizes below; a part is skipped
 # when less than this is left, so the call ends inside its limit with the later parts' errors named.
-BUDGET_S = {"environment": 30, "parity": 60, "attention": 45, "iteration": 240, "decode": 90, "fit_3b": 150}
+BUDGET_S = {"environment": 30, "parity": 60, "attention": 45, "iteration": 320, "decode": 90, "fit_3b": 150}
 # Dense bf16 peaks from the datasheets (TFLOP/s), for MFU beside the measured matmul ceiling.
 DATASHEET_BF16_TFLOPS = {"H100": 989.0, "H200": 989.0}
 GIB = 2**30
@@ -65,9 +66,9 @@ REHEARSAL_RUN = ["rollout.num_groups=2", "rollout.group_size=4", "filter.value=0
 def shapes(rehearsal: bool) -> dict:
     """The sizes of every part: the real ones, or tiny ones for the CPU rehearsal."""
     if rehearsal:
-        return dict(preset="tiny", parity_batch=(2, 16), attn=(2, 128, 4, 2, 16), decode=(2, 48, 4), copy_mib=1,
+        return dict(preset="tiny", parity_batch=(2, 16), attn=(2, 128, 4, 2, 16), decode=(2, 160, 8, (48, 160)), copy_mib=1,
                     matmul=128, config="tiny_cpu.py", run=REHEARSAL_RUN, fit_row=None)
-    return dict(preset="qwen2.5-0.5b", parity_batch=(4, 256), attn=(4, 2048, 14, 2, 64), decode=(128, 3600, 64),
+    return dict(preset="qwen2.5-0.5b", parity_batch=(4, 256), attn=(4, 2048, 14, 2, 64), decode=(128, 3600, 64, (256, 1024, 3600)),
                 copy_mib=2048, matmul=8192, config="sokoban.py", run=[], fit_row="3b-grpo")
 
 
@@ -256,6 +257,7 @@ def part_iteration(sz: dict, env: dict, rehearsal: bool) -> dict:
         build_s = time.perf_counter() - t0
         tr.sync_phases = True
         m = tr.iteration_step()
+        filled = _rollout_against_filled_bound(tr, cfg, env)
     dev = jax.devices()[0]
     stats = dev.memory_stats() or {}
     r, a, mc = cfg.rollout, cfg.batching, tr.policy.cfg
@@ -292,38 +294,77 @@ def part_iteration(sz: dict, env: dict, rehearsal: bool) -> dict:
         "finite": bool(np.isfinite(m["actor/pg_loss"])),
         # sampler (fused decode, KV cache) vs trainer log-probs on the GPU's kernels: what TIS corrects
         "mismatch": {k: float(v) for k, v in m.items() if k.startswith("mismatch/")},
+        **filled,
     }
+
+
+def _rollout_against_filled_bound(tr, cfg, env: dict) -> dict:
+    """The rollout again (warm) from the iteration's seeds, its HBM bound counting only what is real:
+    each decode step reads the weights once (`steps` = per turn the most tokens a row sampled), and
+    each sampled token's row reads the K/V of its filled slots (its position + 1); then the same
+    rollout before issue 45 (`shared_prefix=false, filled_reads=false`) timed warm beside it."""
+    import dataclasses
+
+    from ragen_jax.rollout import Rollout, group_seeds_for_iteration
+    from ragen_jax.rollout.metrics import host_copy
+
+    r, mc = cfg.rollout, tr.policy.cfg
+    seeds = group_seeds_for_iteration(0, r.num_groups, cfg.train.seed_base)
+    key = jax.random.PRNGKey(7)
+    t0 = time.perf_counter()  # warm: the iteration compiled this program
+    traj = jax.block_until_ready(tr.rollout(tr.actor_params, key, seeds))
+    rollout_s = time.perf_counter() - t0
+    h = host_copy(traj)
+    pos = np.arange(h.tokens.shape[1])
+    steps = 0
+    for k in range(h.turn_start.shape[1]):  # the decode loop of turn k runs as long as its longest row
+        lo = np.where(h.turn_start[:, k] >= 0, h.turn_start[:, k], h.tokens.shape[1])[:, None]
+        hi = h.turn_end[:, k][:, None]
+        steps += int(np.max(np.sum(h.loss_mask & (pos >= lo) & (pos <= hi), axis=1), initial=0))
+    kv_slot = 2 * mc.num_hidden_layers * mc.num_key_value_heads * mc.head_dim * jnp.dtype(r.cache_dtype or mc.dtype).itemsize
+    kv_bytes = int(np.sum(np.where(h.loss_mask, pos + 1, 0))) * kv_slot
+    weight_bytes = _param_count(tr.actor_params) * jnp.dtype(mc.dtype).itemsize
+    bw = env.get("copy_gb_s")
+    bound_s = (steps * weight_bytes + kv_bytes) / (bw * 1e9) if bw else None
+    out = {"rollout_warm_s": rollout_s, "rollout_decode_steps": steps, "rollout_filled_kv_bytes": kv_bytes,
+           "rollout_filled_bound_s": bound_s, "rollout_fraction_of_filled_bound": bound_s / rollout_s if bound_s else None,
+           "filled_bound_formula": "(decode steps x weight bytes + sum over sampled tokens of (position + 1) x K,V "
+                                   "bytes per slot) / measured copy bandwidth"}
+    before = Rollout(tr.policy, tr.text_env, dataclasses.replace(r, shared_prefix=False, filled_reads=False),
+                     mesh=tr.mesh, vocab=tr.vocab, state_keys=cfg.advantage.needs_state_keys)
+    out["rollout_before_s"] = _median_time(lambda: before(tr.actor_params, key, seeds).tokens, repeats=1)
+    out["rollout_before_over_after"] = out["rollout_before_s"] / rollout_s
+    return out
 
 
 # ----------------------------------------------------------------------------- decode
 def part_decode(sz: dict, env: dict) -> dict:
+    """Decode steps at a fixed cache capacity with several fills, reading the filled slots (the
+    default) and the whole capacity (`decode_bound=False`, before issue 45), against the HBM bound of
+    the weights plus the FILLED cache (bench/decode_fill.py's two-call difference, one program per side)."""
     from flax import nnx
 
-    from ragen_jax.rollout.sampler import generate
+    from bench.decode_fill import decode_timer, per_step_ms
+    from ragen_jax.models import with_config
 
-    b, cache_len, n_new = sz["decode"]
+    b, capacity, n_new, fills = sz["decode"]
     model = _random_model(sz["preset"], dtype="bfloat16", param_dtype="bfloat16")
-    prompt = cache_len - n_new - 1
-    ids = jax.random.randint(jax.random.PRNGKey(4), (b, prompt), 0, model.cfg.vocab_size, jnp.int32)
-    valid = jnp.ones((b, prompt), bool)
-
-    def gen(n):
-        out = generate(model, ids, valid, jax.random.PRNGKey(5), max_new_tokens=n, cache_len=cache_len, greedy=True,
-                       stop_ids=(), cache_dtype="bfloat16", logprobs=True)
-        return out.tokens
-
-    t_one = _median_time(lambda: gen(1), repeats=3)  # prefill + one token
-    t_all = _median_time(lambda: gen(n_new + 1), repeats=3)
-    per_step = (t_all - t_one) / n_new
+    timers = {"bounded": decode_timer(model, b, capacity, n_new, dtype="bfloat16"),
+              "full": decode_timer(with_config(model, decode_bound=False), b, capacity, n_new, dtype="bfloat16")}
     weight_bytes = _param_count(nnx.state(model)) * 2
-    step_bytes = decode_bytes_per_step(model.cfg, b, cache_len, weight_bytes, 2)
     bw = env.get("copy_gb_s")
-    tok_s = b / per_step
-    bound = b * bw * 1e9 / step_bytes if bw else None
-    return {"batch": b, "cache_len": cache_len, "prompt_len": prompt, "new_tokens": n_new, "preset": sz["preset"],
-            "prefill_plus_one_s": t_one, "decode_step_ms": 1e3 * per_step, "decode_tokens_per_s": tok_s,
-            "bytes_per_step": step_bytes, "bandwidth_bound_tokens_per_s": bound,
-            "fraction_of_bound": tok_s / bound if bound else None}
+    rows = []
+    for fill in fills:
+        ms = per_step_ms(timers, fill, (max(1, n_new // 4), n_new), repeats=3)
+        step_bytes = decode_bytes_per_step(model.cfg, b, fill, weight_bytes, 2)
+        bound_ms = 1e3 * step_bytes / (bw * 1e9) if bw else None
+        rows.append({"fill": fill, "bounded_step_ms": ms["bounded"], "full_step_ms": ms["full"],
+                     "full_over_bounded": ms["full"] / ms["bounded"], "filled_bytes_per_step": step_bytes,
+                     "filled_bound_step_ms": bound_ms,
+                     "fraction_of_filled_bound": bound_ms / ms["bounded"] if bound_ms else None})
+    return {"batch": b, "capacity": capacity, "new_tokens": n_new, "preset": sz["preset"], "cache_dtype": "bfloat16",
+            "bound_formula": "(weights in bf16 + K,V of all rows at `fill` slots, every layer) / measured copy "
+                             "bandwidth, one decode step", "fills": rows}
 
 
 # ----------------------------------------------------------------------------- fit_3b

@@ -39,7 +39,8 @@ def _trainer(config: str, overrides: list[str], side: str, workdir: str):
     from ragen_jax.trainer.rl import Trainer
 
     extra = [f"{k}={v}" for k, v in SIDES[side].items()]
-    cfg = load_config(config, [*overrides, *extra, "train.save_every=0", "train.val_every=0", "train.log_samples=0"])
+    cfg = load_config(config, [*overrides, *extra, "train.save_every=1000000", "train.val_every=0", "train.log_samples=0",
+                                       "train.collapse_every=0"])
     trainer = Trainer(cfg, workdir, quiet=True)
     trainer.sync_phases = True
     return trainer

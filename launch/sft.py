@@ -9,7 +9,8 @@ Demonstrations are generated on the device by the environment's solver (Sokoban 
 value iteration, Bandit arm choice with sft.bandit_high_prob) in the rollout's exact conversation
 format; the `sft` config section sets their number, the epochs, batch size and learning rate.
 Rerunning the same command resumes from the last complete checkpoint in --workdir. The final
-policy is exported to <workdir>/policy. Several processes: run the same command in every process,
+policy is exported to <workdir>/policy. SIGTERM / SIGINT: the current step finishes, a checkpoint is
+written, exit 75 (docs/operations.md). Several processes: run the same command in every process,
 with the cluster flags of launch/tpu_train.py where no cluster manager provides them.
 """
 
@@ -28,9 +29,16 @@ from ragen_jax.experiment.cli import run_config_job  # noqa: E402
 def _job(cfg, args):
     # Imported after the cluster is joined (run_config_job): the trainer imports the environments, which
     # start JAX's backend, and jax.distributed.initialize must come before that.
+    from ragen_jax.infra.preemption import PREEMPTED_EXIT
     from ragen_jax.trainer.sft import SFTTrainer
 
-    return SFTTrainer(cfg, args.workdir, quiet=args.quiet).train  # built (and checked) before it runs
+    trainer = SFTTrainer(cfg, args.workdir, quiet=args.quiet)  # built (and checked) before it runs
+
+    def run() -> int:
+        trainer.train()
+        return PREEMPTED_EXIT if trainer.interrupted else 0  # 75: stopped by SIGTERM / SIGINT after a checkpoint
+
+    return run
 
 
 def main(argv=None) -> int:

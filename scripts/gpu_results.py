@@ -61,8 +61,9 @@ def summary(raw: dict) -> dict:
         "iteration_peak_gib": _gib(it.get("peak_bytes_in_use")),
         "iteration_estimate_gib": _gib(it.get("estimate_max_total_bytes")),
         "iteration_peak_is_own": it.get("peak_rose"),
-        "decode_tokens_per_s": _get(p, "decode", "decode_tokens_per_s"),
-        "decode_fraction_of_bound": _get(p, "decode", "fraction_of_bound"),
+        "rollout_before_s": it.get("rollout_before_s"),
+        "rollout_fraction_of_filled_bound": it.get("rollout_fraction_of_filled_bound"),
+        **_decode_summary(p.get("decode") or {}),
         "fit_3b_peak_gib": _gib(_get(p, "fit_3b", "peak_bytes_in_use")),
         "fit_3b_estimate_gib": _gib(_get(p, "fit_3b", "estimate_program_bytes")),
         "fit_3b_fits": _get(p, "fit_3b", "fits"),
@@ -70,6 +71,21 @@ def summary(raw: dict) -> dict:
         "errors": {k: (v.get("error") or v.get("skipped")) for k, v in p.items()
                    if isinstance(v, dict) and (v.get("error") or v.get("skipped"))},
     }
+
+
+def _decode_summary(d: dict) -> dict:
+    """Decode tokens/s and fraction of its bound at the cache's whole capacity (the bound of runs before
+    issue 45 charged every step for the whole cache); with fills (issue 45 on), also the step time
+    reading the filled slots vs the whole capacity at the smallest fill."""
+    if "fills" not in d:
+        return {"decode_tokens_per_s": d.get("decode_tokens_per_s"), "decode_fraction_of_bound": d.get("fraction_of_bound")}
+    rows = sorted(d["fills"], key=lambda r: r["fill"])
+    full, low = rows[-1], rows[0]
+    return {"decode_tokens_per_s": d["batch"] * 1e3 / full["bounded_step_ms"],
+            "decode_fraction_of_bound": full.get("fraction_of_filled_bound"),
+            "decode_low_fill": low["fill"], "decode_low_fill_step_ms": low["bounded_step_ms"],
+            "decode_low_fill_full_over_bounded": low["full_over_bounded"],
+            "decode_low_fill_fraction_of_bound": low.get("fraction_of_filled_bound")}
 
 
 def slug(raw: dict) -> str:

@@ -301,6 +301,46 @@ def turn_blocks_section(d) -> list[str]:
     return out + [""]
 
 
+def decode_fill_section(d) -> list[str]:
+    rows = (d or {}).get("rows") or []
+    if not rows:
+        return []
+    st = d.get("settings") or {}
+    out = ["### Decode cost that follows the filled cache (`bench/decode_fill.py`)", "",
+           f"One greedy decode step (model, vocabulary head, token choice) with a KV cache of fixed capacity, "
+           f"filled to the slots shown: reading the filled slots in static buckets (the default), the whole "
+           f"capacity (before issue 45) and a cache of exactly the filled size (the floor). Per-step time from "
+           f"two calls of {st.get('steps_short', '-')} and {st.get('steps_long', '-')} tokens ending at the fill, "
+           f"sides interleaved, median of {st.get('repeats', '-')}; random weights, float32. {_machine(d.get('machine'))}.",
+           "", "| shape | batch | capacity | filled | filled reads (ms) | whole capacity (ms) | cache of the filled size "
+           "(ms) | filled reads / floor | whole / filled reads |", "|---|---|---|---|---|---|---|---|---|"]
+    for r in rows:
+        out.append(f"| {r['shape']} | {r['batch']} | {r['capacity']:,} | {r['fill']:,} | {r['bounded_ms_per_step']:.1f} | "
+                   f"{r['full_ms_per_step']:.1f} | {r['native_ms_per_step']:.1f} | {r['bounded_over_native']:.2f}x | "
+                   f"{r['full_over_bounded']:.2f}x |")
+    return out + [""]
+
+
+def rl_iteration_section(d) -> list[str]:
+    rows = (d or {}).get("rows") or []
+    if not rows:
+        return []
+    out = ["### One RL iteration before and after issue 45 (`bench/rl_iteration.py`)", "",
+           "Two Trainers from the same config, weights and seeds: before = every row prefills and the trainer "
+           "scores its own copy of the prompt prefix, every decode step reads the whole cache capacity "
+           "(`rollout.shared_prefix=false rollout.filled_reads=false`); after = the defaults. Iterations "
+           f"alternate between the two; median seconds per phase. {_machine(d.get('machine'))}.", "",
+           "| config | iterations | rollout before / after (s) | prepare before / after (s) | update before / after (s) "
+           "| iteration before / after (s) | speed-up (rollout, prepare, update, iteration) |",
+           "|---|---|---|---|---|---|---|"]
+    for r in rows:
+        cells = [f"{r[f'before_{ph}']:.1f} / {r[f'after_{ph}']:.1f}" for ph in ("rollout_s", "prepare_s", "only_update_s",
+                                                                              "iteration_s")]
+        ratios = ", ".join(f"{r[f'ratio_{ph}']:.1f}x" for ph in ("rollout_s", "prepare_s", "only_update_s", "iteration_s"))
+        out.append(f"| {r['tag']} | {r['iterations']} | " + " | ".join(cells) + f" | {ratios} |")
+    return out + [""]
+
+
 def _fmt(v, spec: str, suffix: str = "") -> str:
     return "-" if v is None else f"{v:{spec}}{suffix}"
 
@@ -519,6 +559,8 @@ def render(root: Path = ROOT) -> str:
              "do not edit)", ""]
     lines += sampler_section(_load(res / "sampler.json"))
     lines += rollout_section(_load(res / "rollout.json"))
+    lines += decode_fill_section(_load(res / "decode_fill.json"))
+    lines += rl_iteration_section(_load(res / "rl_iteration.json"))
     lines += memory_section(_load(res / "memory.json"))
     lines += train_step_section(_load(res / "train_step.json"))
     lines += sft_step_section(_load(res / "sft_step.json"))

@@ -106,6 +106,22 @@ def pytest_runtest_logreport(report):
 
 
 _SEEN: dict[str, float] = {}
+_PEAK = {"kb": 0}
+
+
+def pytest_runtest_teardown(item):
+    """With RAGEN_JAX_TEST_PEAK_RSS_OUT=path, each test process appends one JSON line per test: its
+    high-water RSS after the test, and whether this test raised it (then the peak is the test's own,
+    its fixtures included). The largest `raised` line names the test that needs the most memory."""
+    out = os.environ.get("RAGEN_JAX_TEST_PEAK_RSS_OUT")
+    if not out:
+        return
+    import resource
+
+    kb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    raised, _PEAK["kb"] = kb > _PEAK["kb"], max(kb, _PEAK["kb"])
+    with open(out, "a") as f:
+        f.write(json.dumps({"test": item.nodeid, "peak_mb": round(kb / 1024), "raised": raised}) + "\n")
 
 
 def pytest_sessionfinish(session):

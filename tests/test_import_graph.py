@@ -226,6 +226,15 @@ def test_no_import_cycles():
     assert cycles(graph) == []
 
 
+def test_infra_imports_nothing_it_runs():
+    """infra/ (cluster, run lock, checkpoints, logs, stop signals) stands below what it trains: it imports
+    no model, rollout or later module, only other infra modules (and jax, orbax, numpy)."""
+    graph, _ = _graph()
+    infra = [m for m in graph if m.startswith("ragen_jax.infra")]
+    assert len(infra) >= 5
+    assert [f"{m} imports {t}" for m in infra for t in graph[m] if not t.startswith("ragen_jax.infra")] == []
+
+
 def test_project_imports_are_at_the_top():
     _, inner = _graph()
     assert inner == [], "imports inside functions without a comment saying why"

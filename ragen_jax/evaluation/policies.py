@@ -68,10 +68,11 @@ def _qwen_config(cfg: Config, vocab=None):
         return Qwen2Config.from_preset(m.preset).replace(dtype=m.dtype, param_dtype=m.param_dtype,
                                                          vocab_size=vocab.size)
     if m.path is not None:
-        if not Path(m.path).expanduser().is_dir():
+        path = Path(resolve_model_path(m.path)) if is_gguf(m.path) else Path(m.path).expanduser()
+        if not path.is_dir():
             raise EvalError(f"the run's base model directory {m.path!r} (model.path in its config.json) does not "
                             "exist here; it is needed for the model's shapes and tokenizer")
-        return read_config(str(Path(m.path).expanduser()), dtype=m.dtype, param_dtype=m.param_dtype)
+        return read_config(str(path), dtype=m.dtype, param_dtype=m.param_dtype)
     return Qwen2Config.from_preset(m.preset).replace(dtype=m.dtype, param_dtype=m.param_dtype)
 
 
@@ -94,11 +95,16 @@ def _abstract_policy(qcfg):
     return graphdef, like
 
 
-def _restore_actor_from_checkpoints(ckpt_dir: Path, like):
+def _restore_actor_from_checkpoints(ckpt_dir: Path, like, step: int | None = None):
     """The policy's trained parameters (an RL run's `actor`, an SFT run's `params`; with LoRA: the
-    adapters) of the latest complete checkpoint, nothing else restored."""
+    adapters) of checkpoint `step` (default the latest complete one), nothing else restored."""
     mngr = ocp.CheckpointManager(ckpt_dir.resolve(), options=ocp.CheckpointManagerOptions(create=False))
-    step = mngr.latest_step()
+    if step is None:
+        step = mngr.latest_step()
+    elif step not in mngr.all_steps():
+        mngr.close()
+        raise CheckpointError(f"{ckpt_dir / str(step)} is not a complete checkpoint (complete ones: "
+                              f"{sorted(mngr.all_steps()) or 'none'})")
     if step is None:
         raise CheckpointError(f"{ckpt_dir} holds no complete checkpoint")
     try:
@@ -119,7 +125,7 @@ def _restore_actor_from_checkpoints(ckpt_dir: Path, like):
     return out["state"][field]
 
 
-def _restore_lora_from_checkpoints(ckpt_dir: Path, config: Config, vocab):
+def _restore_lora_from_checkpoints(ckpt_dir: Path, config: Config, vocab, step: int | None = None):
     """(graphdef, params) of a LoRA run that has only checkpoints/ (interrupted before its exports):
     its checkpoints hold the adapters alone, so the frozen base is rebuilt as the run built it
     (`model.path`, or the preset's seeded initialisation, then `model.init_from`) and the latest
@@ -130,11 +136,11 @@ def _restore_lora_from_checkpoints(ckpt_dir: Path, config: Config, vocab):
     adapters, base = nnx.split_state(params, LoRAParam, ...)
     device = jax.sharding.SingleDeviceSharding(jax.local_devices()[0])
     like = jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=device), adapters)
-    trained = _restore_actor_from_checkpoints(ckpt_dir, like)
+    trained = _restore_actor_from_checkpoints(ckpt_dir, like, step)
     return graphdef, nnx.merge_state(trained, jax.device_put(base, device))
 
 
-def _load_run_dir(p: Path, config: Optional[Config]):
+def _load_run_dir(p: Path, config: Optional[Config], step: int | None = None):
     if config is None:
         try:
             config = config_from_dict(json.loads((p / "config.json").read_text()))
@@ -147,12 +153,12 @@ def _load_run_dir(p: Path, config: Optional[Config]):
     vocab = _run_vocab(p, config, tokenizer)
     qcfg = _qwen_config(config, vocab)
     graphdef, like = _abstract_policy(qcfg)
-    if (p / POLICY_DIR).is_dir():  # a LoRA run's export is the merged policy: plain weights
+    if (p / POLICY_DIR).is_dir() and step is None:  # a LoRA run's export is the merged policy: plain weights
         params = load_policy_params(p, like)
     elif (p / "checkpoints").is_dir() and config.model.lora_rank:
-        graphdef, params = _restore_lora_from_checkpoints(p / "checkpoints", config, vocab)
+        graphdef, params = _restore_lora_from_checkpoints(p / "checkpoints", config, vocab, step)
     elif (p / "checkpoints").is_dir():
-        params = _restore_actor_from_checkpoints(p / "checkpoints", like)
+        params = _restore_actor_from_checkpoints(p / "checkpoints", like, step)
     else:
         raise EvalError(f"{p} has neither a policy export ({POLICY_DIR}/) nor checkpoints/; was the run started?")
     policy = nnx.merge(graphdef, params)
@@ -198,9 +204,10 @@ def _load_preset(name: str, config: Optional[Config], dtype: Optional[str] = Non
     return LoadedPolicy(policy, _committed(policy), load_tokenizer(), prompt), None
 
 
-def load_source(source: str | Path, config: Optional[Config] = None, *,
-                dtype: Optional[str] = None) -> tuple[LoadedPolicy, Optional[Config]]:
-    """`load_for_eval`, plus the run's Config when `source` is a run directory (else None)."""
+def load_source(source: str | Path, config: Optional[Config] = None, *, dtype: Optional[str] = None,
+                step: Optional[int] = None) -> tuple[LoadedPolicy, Optional[Config]]:
+    """`load_for_eval`, plus the run's Config when `source` is a run directory (else None). `step`: a
+    run directory's checkpoint of that step instead of its policy export or latest checkpoint."""
     s = str(source)
     if s.startswith("preset:"):
         return _load_preset(s[len("preset:"):], config, dtype)
@@ -217,7 +224,7 @@ def load_source(source: str | Path, config: Optional[Config] = None, *,
         raise EvalError(f"{s} is not a directory (give a run directory, a Hugging Face model directory or preset:NAME)")
     try:
         if _is_run_dir(p):
-            return _load_run_dir(p, config)
+            return _load_run_dir(p, config, step)
         if (p / "config.json").is_file():
             return _load_hf_dir(p, config, dtype)
     except CheckpointError as e:

@@ -22,11 +22,14 @@ from tqdm import tqdm
 
 from ragen_jax.infra.checkpoint import Checkpointer, save_run_files
 from ragen_jax.infra.distributed import on_primary, run_path
+from ragen_jax.infra.logger import Logger
+from ragen_jax.infra.preemption import STOP
 from ragen_jax.models.lora import POLICY_TRAINABLE
 from ragen_jax.models.qwen2.sharding import param_shardings
 from ragen_jax.experiment.build import (build_mesh, build_policy, build_text_envs, build_vocab, check_run_dir_config,
                                         init_policy_params, load_task_tokenizer)
 from ragen_jax.experiment.config import Config
+from ragen_jax.experiment.policy_export import save_policy_exports
 
 
 def abstract(tree):
@@ -55,6 +58,7 @@ class RunAssembly:
         self.quiet = quiet
         self.lora = cfg.model.lora_rank > 0
         self.logger = None
+        self.interrupted: str | None = None  # the signal that stopped `train()` early, if one did
         # Decided by process 0 and raised on every process (a host with another view of the disk
         # must not go its own way while the others wait in a collective).
         on_primary(lambda: check_run_dir_config(self.workdir, self.cfg, self.RESUMABLE_CHANGES))
@@ -95,12 +99,36 @@ class RunAssembly:
 
     def restore_or_start(self, state):
         """`self.state`: the run directory's last complete checkpoint of `state`'s structure, else
-        `state` (raises CheckpointError naming the path of a corrupt one)."""
+        `state` (raises CheckpointError naming the path of a corrupt one). `self.restored_step`: that
+        checkpoint's step (None: a fresh start); `self.restored_extra`: its JSON metadata ({} if none)."""
         self.ckpt = Checkpointer(self.workdir / "checkpoints", keep=self.cfg.train.keep_checkpoints)
-        self.state = state
+        self.state, self.restored_step, self.restored_extra = state, None, {}
         latest = self.ckpt.latest_step()
         if latest is not None:
-            self.state, _ = self.ckpt.restore(latest, state)
+            self.state, self.restored_extra = self.ckpt.restore(latest, state)
+            self.restored_step = latest
+
+    def open_logger(self) -> Logger:
+        """The run's Logger, keeping exactly the rows of the steps its checkpoint holds (a run killed
+        after its last checkpoint logged steps it now logs again)."""
+        self.logger = Logger(self.workdir, keep_through=-1 if self.restored_step is None else self.restored_step)
+        return self.logger
+
+    def export_policy(self, trainable, workdir=None) -> None:
+        """`<run>/policy` (merged with LoRA) and, with LoRA, `<run>/adapter` from the trained parameters
+        (`experiment.policy_export`); every process calls it."""
+        save_policy_exports(self.workdir if workdir is None else workdir, self.policy_graph, trainable,
+                            self.frozen if self.lora else None, self.cfg.model.path)
+
+    def stop_requested(self) -> bool:
+        """Whether SIGTERM / SIGINT reached any process (`infra.preemption`; a collective: every process
+        asks at the same point of the loop, so all stop after the same step). Records the signal in
+        `self.interrupted`."""
+        if not STOP.agreed():
+            return False
+        self.interrupted = STOP.signal or "a stop signal to another process"
+        STOP.reset()
+        return True
 
     def note(self, msg: str) -> None:
         """One line for the user (process 0, unless quiet), above any progress bar."""

@@ -1,11 +1,13 @@
 """Orbax checkpoints of the whole training state, and exact resumption.
 
 A checkpoint holds the policy and critic parameters, both optimizer states, the iteration counter
-and the RNG key. With LoRA the "parameters" are what trains (adapters, the critic's value head): the
-frozen base is rebuilt from the config (model.path / init_from / the seeded preset) and never saved. The data position needs no extra field: iteration i's training seeds are
-`seed_base + P*i + g`, a function of the counter. Orbax writes into a temporary directory and
-renames it when the save is complete, so a run killed mid-save resumes from the last COMPLETE
-checkpoint; a half-written one is ignored (and cleaned up).
+and the RNG key, plus `extra`: small JSON the trainer needs to continue exactly (the early-stop
+counters, the echo-trap window, whether the run stopped early). With LoRA the "parameters" are what
+trains (adapters, the critic's value head): the frozen base is rebuilt from the config (model.path /
+init_from / the seeded preset) and never saved. The data position needs no extra field: iteration
+i's training seeds are `seed_base + P*i + g`, a function of the counter. Orbax writes into a
+temporary directory and renames it when the save is complete, so a run killed mid-save resumes from
+the last COMPLETE checkpoint; a half-written one is ignored (and cleaned up).
 
 Several processes: every process calls `save` / `restore` / `save_policy` (orbax writes each
 process's shards and has process 0 create directories and commit the step), and the directory must
@@ -22,10 +24,7 @@ from typing import Any
 
 import jax
 import orbax.checkpoint as ocp
-from flax import nnx
 
-from ragen_jax.models.lora import ADAPTER_CONFIG, ADAPTER_WEIGHTS, merged_state, save_peft_adapter
-from ragen_jax.rollout.metrics import host_copy
 from ragen_jax.infra.distributed import run_path
 
 
@@ -83,12 +82,16 @@ class Checkpointer:
         self._mngr.close()
 
 
+def _write_whole(path, text: str) -> None:
+    """`text` into `path` through a temporary file: a kill meanwhile leaves the old file or the new one."""
+    tmp = path.parent / (path.name + ".tmp")
+    tmp.write_text(text)
+    tmp.replace(path)
+
+
 def save_run_config(workdir, config_dict: dict) -> None:
     """The config of a run, written once; a resumed run checks it has not changed in ways that matter."""
-    path = run_path(workdir) / "config.json"
-    tmp = path.parent / "config.json.tmp"
-    tmp.write_text(json.dumps(config_dict, indent=2, sort_keys=True, default=str))
-    tmp.replace(path)
+    _write_whole(run_path(workdir) / "config.json", json.dumps(config_dict, indent=2, sort_keys=True, default=str))
 
 
 def save_run_files(workdir, config_dict: dict, vocab=None) -> None:
@@ -103,7 +106,7 @@ def save_run_files(workdir, config_dict: dict, vocab=None) -> None:
         # VocabMap writes local files; through a local temporary file so a bucket works as well.
         with tempfile.TemporaryDirectory() as tmp:
             vocab.save(os.path.join(tmp, "vocab.json"))
-            (workdir / "vocab.json").write_text(open(os.path.join(tmp, "vocab.json")).read())
+            _write_whole(workdir / "vocab.json", open(os.path.join(tmp, "vocab.json")).read())
 
 
 POLICY_DIR = "policy"
@@ -118,28 +121,6 @@ def save_policy(workdir, params: Any):
     ckptr.wait_until_finished()
     ckptr.close()
     return path
-
-
-ADAPTER_DIR = "adapter"
-
-
-def save_lora_exports(workdir, graphdef, adapters, frozen, base_model: str | None = None):
-    """The exports of a LoRA run: `<workdir>/policy`, the merged weights W + (alpha / rank) A B in the
-    layout of the plain model (what `save_policy` writes for full training: evaluation and
-    `model.init_from` read it unchanged), and `<workdir>/adapter`, the adapters alone in Hugging Face
-    PEFT's layout (`PeftModel.from_pretrained(<base>, <workdir>/adapter)`). Every process calls it."""
-    full = nnx.merge_state(adapters, frozen)
-    scale = nnx.merge(graphdef, full).cfg.lora_scale
-    save_policy(workdir, jax.jit(merged_state, static_argnums=1)(full, scale))
-    model = nnx.merge(graphdef, nnx.merge_state(host_copy(adapters), frozen))  # gathered from every process
-    if jax.process_index() == 0:
-        out = run_path(workdir) / ADAPTER_DIR
-        out.mkdir(parents=True, exist_ok=True)
-        with tempfile.TemporaryDirectory() as tmp:  # PEFT files are written locally; the run dir may be a bucket
-            save_peft_adapter(model, tmp, base_model=base_model)
-            for name in (ADAPTER_CONFIG, ADAPTER_WEIGHTS):
-                (out / name).write_bytes(open(os.path.join(tmp, name), "rb").read())
-    return run_path(workdir) / ADAPTER_DIR
 
 
 def load_policy_params(source, like: Any) -> Any:

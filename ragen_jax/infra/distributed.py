@@ -44,8 +44,10 @@ from etils import epath
 from jax.experimental import multihost_utils
 
 ENV_ADDRESS, ENV_NUM, ENV_ID = "JAX_COORDINATOR_ADDRESS", "JAX_NUM_PROCESSES", "JAX_PROCESS_ID"
-# JAX's own defaults; the launchers' --heartbeat-timeout / --shutdown-timeout / --init-timeout override them.
-DEFAULT_TIMEOUTS = {"heartbeat": 100, "shutdown": 300, "init": 300}
+# The launchers' defaults (--heartbeat-timeout / --shutdown-timeout / --init-timeout override them). The
+# heartbeat is JAX's 100 s shortened to 30 s: a dead peer then ends every other process within a minute
+# (heartbeats come from a background thread, so a long compilation or checkpoint never misses one).
+DEFAULT_TIMEOUTS = {"heartbeat": 30, "shutdown": 300, "init": 300}
 
 
 class ClusterError(ValueError):
@@ -243,6 +245,33 @@ def on_primary(fn):
     return record.get("ok")
 
 
+def any_process(flag: bool) -> bool:
+    """Whether `flag` is true on any process (a collective: every process calls it at the same point)."""
+    if jax.process_count() == 1:
+        return bool(flag)
+    return bool(np.max(np.asarray(multihost_utils.process_allgather(np.int32(bool(flag))))))
+
+
+_BARRIERS: dict[str, int] = {}
+
+
+def barrier(name: str, timeout_s: int | None = None) -> None:
+    """Every process waits here for all the others, through the coordination service (no device
+    collective). Its use: after compiling and before the first collective, so that a process still
+    compiling cannot time out the others' collective set-up (gloo's 30 s rendezvous: `Gloo context
+    initialization failed: DEADLINE_EXCEEDED`). `timeout_s`: default the start-up timeout."""
+    if jax.process_count() == 1:
+        return
+    from jax._src import distributed as jax_distributed  # the coordination client; jax has no public barrier
+
+    client = jax_distributed.global_state.client
+    if client is None:  # processes started by a runtime without jax.distributed (never in this project)
+        multihost_utils.sync_global_devices(name)
+        return
+    count = _BARRIERS[name] = _BARRIERS.get(name, 0) + 1  # each barrier id is used once
+    client.wait_at_barrier(f"{name}#{count}", int(1000 * (timeout_s or DEFAULT_TIMEOUTS["init"])))
+
+
 # ------------------------------------------------------------------------------------- paths
 def is_remote(path) -> bool:
     return "://" in os.fspath(path) if not isinstance(path, str) else "://" in path
@@ -390,4 +419,4 @@ def acquire_run_lock(workdir) -> RunLock | None:
 
 
 __all__ = ["ClusterError", "ClusterInfo", "ClusterRequest", "DEFAULT_TIMEOUTS", "LOCK_NAME", "RunDirBusy", "RunLock",
-           "acquire_run_lock", "broadcast_text", "cluster_request", "detect_cluster", "exit_now", "is_remote", "on_primary", "run_path", "start_cluster"]
+           "acquire_run_lock", "any_process", "barrier", "broadcast_text", "cluster_request", "detect_cluster", "exit_now", "is_remote", "on_primary", "run_path", "start_cluster"]

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import math
+import time
 from pathlib import Path
 
 import jax
@@ -14,10 +15,19 @@ from ragen_jax.infra.distributed import is_remote, run_path
 class Logger:
     """Writes only on process 0 (multi-host runs call it on every host, with the same metrics).
 
+    `keep_through`: the step of the checkpoint the run continues from (-1: a run with no checkpoint,
+    which starts again from the beginning; None: keep every row, append). A run killed after its last
+    checkpoint logged steps that the resumed run logs again: metrics.jsonl keeps only its rows with step <= `keep_through` (and
+    drops a line cut off by the kill; rewritten through a temporary file, so a kill meanwhile leaves
+    the old or the new file), and TensorBoard is told to purge the events from `keep_through + 1` on
+    (`purge_step`: TensorBoard hides the earlier files' events from that step on). Every line is
+    then logged exactly once, however often the run was killed, provided the trainer calls `flush()`
+    before each checkpoint (TensorBoard buffers its events; metrics.jsonl is flushed line by line).
+
     `workdir` may be a bucket URL (`gs://...`; TensorBoard writes there itself): a bucket object
     cannot be appended to, so metrics.jsonl is then rewritten whole at each step (it is small)."""
 
-    def __init__(self, workdir, enabled: bool | None = None):
+    def __init__(self, workdir, enabled: bool | None = None, keep_through: int | None = None):
         self.workdir = run_path(workdir)
         self.enabled = (jax.process_index() == 0) if enabled is None else enabled
         self._tb = None
@@ -26,11 +36,23 @@ class Logger:
         if self.enabled:
             from tensorboardX import SummaryWriter
 
-            self._tb = SummaryWriter(str(self.workdir / "tb"))
             path = self.workdir / "metrics.jsonl"
+            kept = None if keep_through is None else _kept_rows(path, keep_through)
+            tb = self.workdir / "tb"
+            earlier = tb.exists() and any(p.name.startswith("events.out.tfevents") for p in tb.iterdir())
+            purge = keep_through + 1 if earlier and keep_through is not None else None
+            # The suffix: two writers within one second would otherwise share (and truncate) one file
+            # name; nanoseconds keep the files in the order they were written, as TensorBoard reads them.
+            self._tb = SummaryWriter(str(tb), purge_step=purge, filename_suffix=f".{time.time_ns()}")
             if is_remote(self.workdir):
-                self._remote_rows = path.read_text() if path.exists() else ""
+                self._remote_rows = kept if kept is not None else (path.read_text() if path.exists() else "")
+                if kept is not None:
+                    path.write_text(kept)
             else:
+                if kept is not None:
+                    tmp = path.with_name(path.name + ".tmp")
+                    tmp.write_text(kept)
+                    tmp.replace(path)
                 self._jsonl = open(path, "a", encoding="utf-8")
 
     def scalars(self, step: int, metrics: dict) -> None:
@@ -63,11 +85,36 @@ class Logger:
                 self._jsonl.close()
 
 
+def _kept_rows(path, keep_through: int) -> str | None:
+    """metrics.jsonl's text with only the complete rows of steps <= `keep_through` (None when nothing
+    needs to go: no file, or every row kept)."""
+    if not path.exists():
+        return None
+    text = path.read_text()
+    kept = []
+    for line in text.splitlines(keepends=True):
+        try:
+            row = json.loads(line)
+        except ValueError:
+            continue  # a line cut off by a kill
+        if line.endswith("\n") and row.get("step", 0) <= keep_through:
+            kept.append(line)
+    out = "".join(kept)
+    return None if out == text else out
+
+
 def read_metrics(workdir) -> list[dict]:
+    """The rows of metrics.jsonl (a last line cut off by a kill is left out)."""
     path = run_path(workdir) / "metrics.jsonl"
     if not path.exists():
         return []
-    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+    rows = []
+    for line in path.read_text().splitlines():
+        try:
+            rows.append(json.loads(line))
+        except ValueError:
+            continue
+    return rows
 
 
 # Weight of the curves' exponential moving average: TensorBoard's default smoothing, so the PNG and

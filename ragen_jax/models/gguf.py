@@ -9,8 +9,8 @@ tokens, generation_config.json) and that directory is returned. Everything downs
 Conversion facts (llama.cpp's `convert_hf_to_gguf.py` is the writer):
 - Tensors are dequantized to float32 with `gguf.quants.dequantize`; GGUF lists shapes innermost
   first, so the HF shape is the reverse.
-- For `llama` files the converter permuted the rows of q and k (per head, the two rotary halves
-  interleaved); we undo it. `qwen2` / `qwen3` files are written unpermuted.
+- For `llama` files the converter permuted the rows of q and k and of their biases (per head, the
+  two rotary halves interleaved); we undo it. `qwen2` / `qwen3` files are written unpermuted.
 - No `output.weight` means tied embeddings.
 - A `rope_freqs.weight` tensor is Llama 3.x's rope scaling: llama.cpp's converter
   (`LlamaModel.generate_extra_tensors`) stores per-frequency divisors instead of `rope_scaling`
@@ -39,10 +39,12 @@ import tempfile
 from pathlib import Path
 from typing import Callable
 
+import jax
 import numpy as np
 
 from ragen_jax.models.qwen2.config import Qwen2Config
 from ragen_jax.models.qwen2.model import rope_inv_freq
+from ragen_jax.models.qwen2 import weights
 
 SUPPORTED_ARCHITECTURES = ("llama", "qwen2", "qwen3")
 SUPPORTED_QUANTS = ("F32", "F16", "BF16", "Q8_0", "Q4_0", "Q4_1")
@@ -78,6 +80,10 @@ _BLOCK_NAMES = {
     "attn_q.bias": "self_attn.q_proj.bias",
     "attn_k.bias": "self_attn.k_proj.bias",
     "attn_v.bias": "self_attn.v_proj.bias",
+    "attn_output.bias": "self_attn.o_proj.bias",
+    "ffn_gate.bias": "mlp.gate_proj.bias",
+    "ffn_up.bias": "mlp.up_proj.bias",
+    "ffn_down.bias": "mlp.down_proj.bias",
     "attn_q_norm.weight": "self_attn.q_norm.weight",
     "attn_k_norm.weight": "self_attn.k_norm.weight",
     "ffn_gate.weight": "mlp.gate_proj.weight",
@@ -177,13 +183,14 @@ def convert_gguf(path: str | os.PathLike, cache_root: str | os.PathLike | None =
     target = cache_dir_for(path, cache_root)
     if (target / "config.json").is_file():
         return target
+    reader = open_gguf(path)
+    try:
+        config, arch = hf_config(reader)
+        hf_names(reader, arch)  # every bad name or quantization fails here, before anything is written
+    except ValueError as e:
+        raise ValueError(f"{path}: {e}") from None
     log = log or (lambda msg: print(msg, file=sys.stderr, flush=True))
     log(f"converting {path} to a Hugging Face directory in {target} (once; later runs reuse it)")
-    import gguf  # a GGUF-only dependency: imported where a file is actually read
-
-    reader = gguf.GGUFReader(str(path))
-    config, arch = hf_config(reader)
-    hf_names(reader, arch)  # every bad name or quantization fails here, before anything is written
     target.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=target.name + ".tmp-", dir=target.parent))
     try:
@@ -199,6 +206,34 @@ def convert_gguf(path: str | os.PathLike, cache_root: str | os.PathLike | None =
             shutil.rmtree(tmp, ignore_errors=True)
     log(f"converted {path}")
     return target
+
+
+def open_gguf(path):
+    """A `gguf.GGUFReader` of `path`, every tensor's data inside the file; ValueError (one sentence
+    naming the file) for anything that is not a complete GGUF file."""
+    import gguf  # a GGUF-only dependency: imported where a file is actually read
+
+    size = Path(path).stat().st_size
+    with open(path, "rb") as f:
+        magic = f.read(4)
+    if magic != b"GGUF":
+        raise ValueError(f"{path} is not a GGUF file (it starts with {magic!r}, not b'GGUF'); give a .gguf file "
+                         "written by llama.cpp or launch/export.py --to gguf")
+    try:
+        reader = gguf.GGUFReader(str(path))
+    except Exception as e:  # noqa: BLE001 - numpy, struct and gguf's own errors: one sentence for all
+        raise ValueError(f"{path} is a truncated or corrupt GGUF file ({_first_line(e)}); download or export it "
+                         "again") from None
+    end = max((int(t.data_offset) + int(t.n_bytes) for t in reader.tensors), default=0)
+    if end > size:
+        raise ValueError(f"{path} is a truncated GGUF file: its tensors need {end} bytes but the file has {size}; "
+                         "download or export it again")
+    return reader
+
+
+def _first_line(e: BaseException) -> str:
+    text = str(e).strip().splitlines()
+    return f"{type(e).__name__}: {text[0]}" if text else type(e).__name__
 
 
 def _write_dir(out: Path, reader, config: dict, arch: str, log: Callable[[str], None], max_shard_bytes: int) -> None:
@@ -249,10 +284,11 @@ def hf_config(reader) -> tuple[dict, str]:
         "hidden_act": "silu",
         "torch_dtype": "float32",
     }
+    # Biases are optional in llama and qwen3 files (llama.cpp loads them when present).
+    if arch in ("llama", "qwen3"):
+        cfg["attention_bias"] = "blk.0.attn_q.bias" in names
     if arch == "llama":
-        cfg.update(attention_bias=False, mlp_bias=False)
-    if arch == "qwen3":
-        cfg["attention_bias"] = False
+        cfg["mlp_bias"] = "blk.0.ffn_gate.bias" in names
     for key in ("bos", "eos", "padding"):
         v = _field(reader, f"tokenizer.ggml.{key}_token_id")
         if v is not None:
@@ -357,7 +393,7 @@ def hf_names(reader, arch: str) -> list[str]:
 def hf_tensor(t, name: str, config: dict, arch: str) -> np.ndarray:
     """One tensor as HF float32 (llama q/k rows unpermuted)."""
     w = dequantize_tensor(t)
-    if arch == "llama" and name.endswith(("q_proj.weight", "k_proj.weight")):
+    if arch == "llama" and (".q_proj." in name or ".k_proj." in name):
         w = unpermute_qk(w, config["num_attention_heads"] if "q_proj" in name else config["num_key_value_heads"])
     return w
 
@@ -461,10 +497,147 @@ def gguf_tokenizer(reader):
     )
 
 
+# ----------------------------------------------------------------------------------------------
+# writing (launch/export.py --to gguf)
+# ----------------------------------------------------------------------------------------------
+
+# What `write_gguf` writes: float32, or float16 matrices (norms and biases stay float32, as llama.cpp's
+# converter keeps 1-D tensors).
+WRITE_TYPES = ("F32", "F16")
+_TO_GGUF = {hf: g for g, hf in _TOP_NAMES.items()}
+_BLOCK_TO_GGUF = {hf: g for g, hf in _BLOCK_NAMES.items()}
+_NORMAL, _UNUSED = 1, 5
+
+
+def permute_qk(w: np.ndarray, n_head: int) -> np.ndarray:
+    """llama.cpp's q/k row permutation (the inverse of `unpermute_qk`): per head, rows (pair, half) -> (half, pair)."""
+    rows = w.shape[0]
+    return w.reshape(n_head, 2, rows // n_head // 2, *w.shape[1:]).swapaxes(1, 2).reshape(w.shape)
+
+
+def gguf_name(hf_name: str) -> str:
+    """The GGUF tensor name of an HF weight name."""
+    if hf_name in _TO_GGUF:
+        return _TO_GGUF[hf_name]
+    _, _, layer, rest = hf_name.split(".", 3)  # model.layers.{i}.<rest>
+    return f"blk.{layer}.{_BLOCK_TO_GGUF[rest]}"
+
+
+def pre_tokenizer_name(spec: dict) -> str:
+    """llama.cpp's `tokenizer.ggml.pre` name of a tokenizer.json (`spec`) whose normaliser and
+    pre-tokenizer are one of PRE_TOKENIZERS' (the inverse of `_pre_tokenizer`); ValueError else."""
+    pre = spec.get("pre_tokenizer") or {}
+    steps = pre.get("pretokenizers", []) if pre.get("type") == "Sequence" else [pre]
+    digits = any(st.get("type") == "Digits" and st.get("individual_digits") for st in steps)
+    split = next((st for st in steps if st.get("type") == "Split"), None)
+    if split is not None:
+        pattern = split.get("pattern", {}).get("Regex")
+    else:
+        pattern = GPT2_PATTERN if any(st.get("type") == "ByteLevel" and st.get("use_regex", True) for st in steps) else None
+    nfc = (spec.get("normalizer") or {}).get("type") == "NFC"
+    for name, (d, pat, n) in PRE_TOKENIZERS.items():
+        if bool(d) == digits and pat == pattern and n == nfc:
+            return name
+    raise ValueError("the tokenizer's pre-tokenizer is none of the byte-level BPE ones llama.cpp names "
+                     f"({', '.join(sorted(PRE_TOKENIZERS))}); export a Hugging Face directory instead")
+
+
+def tokenizer_fields(tokenizer, vocab_size: int) -> dict:
+    """The `tokenizer.ggml.*` values of a byte-level BPE `PreTrainedTokenizerFast` for a model with
+    `vocab_size` rows: one token per id (ids the tokenizer lacks become `[PAD<id>]`, unused), types
+    (added special tokens CONTROL, other added tokens USER_DEFINED), merges, pre-tokenizer, special
+    ids, the chat template."""
+    spec = json.loads(tokenizer.backend_tokenizer.to_str())
+    model = spec.get("model", {})
+    if model.get("type") != "BPE" or (spec.get("decoder") or {}).get("type") != "ByteLevel":
+        raise ValueError("GGUF export needs a byte-level BPE tokenizer (Qwen2.5, Llama 3, SmolLM2); this one is "
+                         f"{model.get('type')}; export a Hugging Face directory instead")
+    tokens, types = [f"[PAD{i}]" for i in range(vocab_size)], [_UNUSED] * vocab_size
+    for t, i in model["vocab"].items():
+        if i < vocab_size:
+            tokens[i], types[i] = t, _NORMAL
+    for a in spec.get("added_tokens", []):
+        if a["id"] < vocab_size:
+            tokens[a["id"]], types[a["id"]] = a["content"], _CONTROL if a.get("special") else _USER_DEFINED
+    merges = [m if isinstance(m, str) else " ".join(m) for m in model.get("merges", [])]
+    ids = {name: getattr(tokenizer, f"{name}_token_id") for name in ("bos", "eos", "pad")}
+    return {"tokens": tokens, "types": types, "merges": merges, "pre": pre_tokenizer_name(spec), "ids": ids,
+            "add_bos": bool(getattr(tokenizer, "add_bos_token", False)), "chat_template": tokenizer.chat_template}
+
+
+def _write_metadata(w, cfg, tok: dict, file_type: str) -> None:
+    import gguf  # a GGUF-only dependency: imported where a file is written
+
+    w.add_name("ragen-jax policy")
+    w.add_file_type(gguf.LlamaFileType.ALL_F32 if file_type == "F32" else gguf.LlamaFileType.MOSTLY_F16)
+    w.add_context_length(cfg.max_position_embeddings)
+    w.add_embedding_length(cfg.hidden_size)
+    w.add_block_count(cfg.num_hidden_layers)
+    w.add_feed_forward_length(cfg.intermediate_size)
+    w.add_head_count(cfg.num_attention_heads)
+    w.add_head_count_kv(cfg.num_key_value_heads)
+    w.add_key_length(cfg.head_dim)
+    w.add_value_length(cfg.head_dim)
+    w.add_rope_dimension_count(cfg.head_dim)
+    w.add_layer_norm_rms_eps(cfg.rms_norm_eps)
+    w.add_rope_freq_base(cfg.rope_theta)
+    if cfg.rope_type == "llama3":
+        w.add_rope_scaling_orig_ctx_len(cfg.rope_original_max_position_embeddings)
+    w.add_tokenizer_model("gpt2")
+    w.add_tokenizer_pre(tok["pre"])
+    w.add_token_list(tok["tokens"])
+    w.add_token_types(tok["types"])
+    w.add_token_merges(tok["merges"])
+    for name, add in (("bos", w.add_bos_token_id), ("eos", w.add_eos_token_id), ("pad", w.add_pad_token_id)):
+        if tok["ids"][name] is not None:
+            add(int(tok["ids"][name]))
+    w.add_add_bos_token(tok["add_bos"])
+    if tok["chat_template"]:
+        w.add_chat_template(tok["chat_template"])
+
+
+def write_gguf(model, tokenizer, path, file_type: str = "F32") -> Path:
+    """A GGUF file of `model` (a Qwen2/Llama/Qwen3 decoder; LoRA adapters merged) with `tokenizer`,
+    as llama.cpp's converter writes one: llama q/k rows (and biases) permuted, no output.weight when
+    the head is tied, Llama 3 rope scaling as the `rope_freqs` divisors. Written to a temporary file
+    and renamed into place. Process 0 writes; every process calls it (the weights' gather is a
+    collective)."""
+    import gguf  # a GGUF-only dependency: imported where a file is written
+
+    if file_type not in WRITE_TYPES:
+        raise ValueError(f"GGUF file type {file_type!r} is not one this exporter writes; choose one of {', '.join(WRITE_TYPES)}")
+    cfg = model.cfg
+    tok = tokenizer_fields(tokenizer, cfg.vocab_size)
+    tensors = weights.hf_state_dict(model, "float32")  # collective on a multi-host mesh
+    if jax.process_index() != 0:
+        return Path(path)
+    path = Path(path)
+    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
+    try:
+        w = gguf.GGUFWriter(str(tmp), cfg.model_type)
+        _write_metadata(w, cfg, tok, file_type)
+        for name, a in tensors.items():
+            if cfg.model_type == "llama" and (".q_proj." in name or ".k_proj." in name):
+                a = permute_qk(a, cfg.num_attention_heads if ".q_proj." in name else cfg.num_key_value_heads)
+            w.add_tensor(gguf_name(name), a.astype(np.float16) if file_type == "F16" and a.ndim == 2 else a)
+        if cfg.rope_type == "llama3":
+            default = rope_inv_freq(cfg.replace(rope_type="default"))
+            w.add_tensor(ROPE_FREQS, np.asarray(default / rope_inv_freq(cfg), np.float32))
+        w.write_header_to_file()
+        w.write_kv_data_to_file()
+        w.write_tensors_to_file()
+        w.close()
+        os.replace(tmp, path)
+    finally:
+        tmp.unlink(missing_ok=True)
+    return path
+
+
 __all__ = [
     "GGUF_BUILD_VERSION", "LLAMA3_ROPE_DEFAULTS", "MODEL_PACKAGES", "PACKAGE_PREFIX", "ROPE_FREQS",
     "SMOLLM2_135M_INSTRUCT", "SUPPORTED_ARCHITECTURES", "SUPPORTED_QUANTS", "PRE_TOKENIZERS", "architecture",
     "cache_dir_for", "check_rope_freqs", "convert_gguf", "dequantize_tensor", "expand_model_path", "gguf_backend",
     "gguf_tokenizer", "hf_config", "hf_names", "hf_state_dict", "hf_tensor", "is_gguf", "llama3_rope_scaling",
-    "resolve_model_path", "unpermute_qk", "weight_tensors", "write_weights",
+    "resolve_model_path", "unpermute_qk", "weight_tensors", "write_weights", "WRITE_TYPES", "gguf_name", "open_gguf",
+    "permute_qk", "pre_tokenizer_name", "tokenizer_fields", "write_gguf",
 ]

@@ -261,11 +261,20 @@ class EchoTrapMonitor:
         reward_ok = rel_drop(self.rew) < self.drop if max(self.rew) > 0 else True
         return score, bool(score >= self.drop and reward_ok)
 
+    def state(self) -> dict:
+        """The window as JSON (saved with each checkpoint: a resumed run scores as an uninterrupted one)."""
+        return {"std": list(self.std), "ent": list(self.ent), "rew": list(self.rew)}
+
+    def load_state(self, state: dict) -> None:
+        for name in ("std", "ent", "rew"):
+            getattr(self, name).extend(float(v) for v in state.get(name, ()))
+
 
 class EarlyStops:
     """RAGEN-2's early stops (train.stop_*; each off at 0), fed the host metrics of every iteration
     and validation. `after_*` return a sentence naming the rule that fired, else None; `rule` is its
-    key (logged as early_stopped/<rule>). Counters live on the host: a resumed run starts them anew.
+    key (logged as early_stopped/<rule>). The counters live on the host and are saved with every
+    checkpoint (`state` / `load_state`): a resumed run continues them.
 
     - empty_filtered_steps: the filter kept no group (rollout/empty_after_filter) in N consecutive
       iterations (RAGEN rollout_filter_empty_stop_steps).
@@ -283,6 +292,18 @@ class EarlyStops:
         self.baseline = None
         self.window: list[float] = []
         self.low_val: dict[str, int] = {}
+
+    def state(self) -> dict:
+        return {"rule": self.rule, "empty_run": self.empty_run, "first": list(self.first), "baseline": self.baseline,
+                "window": list(self.window), "low_val": dict(self.low_val)}
+
+    def load_state(self, state: dict) -> None:
+        self.rule = state.get("rule")
+        self.empty_run = int(state.get("empty_run", 0))
+        self.first = [float(v) for v in state.get("first", ())]
+        self.baseline = state.get("baseline")
+        self.window = [float(v) for v in state.get("window", ())]
+        self.low_val = {k: int(v) for k, v in state.get("low_val", {}).items()}
 
     def _fire(self, rule: str, msg: str) -> str:
         self.rule = rule

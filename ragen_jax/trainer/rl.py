@@ -24,11 +24,12 @@ from ragen_jax.models.lora import CRITIC_TRAINABLE
 from ragen_jax.rollout import Rollout, format_trajectory, group_seeds_for_iteration, rollout_metrics
 from ragen_jax.rollout.metrics import host_copy, mix_metrics
 from ragen_jax.rollout.rollout import turn_blocks
-from ragen_jax.infra.checkpoint import save_lora_exports, save_policy
-from ragen_jax.infra.logger import Logger
+from ragen_jax.infra.distributed import barrier
+from ragen_jax.infra.preemption import STOP
 from ragen_jax.experiment.assembly import RunAssembly, abstract
 from ragen_jax.experiment.build import without_remat
 from ragen_jax.experiment.config import Config, ConfigError
+from ragen_jax.experiment.policy_export import exports_complete
 from ragen_jax.evaluation.suite import log_validation, validate_run
 from ragen_jax.trainer.collapse import CollapseProbe, EarlyStops, EchoTrapMonitor
 from ragen_jax.trainer.export import PROGRAMS, export_programs
@@ -87,7 +88,6 @@ class Trainer(RunAssembly):
             skipped_updates=self.replicated(jnp.zeros((), jnp.int32)),
         )
         self.critic_graph, self.optimizers = critic_graph, (actor_opt, critic_opt)
-        self._build_programs(state, self.policy_graph, critic_graph)
 
         # Rollouts: training (P x N) and validation (val_size states x 1, lower temperature).
         self.rollout = Rollout(self.policy, self.text_env, cfg.rollout, mesh=self.mesh, vocab=self.vocab,
@@ -97,19 +97,26 @@ class Trainer(RunAssembly):
                 raise ConfigError(f"the validation size {size} of {name} (train.val_size or env.val_set) is not "
                                   f"divisible by the {self.n_batch_shards} data-parallel devices of the mesh")
 
-        # Fail before the first iteration (and before anything is written) when the compiled programs
-        # do not fit the device.
-        self.memory = None
+        # The step programs, built once. With a device memory limit they are compiled ahead of time and
+        # checked against it before anything is written (model.remat unset: without remat if that fits),
+        # and with several processes compiled ahead so that all processes meet at a barrier before
+        # the first collective; the iterations then run these executables (`self.compiled`).
+        self.memory, self.compiled = None, None
         self.remat = cfg.model.use_remat  # what the update runs with (model.remat=None: decided below)
         limit = device_memory_limit(cfg, self.mesh.devices.flat[0])
-        if limit is not None:
-            self.memory = self._fit_memory(state, limit)
+        if limit is not None or jax.process_count() > 1:
+            self._compile_ahead(state, limit)
+        else:
+            self._build_programs(state, self.policy_graph, critic_graph)
         self.restore_or_start(state)
+        # Host state a resumed run continues (saved with every checkpoint, `save`).
         self.echo = EchoTrapMonitor()
-        # RAGEN-2 reasoning-collapse diagnostics (its program compiles on first use) and early stops.
+        self.echo.load_state(self.restored_extra.get("echo_trap", {}))
+        self.stops = EarlyStops(cfg.train)
+        self.stops.load_state(self.restored_extra.get("early_stops", {}))
+        # RAGEN-2 reasoning-collapse diagnostics (its program compiles on first use).
         self.collapse = (CollapseProbe(cfg, self.policy_graph, self.tokenizer, self.text_envs, vocab=self.vocab,
                                        mesh=self.mesh) if cfg.train.collapse_every else None)
-        self.stops = EarlyStops(cfg.train)
 
     def _build_programs(self, state: TrainState, policy_graph, critic_graph) -> None:
         blocks = turn_blocks(self.text_env) if self.cfg.prompt.single_turn else None
@@ -118,59 +125,65 @@ class Trainer(RunAssembly):
                                      shared_prefix=turn_blocks(self.text_env)[0])
         state_shardings = jax.tree.map(lambda x: x.sharding, state)
         # Traced on the mesh: the splash kernel's shard_map reads it (models/attention.py `partitioned`).
-        self.prepare_fn = jax.jit(on_mesh(self.programs.prepare, self.mesh))
+        self.prepare_jit = jax.jit(on_mesh(self.programs.prepare, self.mesh))
         # The update donates the train state: parameters and optimizer state exist once, updated in place.
         # The prepare pass donates nothing: none of its outputs has the shape of an input (the
         # trajectories are P*N rows, the batch the kept K), and the host reads the trajectories later.
-        self.update_fn = jax.jit(on_mesh(self.programs.update, self.mesh), out_shardings=(state_shardings, None),
-                                 donate_argnums=(0,))
+        self.update_jit = jax.jit(on_mesh(self.programs.update, self.mesh), out_shardings=(state_shardings, None),
+                                  donate_argnums=(0,))
+        self.prepare_fn, self.update_fn = self.prepare_jit, self.update_jit  # the compiled ones replace them
 
-    def _fit_memory(self, state: TrainState, limit: int) -> dict:
-        """`_check_memory`, deciding `model.remat=None` (auto) by memory first: remat makes the backward
-        recompute every layer's forward, so it is used only when the update does not fit without it
-        (the rollout and the no-grad pass do not depend on it). Sets `self.remat`."""
+    def _compile_ahead(self, state: TrainState, limit: int | None) -> None:
+        """AOT-compile the rollout, prepare and update programs for the run's shapes and shardings
+        (`memory.aot_compile`), raise ConfigError (`memory.check_memory_fits`) when one needs more than
+        `limit` bytes per device, and keep the executables for the iterations (no second compilation).
+        `model.remat=None` (auto) with a limit: the programs without remat when they fit (remat makes
+        the backward recompute every layer's forward), else the default ones. Then every process
+        waits for the others (`barrier`), so none enters a collective while another still compiles."""
         m = self.cfg.model
-        if m.remat is not None or not m.use_remat:  # set by the user, or a "tiny" model (never remat)
-            return self._check_memory(state, limit)
-        actor_like = abstract(full_params(state.actor, self.frozen))
-        critic_like = (abstract(full_params(state.critic, critic_frozen(self.frozen)))
-                       if self.critic_graph is not None else None)
-        self._build_programs(state, without_remat(self.policy_graph, actor_like),
-                             without_remat(self.critic_graph, critic_like))
-        try:
-            usage = self._check_memory(state, limit)
-            self.remat = False
-            self.note("model.remat unset: off (every program fits the device without it)")
-            return usage
-        except ConfigError:  # too big without remat: the default programs (remat on), checked again
+        if limit is not None and m.remat is None and m.use_remat:
+            actor_like = abstract(full_params(state.actor, self.frozen))
+            critic_like = (abstract(full_params(state.critic, critic_frozen(self.frozen)))
+                           if self.critic_graph is not None else None)
+            self._build_programs(state, without_remat(self.policy_graph, actor_like),
+                                 without_remat(self.critic_graph, critic_like))
+            try:
+                self._compile(state, limit)
+                self.remat = False
+                self.note("model.remat unset: off (every program fits the device without it)")
+            except ConfigError:  # too big without remat: the default programs (remat on), checked in turn
+                self._build_programs(state, self.policy_graph, self.critic_graph)
+                self._compile(state, limit)
+                self.note("model.remat unset: on (the update does not fit the device without it)")
+        else:
             self._build_programs(state, self.policy_graph, self.critic_graph)
-            usage = self._check_memory(state, limit)
-            self.note("model.remat unset: on (the update does not fit the device without it)")
-            return usage
+            self._compile(state, limit)
+        barrier("ragen_jax.trainer.programs_compiled")
 
-    def _check_memory(self, state: TrainState, limit: int) -> dict:
-        """AOT-compile the rollout, prepare and update programs for the run's shapes and shardings,
-        raise ConfigError (`memory.check_memory_fits`) when one needs more than `limit` bytes per device,
-        and run the three programs with these executables (no second compilation). Returns the usage."""
+    def _compile(self, state: TrainState, limit: int | None) -> None:
         r = self.cfg.rollout
         seeds = jnp.asarray(group_seeds_for_iteration(0, r.num_groups, self.cfg.train.seed_base), jnp.int32)
-        compiled, usage = aot_compile(self.rollout, self.prepare_fn, self.update_fn, state, self.ref,
+        compiled, usage = aot_compile(self.rollout, self.prepare_jit, self.update_jit, state, self.ref,
                                       jax.random.fold_in(state.key, 1), seeds, frozen=self.frozen)
-        check_memory_fits(self.cfg, usage, limit)
-        self.rollout.use_compiled(compiled["rollout"])
+        if limit is not None:
+            check_memory_fits(self.cfg, usage, limit)
+        self.compiled, self.memory = compiled, usage
         self.prepare_fn, self.update_fn = compiled["prepare"], compiled["update"]
-        return usage
+
+    def sample(self, params, key, group_seeds):
+        """The training rollout: the executable compiled ahead when there is one, else the jitted program."""
+        if self.compiled is None:
+            return self.rollout(params, key, group_seeds)
+        return self.compiled["rollout"](params, jnp.asarray(key), jnp.asarray(group_seeds, jnp.int32),
+                                        self.rollout.stop_table)
 
     def export_for(self, platform: str, programs=PROGRAMS) -> dict:
         """{name: jax.export.Exported}: this run's rollout, prepare and update programs (its shardings,
         donation and parameter shapes) lowered for `platform` ("tpu", "cuda"...) from any machine
-        (trainer/export.py). Before `train()`, and not after the memory check swapped in executables."""
+        (trainer/export.py), also when the run compiled them ahead for this machine. Before `train()`."""
         r = self.cfg.rollout
-        if not hasattr(self.update_fn, "trace"):
-            raise ConfigError("Trainer.export_for needs the jitted programs, but this Trainer runs AOT-compiled ones "
-                              "(train.device_memory_gib or a device memory limit); export before setting one")
         seeds = jnp.asarray(group_seeds_for_iteration(0, r.num_groups, self.cfg.train.seed_base), jnp.int32)
-        return export_programs(self.rollout, self.prepare_fn, self.update_fn, self.state, self.ref,
+        return export_programs(self.rollout, self.prepare_jit, self.update_jit, self.state, self.ref,
                                jax.random.fold_in(self.state.key, 1), seeds, platform=platform, mesh=self.mesh,
                                frozen=self.frozen, programs=programs)
 
@@ -195,7 +208,7 @@ class Trainer(RunAssembly):
         seeds = group_seeds_for_iteration(i, cfg.rollout.num_groups, cfg.train.seed_base)
         roll_key = jax.random.fold_in(self.state.key, 1)
         t0 = time.perf_counter()
-        traj = self.rollout(self.actor_params, roll_key, seeds)
+        traj = self.sample(self.actor_params, roll_key, seeds)
         jax.block_until_ready(traj.tokens)
         rollout_s = time.perf_counter() - t0
         # One host copy of the trajectories (gathered from every process when the batch spans several)
@@ -250,67 +263,92 @@ class Trainer(RunAssembly):
         return metrics
 
     def train(self) -> list[dict]:
+        """Run (or resume) the training; returns the metrics of the iterations it ran. SIGTERM / SIGINT
+        (`infra.preemption`): the current iteration finishes, a checkpoint is saved, `self.interrupted`
+        names the signal and the policy is not exported (the same command resumes)."""
         cfg = self.cfg
         self.save_run_files(self.workdir)  # process 0
-        self.logger = Logger(self.workdir)
+        self.open_logger()
         history = []
         start = self.iteration
-        if start >= cfg.train.iterations:
-            self.note(f"nothing to do: {self.workdir} already finished {start} iterations")
-            return history
-        if start > 0:
-            self.note(f"resuming {self.workdir} from iteration {start}")
-        if cfg.train.val_every > 0 and start == 0:
-            self._log_validation(0)
+        with STOP.installed():
+            try:
+                if self.stops.rule is not None or start >= cfg.train.iterations:
+                    done = f"stopped early ({self.stops.rule})" if self.stops.rule else f"finished {start} iterations"
+                    self.note(f"nothing to do: {self.workdir} already {done}")
+                    self.export(only_missing=True)  # a kill during the final export left it incomplete
+                    return history
+                if self.stop_requested():  # during start-up: nothing new to save
+                    return history
+                if start > 0:
+                    self.note(f"resuming {self.workdir} from iteration {start}")
+                if cfg.train.val_every > 0 and start == 0:
+                    self._log_validation(0)
+                history = self._iterations(start)
+                if self.interrupted is None:
+                    # Policy export for eval and later runs (every process takes part: a collective save).
+                    self.export()
+            finally:
+                self.ckpt.wait()
+                self.logger.close()
+        return history
+
+    def _iterations(self, start: int) -> list[dict]:
+        """Iterations `start + 1 ..` until train.iterations, an early stop or a stop signal; each logs its
+        metrics (and validation) before its checkpoint, so a checkpoint always follows its logs."""
+        cfg = self.cfg
+        history = []
         bar = tqdm(range(start, cfg.train.iterations), initial=start, total=cfg.train.iterations,
                    desc="train", disable=self.quiet or jax.process_index() != 0, dynamic_ncols=True)
-        try:
-            for _ in bar:
-                t0 = time.perf_counter()
-                metrics = self.iteration_step()
-                step = self.iteration
-                metrics["timing/iteration_s"] = time.perf_counter() - t0
-                stop = self.stops.after_iteration(metrics)  # adds its counters to the metrics
-                self.logger.scalars(step, metrics)
-                if cfg.train.log_samples:
-                    for row in range(min(cfg.train.log_samples, self.cfg.rollout.num_groups * self.cfg.rollout.group_size)):
-                        self.logger.text(step, f"samples/{row}", format_trajectory(self._last_traj, row, self.tokenizer))
-                bar.set_postfix(reward=f"{metrics['train/reward_mean']:.3f}", success=f"{metrics['train/success']:.2f}",
-                                s_it=f"{metrics['timing/iteration_s']:.1f}")
-                history.append({"step": step, **metrics})
-                if cfg.train.val_every > 0 and step % cfg.train.val_every == 0:
-                    stop = stop or self.stops.after_validation(self._log_validation(step))
-                saved = step % cfg.train.save_every == 0 or step == cfg.train.iterations
-                if saved:
-                    self.save()
-                if stop:
-                    self.logger.scalars(step, {f"early_stopped/{self.stops.rule}": 1.0})
-                    self.note(f"[early stop] iteration {step}: {stop}; saving and stopping")
-                    if not saved:
-                        self.save()
-                    break
-            # Policy export for eval and later runs (every process takes part: it is a collective save).
-            self.export()
-        finally:
-            self.ckpt.wait()
-            self.logger.close()
+        for _ in bar:
+            t0 = time.perf_counter()
+            metrics = self.iteration_step()
+            step = self.iteration
+            metrics["timing/iteration_s"] = time.perf_counter() - t0
+            stop = self.stops.after_iteration(metrics)  # adds its counters to the metrics
+            self.logger.scalars(step, metrics)
+            if cfg.train.log_samples:
+                for row in range(min(cfg.train.log_samples, self.cfg.rollout.num_groups * self.cfg.rollout.group_size)):
+                    self.logger.text(step, f"samples/{row}", format_trajectory(self._last_traj, row, self.tokenizer))
+            bar.set_postfix(reward=f"{metrics['train/reward_mean']:.3f}", success=f"{metrics['train/success']:.2f}",
+                            s_it=f"{metrics['timing/iteration_s']:.1f}")
+            history.append({"step": step, **metrics})
+            if cfg.train.val_every > 0 and step % cfg.train.val_every == 0:
+                stop = stop or self.stops.after_validation(self._log_validation(step))
+            if stop:
+                self.logger.scalars(step, {f"early_stopped/{self.stops.rule}": 1.0})
+                self.note(f"[early stop] iteration {step}: {stop}; saving and stopping")
+            interrupted = self.stop_requested()  # every process, at the same point: they agree on `step`
+            if stop or interrupted or step % cfg.train.save_every == 0 or step == cfg.train.iterations:
+                t_save = time.perf_counter()
+                self.save()
+            if interrupted:
+                self.ckpt.wait()  # committed before the process exits
+                self.note(f"stopped by {self.interrupted} after iteration {step}: checkpoint {step} written in "
+                          f"{time.perf_counter() - t_save:.1f} s; rerun the same command to resume")
+            if stop or interrupted:
+                break
         return history
 
     def _log_validation(self, step):
         return log_validation(self, step)
 
-    def export(self, workdir=None):
+    def export(self, workdir=None, only_missing: bool = False):
         """`<run>/policy` (merged with LoRA) and, with LoRA, `<run>/adapter` (PEFT layout). `workdir`:
         the current policy exported elsewhere instead, with the run files (config, task vocabulary)
-        beside it, so it loads as a finished run does (launch/eval.py, `model.init_from`)."""
+        beside it, so it loads as a finished run does (launch/eval.py, `model.init_from`).
+        `only_missing`: nothing when the run directory's exports are complete."""
         if workdir is None:
             workdir = self.workdir
+            if only_missing and exports_complete(workdir, self.lora):
+                return
         else:
             self.save_run_files(workdir)
-        if self.lora:
-            save_lora_exports(workdir, self.policy_graph, self.state.actor, self.frozen, self.cfg.model.path)
-        else:
-            save_policy(workdir, self.state.actor)
+        self.export_policy(self.state.actor, workdir)
 
     def save(self):
-        self.ckpt.save(self.iteration, self.state, extra={"iteration": self.iteration})
+        """A checkpoint of the train state and the host state a resumed run continues (early-stop
+        counters, echo-trap window); TensorBoard's buffered events reach the disk first."""
+        self.logger.flush()
+        self.ckpt.save(self.iteration, self.state, extra={
+            "iteration": self.iteration, "early_stops": self.stops.state(), "echo_trap": self.echo.state()})

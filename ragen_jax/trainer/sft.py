@@ -56,8 +56,7 @@ from ragen_jax.rollout.metrics import host_copy
 from ragen_jax.rollout.rollout import turn_blocks
 from ragen_jax.rollout.teachers import get_teacher
 from ragen_jax.algorithms import losses as loss_lib
-from ragen_jax.infra.checkpoint import save_lora_exports, save_policy
-from ragen_jax.infra.logger import Logger
+from ragen_jax.infra.preemption import STOP
 from ragen_jax.experiment.assembly import RunAssembly
 from ragen_jax.experiment.config import Config, ConfigError
 from ragen_jax.evaluation.suite import log_validation, validate_run
@@ -429,53 +428,66 @@ class SFTTrainer(RunAssembly):
     # -- the run -----------------------------------------------------------------------------------
     def train(self, max_steps: int | None = None) -> list[dict]:
         """Run (or resume) the SFT; `max_steps` stops early after that many steps of this call
-        (without the final export), as an interruption would. Returns the per-step metrics."""
-        cfg = self.cfg
+        (without the final export), as an interruption would. Returns the per-step metrics.
+        SIGTERM / SIGINT (`infra.preemption`): the current step finishes, a checkpoint is saved and
+        `self.interrupted` names the signal (the same command resumes)."""
         self.save_run_files()  # process 0
-        self.logger = Logger(self.workdir)
+        self.open_logger()
+        with STOP.installed():
+            try:
+                return self._run(max_steps)
+            finally:
+                self.ckpt.wait()
+                self.logger.close()
+
+    def _run(self, max_steps: int | None) -> list[dict]:
+        cfg = self.cfg
         history = []
-        try:
-            t0 = time.perf_counter()
-            self.make_demos()
-            start = self.step
-            self.demo_stats["timing/demos_s"] = time.perf_counter() - t0
+        t0 = time.perf_counter()
+        self.make_demos()
+        start = self.step
+        self.demo_stats["timing/demos_s"] = time.perf_counter() - t0
+        if start == 0:  # logged once: a resumed run regenerates the same demos
             self.logger.scalars(start, self.demo_stats)
-            if jax.process_index() == 0:
-                (self.workdir / "demos.json").write_text(json.dumps(self.demo_stats, indent=2, sort_keys=True))
-            d = self.demo_stats
-            self.note(f"demos: {int(d['demo/num_kept'])}/{int(d['demo/num_generated'])} kept, success "
-                        f"{d['demo/success']:.3f}, reward {d['demo/reward_mean']:.3f}, actions "
-                        f"{d['demo/num_actions']:.2f}, turns {d['demo/num_turns']:.2f}")
-            total = cfg.sft.epochs * self.steps_per_epoch()
-            if start > 0:
-                self.note(f"resuming {self.workdir} from step {start}")
-            if self.validates and start == 0:
-                history.append({"step": 0, **self._log_validation(0)})
-            end = total if max_steps is None else min(total, start + max_steps)
-            bar = tqdm(range(start, end), initial=start, total=total, desc="sft",
-                       disable=self.quiet or jax.process_index() != 0, dynamic_ncols=True)
-            for s in bar:
-                t1 = time.perf_counter()
-                metrics = self.train_step(self.batch_indices(s))
-                metrics["sft/epoch"] = s / self.steps_per_epoch()
-                metrics["timing/step_s"] = time.perf_counter() - t1
-                step = s + 1
-                self.logger.scalars(step, metrics)
-                bar.set_postfix(loss=f"{metrics['sft/loss']:.4f}", acc=f"{metrics['sft/token_accuracy']:.3f}")
-                history.append({"step": step, **metrics})
-                if step % cfg.sft.save_every == 0 or step == total:
-                    self.ckpt.save(step, self.state, extra={"step": step})
-            if self.step >= total:
-                if self.validates and end > start:
-                    history.append({"step": total, **self._log_validation(total)})
-                # Every process takes part: it is a collective save.
-                if self.lora:
-                    save_lora_exports(self.workdir, self.policy_graph, self.state.params, self.frozen, cfg.model.path)
-                else:
-                    save_policy(self.workdir, self.state.params)
-        finally:
-            self.ckpt.wait()
-            self.logger.close()
+        if jax.process_index() == 0:
+            (self.workdir / "demos.json").write_text(json.dumps(self.demo_stats, indent=2, sort_keys=True))
+        d = self.demo_stats
+        self.note(f"demos: {int(d['demo/num_kept'])}/{int(d['demo/num_generated'])} kept, success "
+                  f"{d['demo/success']:.3f}, reward {d['demo/reward_mean']:.3f}, actions "
+                  f"{d['demo/num_actions']:.2f}, turns {d['demo/num_turns']:.2f}")
+        total = cfg.sft.epochs * self.steps_per_epoch()
+        if self.stop_requested():
+            return history
+        if start > 0:
+            self.note(f"resuming {self.workdir} from step {start}")
+        if self.validates and start == 0:
+            history.append({"step": 0, **self._log_validation(0)})
+        end = total if max_steps is None else min(total, start + max_steps)
+        bar = tqdm(range(start, end), initial=start, total=total, desc="sft",
+                   disable=self.quiet or jax.process_index() != 0, dynamic_ncols=True)
+        for s in bar:
+            t1 = time.perf_counter()
+            metrics = self.train_step(self.batch_indices(s))
+            metrics["sft/epoch"] = s / self.steps_per_epoch()
+            metrics["timing/step_s"] = time.perf_counter() - t1
+            step = s + 1
+            self.logger.scalars(step, metrics)
+            bar.set_postfix(loss=f"{metrics['sft/loss']:.4f}", acc=f"{metrics['sft/token_accuracy']:.3f}")
+            history.append({"step": step, **metrics})
+            if step == total and self.validates:  # logged before the last checkpoint, which then covers it
+                history.append({"step": total, **self._log_validation(total)})
+            interrupted = self.stop_requested()  # every process, at the same point
+            if step % cfg.sft.save_every == 0 or step == total or interrupted:
+                self.logger.flush()  # TensorBoard's buffered events reach the disk before the checkpoint
+                self.ckpt.save(step, self.state, extra={"step": step})
+            if interrupted:
+                self.ckpt.wait()
+                self.note(f"stopped by {self.interrupted} after step {step}: checkpoint saved; rerun the same "
+                          "command to resume")
+                return history
+        if self.step >= total:
+            # Every process takes part: a collective save.
+            self.export_policy(self.state.params)
         return history
 
 

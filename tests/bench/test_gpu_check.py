@@ -53,16 +53,23 @@ def test_every_part_runs_and_measures(rehearsal):
     att = parts["attention"]
     assert att["chunked"]["out_rel_err"] < 2e-2 and att["chunked"]["dq_rel_err"] < 2e-2
     assert "runs only on a GPU" in att["cudnn"]["error"]  # recorded, the other kernels still measured
-    # Tiny decode: 2 layers x (K and V) x 2 rows x 48 slots x 2 KV heads x 32 dims x 2 bytes + bf16 weights.
+    # Tiny decode at each fill: 2 layers x (K and V) x 2 rows x fill slots x KV heads x head dim x 2 bytes,
+    # plus the same bf16 weights at every fill.
     dec = parts["decode"]
     from ragen_jax.models import Qwen2Config
 
     c = Qwen2Config.from_preset("tiny")
-    kv = 2 * c.num_hidden_layers * 2 * 48 * c.num_key_value_heads * c.head_dim * 2
-    assert dec["bytes_per_step"] - kv > 0 and (dec["bytes_per_step"] - kv) % 2 == 0
+    weights = {r["filled_bytes_per_step"] - 2 * c.num_hidden_layers * 2 * r["fill"] * c.num_key_value_heads
+               * c.head_dim * 2 for r in dec["fills"]}
+    assert [r["fill"] for r in dec["fills"]] == [48, 160] and len(weights) == 1
+    assert weights.pop() % 2 == 0 and all(r["bounded_step_ms"] > 0 and r["full_step_ms"] > 0 for r in dec["fills"])
     it = parts["iteration"]
     assert it["finite"] and it["rollout_s"] > 0 and it["prepare_s"] > 0 and it["update_s"] > 0
     assert set(it["estimate"]) == {"rollout", "prepare", "update"}
+    # The filled-cache bound: at most turns x response budget decode steps (2 x 8 in the rehearsal), the
+    # K/V of at least one slot per step; the rollout before issue 45 timed beside it.
+    assert 1 <= it["rollout_decode_steps"] <= 16 and it["rollout_filled_kv_bytes"] > 0
+    assert it["rollout_warm_s"] > 0 and it["rollout_before_s"] > 0
     fit = parts["fit_3b"]
     assert fit["fits"] and fit["finite"] and fit["estimate_program_bytes"] > 0
 

@@ -46,7 +46,8 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx, struct
 
-from ragen_jax.models.attention import MASK_VALUE, attention, fill_buckets, read_filled, slots_needed, visible_mask
+from ragen_jax.models.attention import (MASK_VALUE, attention, fill_buckets, read_filled, resolve, slots_needed,
+                                       visible_mask)
 from ragen_jax.models.qwen2 import decode as decode_weights
 from ragen_jax.models.qwen2.config import REMAT_POLICIES, Qwen2Config
 
@@ -358,10 +359,12 @@ def _cached_stack(cfg: Qwen2Config, layers, x, valid, cache):
     write = jnp.where(valid & (pos >= 0) & (pos < s), pos, s)
     rows = jnp.arange(b)[:, None]
     cos, sin = rope_cos_sin(pos, cfg)
-    # Every layer reads only the slots some used query can see, in static buckets (attention.py
-    # `read_filled`): decode cost follows the filled cache, not its capacity.
+    # Attention reads only the slots some used query can see, in static buckets (attention.py
+    # `read_filled`): decode cost follows the filled cache, not its capacity. The chunked kernel
+    # (long appends) skips the blocks past its queries by itself.
+    chunked = resolve(cfg.attention, t=t, s=s, self_layout=False, dtype=x.dtype, head_dim=cfg.head_dim) == "chunked"
     read = functools.partial(read_filled, needed=slots_needed(pos, valid),
-                             sizes=fill_buckets(s, cfg.attention_block) if cfg.decode_bound else (s,))
+                             sizes=fill_buckets(s, cfg.attention_block) if cfg.decode_bound and not chunked else (s,))
 
     if isinstance(cache, LayerKVCache):
         return _decode_layer_cache(cfg, layers, x, cache, rows, write, pos, cos, sin, n_new, read)
@@ -379,7 +382,10 @@ def _cached_stack(cfg: Qwen2Config, layers, x, valid, cache):
         # Scatter only the new rows into the loop-carried stacked cache (updated in place by XLA);
         # then read back this layer's filled [B, n, ...] slots: decode costs O(n) per token, no O(S^2).
         ck, cv = _write_kv(ck, li, rows, write, k), _write_kv(cv, li, rows, write, v)
-        out = read(attend_filled, operands=(ck, cv, jnp.asarray(li, jnp.int32), q))
+        # The bucket is chosen per layer, around the attention alone: a choice around the whole layer
+        # stack would hold the cache's in-place writes inside the conditional, and XLA then copies the
+        # whole cache every call (measured: memory_analysis temporaries + one cache; docs/decode.md).
+        out = read(attend_filled, operands=(ck, cv, li, q))
         return (_attn_out_mlp(cfg, p, x, out), ck, cv), None
 
     # No remat here: the cached path is inference (remat would only keep per-layer cache copies alive).
@@ -395,7 +401,7 @@ def _cached_stack(cfg: Qwen2Config, layers, x, valid, cache):
         dt = jnp.dtype(cfg.dtype)
         for li in range(cfg.num_hidden_layers):
             p = jax.lax.optimization_barrier(decode_weights.layer_weights(layers, li, dt, cfg.matmul_dtype, cfg.decode_transposed))
-            carry, _ = layer(carry, (p, li))
+            carry, _ = layer(carry, (p, jnp.int32(li)))
     else:
         li = jnp.arange(cfg.num_hidden_layers, dtype=jnp.int32)
         carry, _ = scan_layers(layer, carry, layers, li)

@@ -21,6 +21,7 @@ from jax.sharding import Mesh, SingleDeviceSharding
 from safetensors import safe_open
 from safetensors.numpy import save_file
 
+from ragen_jax.models.lora import merge_lora
 from ragen_jax.models.qwen2.config import Qwen2Config
 from ragen_jax.models.qwen2.model import Qwen2
 from ragen_jax.models.qwen2.sharding import DEFAULT_RULES, param_shardings
@@ -266,11 +267,23 @@ def _to_host(x) -> np.ndarray:
     return np.asarray(jax.device_get(x))
 
 
+# Storage dtypes of written checkpoints (safetensors and numpy names).
+SAVE_DTYPES = {"float32": np.dtype(np.float32), "bfloat16": np.dtype(ml_dtypes.bfloat16),
+               "float16": np.dtype(np.float16)}
+
+
 def hf_state_dict(model: Qwen2, dtype: str | None = None) -> dict[str, np.ndarray]:
-    """Our parameters as HF-named numpy arrays (ordered as HF: per layer, then the rest)."""
+    """Our parameters as HF-named numpy arrays (ordered as HF: per layer, then the rest). A model with
+    LoRA adapters gives its merged weights W + (alpha / rank) A B (the adapters themselves are
+    `lora.save_peft_adapter`'s)."""
     cfg = model.cfg
+    dtype = dtype or cfg.param_dtype
+    if dtype not in SAVE_DTYPES:
+        raise ValueError(f"cannot save weights as {dtype!r}; choose one of {', '.join(SAVE_DTYPES)}")
     params = nnx.state(model, nnx.Param).to_pure_dict()
-    out_dtype = np.dtype(ml_dtypes.bfloat16) if (dtype or cfg.param_dtype) == "bfloat16" else np.dtype(np.float32)
+    if cfg.lora_rank:
+        params = merge_lora(params, cfg.lora_scale)  # jnp on the (possibly sharded) arrays, before the gather
+    out_dtype = SAVE_DTYPES[dtype]
     out: dict[str, np.ndarray] = {}
     for spec in weight_specs(cfg):
         value = _to_host(_get(params, spec.path))
@@ -284,8 +297,10 @@ def hf_state_dict(model: Qwen2, dtype: str | None = None) -> dict[str, np.ndarra
 def save_pretrained(model: Qwen2, path: str, max_shard_size: int | str | None = None, dtype: str | None = None):
     """Write config.json (the family's *ForCausalLM, transformers-5 style) + safetensors (+ index when sharded).
 
-    `dtype`: storage dtype of the written tensors (default: the model's param_dtype). Parameters may be
-    sharded; on several hosts every process must call this, and process 0 writes."""
+    `dtype`: storage dtype of the written tensors ("float32", "bfloat16", "float16"; default: the
+    model's param_dtype). A model with LoRA adapters is written merged (`hf_state_dict`): what
+    transformers loads is the model that was trained. Parameters may be sharded; on several hosts
+    every process must call this, and process 0 writes."""
     cfg = model.cfg
     dtype = dtype or cfg.param_dtype
     tensors = hf_state_dict(model, dtype)  # collective on multi-host meshes: all processes call this

@@ -135,3 +135,29 @@ def test_multi_token_append_equals_the_whole_masked_cache(attention):
     ok = np.asarray(valid)
     np.testing.assert_allclose(np.asarray(h)[ok], np.asarray(h_ref)[ok], **TOL["float32"])
     np.testing.assert_allclose(np.asarray(c.k[:, :, :128]), np.asarray(c_ref.k[:, :, :128]), **TOL["float32"])
+
+
+@pytest.mark.parametrize("layout,dtype", [LAYOUTS[0], LAYOUTS[2]])
+def test_filled_reads_hold_no_second_cache(layout, dtype):
+    """The bucket choice only READS the cache: XLA keeps updating the loop-carried cache in place. (A
+    choice around the whole layer stack, whose branches write the cache, made XLA copy all of it:
+    temporaries grew by one cache.) Truth: the whole-capacity program's temporaries, compiled from
+    abstract shapes (nothing allocated)."""
+    from ragen_jax.rollout import sampler
+
+    temp = {}
+    for bound in (True, False):
+        cfg = Qwen2Config.from_preset("tiny", num_hidden_layers=2, decode_unroll=layout == "layers", decode_bound=bound)
+        graphdef, state = nnx.split(nnx.eval_shape(lambda: Qwen2(cfg, rngs=nnx.Rngs(0))))
+
+        def run(state, cache, logits):
+            out = sampler.decode(nnx.merge(graphdef, state), cache, logits, jax.random.PRNGKey(0), max_new_tokens=4,
+                                 greedy=True, stop_ids=(), pad_id=0, logprobs=False)
+            return out.cache
+
+        cache = jax.eval_shape(lambda: KVCache.init(cfg, 16, 3600, dtype))
+        logits = jax.ShapeDtypeStruct((16, cfg.vocab_size), jnp.float32)
+        ma = jax.jit(run, donate_argnums=(1,)).lower(state, cache, logits).compile().memory_analysis()
+        temp[bound] = ma.temp_size_in_bytes
+    cache_bytes = 2 * np.prod(cache.k.shape) * jnp.dtype(dtype).itemsize
+    assert temp[True] < temp[False] + cache_bytes / 4, (temp, cache_bytes)

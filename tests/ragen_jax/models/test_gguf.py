@@ -220,10 +220,11 @@ def test_bad_inputs_fail_in_one_sentence(tmp_path):
     w = gguf.GGUFWriter(str(tmp_path / "f.gguf"), "falcon")
     w.add_tensor("token_embd.weight", np.zeros((4, 4), np.float32))
     w.write_header_to_file(), w.write_kv_data_to_file(), w.write_tensors_to_file(), w.close()
-    with pytest.raises(ValueError, match=r"^GGUF architecture 'falcon' is not supported; supported: llama, qwen2"):
+    with pytest.raises(ValueError, match=r"f\.gguf: GGUF architecture 'falcon' is not supported; supported: llama, qwen2"):
         conv.convert_gguf(tmp_path / "f.gguf", cache_root=tmp_path / "c", log=lambda m: None)
     write_tiny(tmp_path / "d.gguf", extra_tensor=("blk.0.weird.weight", np.zeros((2, 2), np.float64)))
-    with pytest.raises(ValueError, match=r"quantization F64, which is not supported; supported: F32, F16"):
+    with pytest.raises(ValueError, match=r"d\.gguf: GGUF tensor blk\.0\.weird\.weight has quantization F64, which is "
+                                         r"not supported; supported: F32, F16"):
         conv.convert_gguf(tmp_path / "d.gguf", cache_root=tmp_path / "c", log=lambda m: None)
     assert not any((tmp_path / "c").glob("d-*"))  # nothing half-written left in the cache
     (tmp_path / "x.bin").write_bytes(b"0")
@@ -438,7 +439,9 @@ def test_smollm2_converted_dir_in_transformers_equals_its_gguf_loader(smollm2):
     ids, want, cols, argmax = _logit_fixture()
     with torch.no_grad():
         got = np.stack([model(torch.tensor(x[None].astype(np.int64))).logits[0, -1].numpy() for x in ids])
-    np.testing.assert_allclose(got[:, cols], want, atol=1e-5, rtol=0)
+    # Relative: the fixture was computed by torch on another CPU, whose kernels sum in another order
+    # (measured here: up to 3e-5 on logits of 16, a relative 2e-6).
+    np.testing.assert_allclose(got[:, cols], want, atol=1e-5, rtol=1e-5)
     np.testing.assert_array_equal(got.argmax(-1), argmax)
 
 

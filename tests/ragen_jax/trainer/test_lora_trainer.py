@@ -19,7 +19,8 @@ from safetensors.numpy import load_file
 
 from ragen_jax.models import Qwen2, Qwen2Config, save_pretrained
 from ragen_jax.models.lora import ALL_TARGETS, TARGETS, LoRAParam, add_lora
-from ragen_jax.infra.checkpoint import load_policy_params, save_lora_exports
+from ragen_jax.experiment.policy_export import save_lora_exports
+from ragen_jax.infra.checkpoint import load_policy_params
 from ragen_jax.experiment.config import ConfigError, load_config
 from ragen_jax.trainer.rl import Trainer
 from ragen_jax.trainer.sft import SFTTrainer

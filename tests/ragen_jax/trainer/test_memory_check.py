@@ -56,6 +56,10 @@ def test_programs_that_fit_run_with_the_checked_executables(tmp_path):
     _, rollout_resident = tr.memory["rollout"]
     assert rollout_resident == bytes_per_device((tr.state.actor_opt, tr.state.critic, tr.state.critic_opt))
     assert max(m["peak_bytes"] + r for m, r in tr.memory.values()) < 64 * GIB
+    # The compiled executables are the Trainer's own (nothing pushed into the Rollout): its jitted
+    # programs still export, after the check as before it.
+    assert set(tr.compiled) == {"rollout", "prepare", "update"}
+    assert set(tr.export_for("cpu", programs=("prepare",))) == {"prepare"}
     hist = tr.train()
     assert len(hist) == 1 and math.isfinite(hist[0]["actor/pg_loss"]) and math.isfinite(hist[0]["critic/value_loss"])
     # XLA's argument and output sizes of the checked update are the real call's arrays, counted by numpy:

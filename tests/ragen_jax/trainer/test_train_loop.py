@@ -252,3 +252,113 @@ def test_prompt_and_rollout_knobs_reach_the_objects_that_use_them():
         load_config("tiny_cpu.py", ["prompt.max_turns=0"])
     with pytest.raises(ConfigError, match="rollout.top_p"):
         load_config("tiny_cpu.py", ["rollout.top_p=1.5"])
+
+
+# ------------------------------------------------------------------------------------ stops and crashes
+def test_sigterm_saves_after_the_iteration_and_the_resumed_run_is_uninterrupted(ppo_run, tmp_path, monkeypatch):
+    """SIGTERM during iteration 2 (of a run saving every 3: the signal is what writes checkpoint 2):
+    the iteration finishes, checkpoint 2 is written, train() returns with `interrupted`; the same run
+    resumed gives exactly the uninterrupted run's metrics.jsonl and TensorBoard (each tag and step
+    once, as TensorBoard reads the files). Early-stop counters and the echo-trap window come back."""
+    import os
+    import signal
+
+    from ragen_jax.infra.logger import Logger
+    from scripts.fault_trials import compare
+
+    ref, _ = ppo_run
+    wd = tmp_path / "run"
+    scalars = Logger.scalars
+
+    def signal_during_iteration_2(self, step, metrics):
+        if step == 2 and "train/success" in metrics:
+            os.kill(os.getpid(), signal.SIGTERM)  # the handler only records it; the loop stops after this step
+        return scalars(self, step, metrics)
+
+    monkeypatch.setattr(Logger, "scalars", signal_during_iteration_2)
+    first = Trainer(_cfg("--config.train.save_every=3"), wd, quiet=True)
+    hist = first.train()
+    assert first.interrupted == "SIGTERM" and [h["step"] for h in hist] == [1, 2]
+    assert sorted(int(p.name) for p in (wd / "checkpoints").iterdir() if p.name.isdigit()) == [2]
+    assert not (wd / "policy").exists()  # interrupted: no export
+    monkeypatch.setattr(Logger, "scalars", scalars)
+    resumed = Trainer(_cfg(), wd, quiet=True)
+    assert resumed.iteration == 2 and resumed.stops.state() == first.stops.state()
+    assert resumed.echo.state() == first.echo.state() and len(resumed.echo.state()["std"]) == 2
+    resumed.train()
+    assert resumed.interrupted is None and (wd / "policy").exists()
+    assert compare(wd, ref) is None
+
+
+def test_kill_during_a_checkpoint_write_resumes_from_the_last_complete_one(ppo_run, tmp_path):
+    """`launch/tpu_train.py` killed (SIGKILL) while checkpoint 2 is being written, after logging
+    iteration 2: the same command resumes from checkpoint 1, and metrics.jsonl and TensorBoard end
+    up as the uninterrupted run's (iteration 2 logged once, not twice)."""
+    from scripts.fault_trials import compare, wait_for_checkpoint_write
+
+    ref, _ = ppo_run
+    wd = tmp_path / "run"
+    cmd = [sys.executable, str(ROOT / "launch" / "tpu_train.py"), "--config", "tiny_cpu.py", "--workdir", str(wd),
+           "--quiet", *FAST]
+    p = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    try:
+        assert wait_for_checkpoint_write(wd, 2, p, timeout=600), p.stderr.read()[-3000:]
+        p.kill()
+    finally:
+        p.wait(timeout=120)
+    assert p.returncode == -9
+    rows = [json.loads(x) for x in (wd / "metrics.jsonl").read_text().splitlines() if x.strip()]
+    assert max(r["step"] for r in rows) == 2  # logged before its checkpoint
+    assert sorted(p.name for p in (wd / "checkpoints").iterdir() if p.name.isdigit()) == ["1"]  # 2: half-written
+    r = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=900)
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert compare(wd, ref) is None
+
+
+def test_bad_model_files_and_a_missing_shard_fail_in_one_line_and_create_nothing(ppo_run, tmp_path, capsys,
+                                                                                  monkeypatch):
+    """launch/tpu_train.py on a truncated .gguf, safetensors whose shapes contradict config.json, a
+    config.json of an unknown model type, and a checkpoint missing a shard: exit 2, one line naming the
+    file and what is wrong, no run directory (and no GGUF cache entry) created."""
+    import shutil
+
+    from flax import nnx
+
+    from launch import tpu_train
+    from ragen_jax.models import Qwen2, Qwen2Config, save_pretrained
+    from ragen_jax.models.gguf import write_gguf
+    from scripts.export_fixtures import byte_tokenizer
+
+    monkeypatch.setenv("RAGEN_JAX_CACHE", str(tmp_path / "cache"))
+    small = Qwen2(Qwen2Config(vocab_size=256, hidden_size=16, intermediate_size=32, num_hidden_layers=1,
+                              num_attention_heads=2, num_key_value_heads=1), nnx.Rngs(0))
+    gguf_file = write_gguf(small, byte_tokenizer(), tmp_path / "cut.gguf")
+    gguf_file.write_bytes(gguf_file.read_bytes()[:-100])
+    save_pretrained(small, str(tmp_path / "shapes"))
+    cfg = json.loads((tmp_path / "shapes" / "config.json").read_text())
+    (tmp_path / "shapes" / "config.json").write_text(json.dumps({**cfg, "hidden_size": 32}))
+    (tmp_path / "mamba").mkdir()
+    (tmp_path / "mamba" / "config.json").write_text(json.dumps({**cfg, "model_type": "mamba"}))
+    cases = {tmp_path / "cut.gguf": "cut.gguf is a truncated",
+             tmp_path / "shapes": "model.safetensors: weight 'model.embed_tokens.weight' has shape (256, 16), expected",
+             tmp_path / "mamba": "config.json: model_type 'mamba' is not supported"}
+    for path, message in cases.items():
+        wd = tmp_path / "run"
+        capsys.readouterr()
+        rc = tpu_train.main(["--config", "tiny_cpu.py", "--workdir", str(wd), "--quiet", *FAST,
+                             "--config.model.random_init=false", "--config.model.vocab=full", f"--config.model.path={path}"])
+        err = capsys.readouterr().err.strip().splitlines()
+        assert rc == 2 and len(err) == 1 and message in err[0], (path, err)
+        assert not wd.exists() and not (tmp_path / "cache" / "gguf").exists()  # (the tokenizer's cache may be built)
+    # A checkpoint missing one of its files: the resumed run names it.
+    wd = tmp_path / "copy"
+    shutil.copytree(ppo_run[0], wd)
+    shard = max((f for f in (wd / "checkpoints" / "3").rglob("*") if f.is_file()), key=lambda f: f.stat().st_size)
+    shard.unlink()
+    before = sorted(str(p) for p in wd.rglob("*"))
+    capsys.readouterr()
+    assert tpu_train.main(["--config", "tiny_cpu.py", "--workdir", str(wd), "--quiet", *FAST,
+                           "--config.train.iterations=4"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "checkpoints/3 cannot be restored" in err[0], err
+    assert sorted(str(p) for p in wd.rglob("*")) == before  # nothing written
