@@ -53,6 +53,27 @@ def _greedy_on_host(next_logits, ids, max_new, stop_ids, stop_text, tok):
     return gen
 
 
+def _generate_turn(model, next_logits, ids, active, key, cfg, text_env, token_bytes):
+    """Every active row's answer -> (tokens [B, max_new], lengths [B]): one batched JAX generate over
+    left-padded whole conversations (inactive rows have no valid token), or row by row with `next_logits`."""
+    chat, b, t_max = text_env.ids, cfg.batch_size, cfg.max_context
+    max_new = text_env.config.max_response_tokens
+    if next_logits is not None:
+        stop_text = "</answer>" if cfg.stop_at_answer else ""
+        gens = [_greedy_on_host(next_logits, ids[r], max_new, set(chat.stop), stop_text, text_env.tokenizer)
+                if active[r] else [] for r in range(b)]
+        return np.array([g + [chat.pad] * (max_new - len(g)) for g in gens], np.int64), np.array([len(g) for g in gens])
+    prompt = np.full((b, t_max), chat.pad, np.int32)
+    valid = np.zeros((b, t_max), bool)
+    for r in range(b):
+        if active[r]:
+            prompt[r, t_max - len(ids[r]):] = ids[r]
+            valid[r, t_max - len(ids[r]):] = True
+    stop_table = sampler.make_stop_table(("</answer>",), token_bytes) if cfg.stop_at_answer else None
+    out = _generate(model, prompt, valid, key, max_new, cfg, stop_table, chat)
+    return np.asarray(out.tokens), np.asarray(out.lengths)
+
+
 def host_rollout(model, text_env, parser, cfg, key, group_seeds, token_bytes, next_logits=None):
     """The rollout as a Python loop (module docstring) -> dict of per-row lists. `next_logits`: an
     independent forward (`ids -> [V]` logits of the next token, e.g. a numpy Qwen2) to decode with,
@@ -98,23 +119,7 @@ def host_rollout(model, text_env, parser, cfg, key, group_seeds, token_bytes, ne
             ids[r] += seg
             mask[r] += [False] * len(seg)
             active[r], budgets[r] = True, min(room, max_new)
-        # One batched generate over left-padded full conversations; inactive rows have no valid token.
-        prompt = np.full((b, t_max), chat.pad, np.int32)
-        valid = np.zeros((b, t_max), bool)
-        for r in range(b):
-            if active[r]:
-                prompt[r, t_max - len(ids[r]):] = ids[r]
-                valid[r, t_max - len(ids[r]):] = True
-        if next_logits is None:
-            stop_table = sampler.make_stop_table(("</answer>",), token_bytes) if cfg.stop_at_answer else None
-            out = _generate(model, prompt, valid, k_sample, max_new, cfg, stop_table, chat)
-            gen_all, n_all = np.asarray(out.tokens), np.asarray(out.lengths)
-        else:
-            stop_text = "</answer>" if cfg.stop_at_answer else ""
-            gens = [_greedy_on_host(next_logits, ids[r], max_new, set(chat.stop), stop_text, tok) if active[r] else []
-                    for r in range(b)]
-            gen_all = np.array([g + [chat.pad] * (max_new - len(g)) for g in gens], np.int64)
-            n_all = np.array([len(g) for g in gens])
+        gen_all, n_all = _generate_turn(model, next_logits, ids, active, k_sample, cfg, text_env, token_bytes)
         for a_row in range(b):
             if not active[a_row]:
                 continue

@@ -14,11 +14,12 @@ from __future__ import annotations
 import tempfile
 from pathlib import Path
 
+import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
 from ragen_jax.models import Qwen2, Qwen2Config, save_pretrained
-from ragen_jax.models.lora import add_lora, save_peft_adapter
+from ragen_jax.models.lora import ALL_TARGETS, TARGETS, add_lora, save_peft_adapter
 
 FIXTURE = Path(__file__).resolve().parents[2] / "fixtures" / "peft_tiny.npz"
 CFG = Qwen2Config.from_preset("tiny")
@@ -27,8 +28,17 @@ TOKENS = np.random.default_rng(0).integers(0, CFG.vocab_size, (1, 8)).astype(np.
 COLUMNS = np.sort(np.random.default_rng(1).choice(CFG.vocab_size, 64, replace=False))
 
 
+def randomise_b(model, seed=1):
+    """The adapters' B (zero when fresh) drawn at random, so that they change the logits."""
+    rng = np.random.default_rng(seed)
+    for name in ALL_TARGETS:
+        group, proj = TARGETS[name]
+        dense = getattr(getattr(model.model.layers, group), proj)
+        dense.lora_b[...] = jnp.asarray(rng.normal(0, 0.05, dense.lora_b.shape), dense.lora_b.dtype)
+
+
 def adapted_model(randomise_b):
-    """The tiny model with its adapters; `randomise_b(model)` (the test's) gives B its random values."""
+    """The tiny model with its adapters; `randomise_b(model)` gives B its random values."""
     model = Qwen2(CFG, nnx.Rngs(0))
     base = nnx.clone(model)
     add_lora(model, RANK, ALPHA, rngs=nnx.Rngs(1))
@@ -62,9 +72,7 @@ def peft_reference(randomise_b) -> dict:
 
 
 def main() -> None:
-    from tests.ragen_jax.models.test_lora import _randomise_b
-
-    np.savez_compressed(FIXTURE, **peft_reference(_randomise_b))
+    np.savez_compressed(FIXTURE, **peft_reference(randomise_b))
     print(f"wrote {FIXTURE}")
 
 

