@@ -36,7 +36,7 @@ setup(
     description="RAGEN / StarPO multi-turn agent RL in JAX with jittable environments",
     long_description=open("README.md", encoding="utf-8").read(),
     long_description_content_type="text/markdown",
-    packages=find_packages(include=["ragen_jax", "ragen_jax.*", "envs_jax", "envs_jax.*"]),
+    packages=find_packages(include=["ragen_jax", "ragen_jax.*", "envs_jax", "envs_jax.*", "envs_py"]),
     python_requires=">=3.11",
     install_requires=INSTALL_REQUIRES,
     extras_require=EXTRAS,

@@ -5,8 +5,8 @@ environment's rules. This bench measures exactly that pair, with no text on eith
 
   JAX:  `step_env` with a uniformly random action, vmapped over the batch, `--inner-steps` steps in one
         jitted `lax.scan`; an episode that ends is restored to its initial state (every step is live).
-  host: the plain-Python port of the reference's rules in bench/numpy_envs.py (held to the JAX envs by
-        tests/bench/test_numpy_*.py and tests/envs_jax/), one env at a time, the same random-action
+  host: the plain-Python port of the reference's rules in envs_py/ (held to the JAX envs by
+        tests/envs_jax/ and tests/envs_py/), one env at a time, the same random-action
         policy and restore rule, over the same initial states.
 
 bench/envs.py measures the other comparison, the whole agent step (render the next observation to
@@ -32,7 +32,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from bench import numpy_envs as npe
+import envs_py as npe
 from bench.common import machine, write_result
 from bench.envs import Timing, tree_where
 
@@ -44,11 +44,11 @@ RESULTS = Path(__file__).resolve().parent / "results" / "env_rules.json"
 def host_success(name: str, port, s) -> bool:
     """The port's success test at an episode's end (the reference's, written on the port's state)."""
     if name == "rubikscube":
-        return port.solved(s.stickers)
+        return npe.rubiks_cube.solved(s.stickers)
     if name in ("SimpleSudoku", "MediumSudoku"):
         return bool((s.grid != 0).all())
     if name == "game_2048":
-        return max(max(row) for row in s.grid) >= 2048 and not port.valid(s.grid)
+        return max(max(row) for row in s.grid) >= 2048 and not npe.game_2048.valid_actions(s.grid)
     raise ValueError(f"no host success test for {name!r}")
 
 
@@ -216,7 +216,7 @@ def main(argv=None) -> dict:
                       host_episodes=host_episodes, quick=a.quick,
                       step_definition="step_env with a uniformly random action, vmapped, lax.scan of inner_steps "
                                       "per jitted call; ended episodes restored to their initial state",
-                      host_step_definition="the plain-Python port's step (bench/numpy_envs.py), same policy and "
+                      host_step_definition="the plain-Python port's step (envs_py/), same policy and "
                                            "restore rule, one env at a time"),
         steps=rows, random_policy_success=success)
     for name in envs:

@@ -10,7 +10,7 @@ Countdown (free-text answers) draws from fixed expression answers over a fixed s
 (COUNTDOWN_TASKS / COUNTDOWN_PIECES) and is stepped with the parsed `Answer`, as the rollout does.
 An episode that ends is restored to its initial state (both sides), so every step is a live step.
 
-Numpy side (bench/numpy_envs.py), the same work per step in a Python loop: decode the answer ids
+Numpy side (the ports in envs_py/), the same work per step in a Python loop: decode the answer ids
 (tokenizer.decode), `re` parse, a Python env step, the segment text, tokenizer.encode. Its speed
 does not depend on the batch, so it runs min(batch * inner_steps, --numpy-max-steps) steps.
 
@@ -41,7 +41,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from bench import numpy_envs as npe
+import envs_py as npe
 from envs_jax import countdown as cd
 
 ENVS = ("Bandit", "FrozenLake", "Sokoban", "LargerSokoban", "rubikscube", "SimpleSudoku", "game_2048", "Countdown")
@@ -435,7 +435,7 @@ def main(argv=None) -> dict:
                                             "+ tokenizer.encode, one env at a time",
                       numpy_reset_definition="gym-sokoban-like host generator (DFS reverse play, depth 300 "
                                              "for Sokoban and 10 for LargerSokoban as in RAGEN's envs.yaml, "
-                                             "4 tries then start over) + RAGEN player jitter, bench/numpy_envs.py"),
+                                             "4 tries then start over) + RAGEN player jitter, envs_py/sokoban.py"),
         steps=rows,
         resets=resets,
         breakdown=breakdown,

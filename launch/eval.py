@@ -4,8 +4,15 @@
     python launch/eval.py --model /models/Qwen2.5-0.5B-Instruct --envs Sokoban,FrozenLake
     python launch/eval.py --model preset:tiny --envs Bandit --num-states 2 --max-response-tokens 4
 
+    python launch/eval.py --model runs/rl --envs Sokoban --num-states 128 --rollouts-per-state 8 \
+        --compare runs/sft/eval.json                                  # paired: the same states before and after
+
 Prints one table row per environment (success, reward, validity, pass@k, ...) and writes eval.json
-(default: RUN_DIR/eval.json for a run directory, else ./eval.json). Defaults follow the reference's
+(default: RUN_DIR/eval.json for a run directory, else ./eval.json). `--compare EARLIER.json` compares
+each environment state by state with an earlier eval.json of the same states and rollouts per state
+(ragen_jax/evaluation/paired.py `paired_rates`: the mean gain with a bootstrap 95% interval, the exact
+paired permutation test and Wilcoxon; McNemar for one rollout per state), printed and kept under
+"paired" in eval.json. Defaults follow the reference's
 validation: 256 states from seed 123, one rollout each, temperature 0.5. For a run directory the
 prompt settings and context budget default to the run's own. Errors: one line on stderr, exit 2.
 
@@ -36,9 +43,15 @@ def parse_args(argv=None):
                         "default_eval: Sokoban, its variants, FrozenLake, Bandit, BanditTest)")
     p.add_argument("--num-states", type=int, default=256, help="initial states per env (seeds seed-start..)")
     p.add_argument("--seed-start", type=int, default=123)
-    p.add_argument("--rollouts-per-state", type=int, default=1, help="k of pass@k")
+    p.add_argument("--rollouts-per-state", type=int, default=1,
+                   help="rollouts per state in one run (pass@k; each state's success rate is what --compare pairs)")
+    p.add_argument("--repeats", type=int, default=1,
+                   help="runs of the compiled rollout, pooled (keys: --seed's, then derived ones): repeats x "
+                        "rollouts-per-state samples per state at the memory of one run")
     p.add_argument("--temperature", type=float, default=0.5)
     p.add_argument("--greedy", action="store_true", help="argmax decoding instead of sampling")
+    p.add_argument("--compare", default=None, metavar="EARLIER_EVAL_JSON",
+                   help="an earlier eval.json of the same states and rollouts per state: paired comparison per env")
     p.add_argument("--seed", type=int, default=0, help="sampling key")
     p.add_argument("--max-turns", type=int, default=None, help="default: the run's, else 5 (Bandit: always 1)")
     p.add_argument("--max-actions-per-turn", type=int, default=None, help="default: the run's, else 5")
@@ -66,7 +79,41 @@ def _err(msg) -> int:
     return fail(ValueError(str(msg)), 2)
 
 
-def _write_results(args, envs, results, run_cfg, prompt, max_context, mesh) -> int:
+def read_comparison(path: str, args, envs) -> dict:
+    """The earlier evaluation `--compare` names, checked against this one's states before any model
+    loads: {env: per-state success} for the envs both evaluate. ValueError with one sentence."""
+    import json
+
+    try:
+        with open(path) as f:
+            doc = json.load(f)
+        st, res = doc["settings"], doc["results"]
+    except (OSError, ValueError, KeyError, TypeError) as e:
+        raise ValueError(f"--compare {path}: not a readable eval.json ({e}); give a file launch/eval.py wrote") from None
+    theirs = dict(st, samples_per_state=(st.get("rollouts_per_state") or 1) * (st.get("repeats") or 1))
+    for key, mine in (("num_states", args.num_states), ("seed_start", args.seed_start),
+                      ("samples_per_state", args.rollouts_per_state * args.repeats)):
+        if theirs.get(key) != mine:
+            raise ValueError(f"--compare {path} has {key} {theirs.get(key)}, this evaluation {mine}; a paired "
+                             "comparison needs the same states and samples per state (--num-states, --seed-start, "
+                             "--rollouts-per-state x --repeats)")
+    common = {e: res[e]["state_success"] for e in envs if e in res and "state_success" in res[e]}
+    if not common:
+        raise ValueError(f"--compare {path} holds none of {', '.join(envs)} with per-state results")
+    return common
+
+
+def _print_paired(before: dict, results: dict, k: int, path: str) -> dict:
+    from ragen_jax.evaluation.paired import format_paired, paired_rates
+
+    paired = {"against": path}
+    for env, b in before.items():
+        paired[env] = paired_rates(b, results[env]["state_success"], k)
+        print(f"{env}: {path} -> this: {format_paired(paired[env])}")
+    return paired
+
+
+def _write_results(args, envs, results, run_cfg, prompt, max_context, mesh, paired=None) -> int:
     """Print the transcripts and write eval.json (process 0)."""
     import dataclasses
 
@@ -82,11 +129,12 @@ def _write_results(args, envs, results, run_cfg, prompt, max_context, mesh) -> i
     else:
         out = os.path.join(args.model, "eval.json") if run_cfg is not None else "eval.json"
     settings = dict(model=args.model, envs=list(envs), num_states=args.num_states, seed_start=args.seed_start,
-                    rollouts_per_state=args.rollouts_per_state, temperature=args.temperature, greedy=args.greedy,
+                    rollouts_per_state=args.rollouts_per_state, repeats=args.repeats, temperature=args.temperature,
+                    greedy=args.greedy,
                     seed=args.seed, max_context=max_context, prompt=dataclasses.asdict(prompt),
                     device=str(jax.devices()[0].platform), processes=jax.process_count(),
                     devices=jax.device_count() if mesh is not None else 1)
-    path = write_eval_json(results, out, settings)
+    path = write_eval_json(results, out, settings, extra={"paired": paired} if paired else None)
     print(f"wrote {path}", file=sys.stderr)
     return 0
 
@@ -114,7 +162,8 @@ def main(argv=None) -> int:
     try:  # cheap checks first: a typo must not cost a model load
         envs = check_env_names(args.envs.split(",") if args.envs else DEFAULT_SUITE)
         _check_model_arg(args.model, EvalError)
-    except EvalError as e:
+        before = read_comparison(args.compare, args, envs) if args.compare else None
+    except (EvalError, ValueError) as e:
         return _err(e)
 
     import dataclasses
@@ -165,7 +214,7 @@ def main(argv=None) -> int:
 
     try:
         results = evaluate(loaded.policy, params, loaded.tokenizer, envs, num_states=args.num_states,
-                           seed_start=args.seed_start, rollouts_per_state=args.rollouts_per_state,
+                           seed_start=args.seed_start, rollouts_per_state=args.rollouts_per_state, repeats=args.repeats,
                            temperature=args.temperature, greedy=args.greedy, prompt=prompt, max_context=max_context,
                            transcripts=args.transcripts, key=jax.random.PRNGKey(args.seed),
                            cache_dtype=cache_dtype, vocab=loaded.vocab, progress=progress, mesh=mesh)
@@ -175,7 +224,8 @@ def main(argv=None) -> int:
         return 0
 
     print(format_table(results))
-    return _write_results(args, envs, results, run_cfg, prompt, max_context, mesh)
+    paired = _print_paired(before, results, args.rollouts_per_state * args.repeats, args.compare) if before else None
+    return _write_results(args, envs, results, run_cfg, prompt, max_context, mesh, paired)
 
 
 if __name__ == "__main__":

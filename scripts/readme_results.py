@@ -435,6 +435,47 @@ def gpu_runs_section(res: Path) -> list[str]:
             "rollout / prepare / update | mismatch |", "|---|---|---|---|---|---|---|---|", *rows, ""]
 
 
+def _k_cell(pc: dict | None) -> str:
+    """A paired_rates result in one cell: gain [95% CI], p (k rollouts per state)."""
+    if not pc:
+        return "-"
+    lo, hi = pc["ci95"]
+    return (f"{pc['before']:.3f} -> {pc['after']:.3f}, {pc['change']:+.3f} [{lo:+.3f}, {hi:+.3f}], "
+            f"p = {pc['p_value']:.2g} ({pc['states']} x {pc['samples_per_state']})")
+
+
+def _gpu_learn_envs(res: Path):
+    """(date, device, env, record) of every published scripts/gpu_learn.sh run (not rehearsals), in file order."""
+    for f in sorted((res / "gpu_runs").glob("*.json")):
+        d = _load(f) or {}
+        if d.get("kind") != "gpu_learn" or d.get("rehearsal"):
+            continue
+        dev = (d.get("machine") or {}).get("device_kind") or "GPU"
+        for env, r in (d.get("envs") or {}).items():
+            yield f.stem[:10], dev, env, r
+
+
+def gpu_learn_section(res: Path) -> list[str]:
+    """scripts/gpu_learn.sh runs (bench/results/gpu_runs/*.json of kind gpu_learn): one row per env."""
+    rows = []
+    for date, dev, env, r in _gpu_learn_envs(res):
+        rl, sft = r.get("rl") or {}, r.get("sft") or {}
+        its = f"{rl.get('iterations', 0)} ({rl.get('stopped_by', '-')})" if rl else "-"
+        secs = (f"{_fmt(sft.get('seconds'), '.0f')} / {_fmt(rl.get('seconds'), '.0f')} / "
+                f"{_fmt((r.get('before') or {}).get('wall_s'), '.0f')}")
+        status = "" if r.get("status") == "done" else f" ({str(r.get('status'))[:80]})"
+        rows.append(f"| {date} | {dev} | {env}{status} | {its} | {_k_cell(r.get('paired'))} | "
+                    f"{_fmt((r.get('paired') or {}).get('wilcoxon_p'), '.2g')} | {secs} |")
+    head = ["### SmolLM2-135M-Instruct on a lent GPU (`scripts/gpu_learn.sh`)", ""]
+    if not rows:
+        return head + ["Not run yet: the two device calls in docs/pretrained.md (\"SmolLM2 on a lent GPU\").", ""]
+    return head + ["RAGEN's StarPO-S settings after the format warm start, as many iterations as fit in one call; "
+                   "both evaluations on the same fixed states with k rollouts each, compared state by state (paired "
+                   "permutation test, bootstrap 95% interval of the gain; raw JSON in bench/results/gpu_runs/).", "",
+                   "| date | device | env | RL iterations (stopped by) | warm start -> RL: gain [95% CI], p | "
+                   "Wilcoxon p | seconds SFT / RL / eval |", "|---|---|---|---|---|---|---|", *rows, ""]
+
+
 DEMO_DIR = Path("docs") / "demo_results"  # committed copies of the demo's outputs (launch/demo.py --publish)
 PUBLISH_CMD = "python launch/demo.py --workdir runs/demo --publish docs/demo_results && python scripts/readme_results.py"
 # The same demo from the pretrained SmolLM2-135M-Instruct (launch/demo.py --model smollm2), one published
@@ -528,8 +569,10 @@ def demo_section(root: Path, demo_dir: Path = DEMO_DIR, title: str = "### CPU de
 
     targets = summary.get("targets") or {}
     if targets:
+        with_k = any("k_sample" in t for t in targets.values())
         out += ["| target | value | goal | result | paired: before -> after (states) | flips gained / lost | "
-                "McNemar p |", "|---|---|---|---|---|---|---|"]
+                "McNemar p |" + (" k rollouts per state: gain [95% CI], p |" if with_k else ""),
+                "|---|---|---|---|---|---|---|" + ("---|" if with_k else "")]
         for label, t in targets.items():
             res = "reached" if t.get("reached") else "**NOT reached**"
             if "p_value" in t:
@@ -538,10 +581,14 @@ def demo_section(root: Path, demo_dir: Path = DEMO_DIR, title: str = "### CPU de
             else:
                 paired = ("-", "-", "-")
             out.append(f"| {label} | {_num(t.get('value'), '+.3f' if 'p_value' in t else '.3f')} | "
-                       f"{_num(t.get('target'), '.2f')} | {res} | " + " | ".join(paired) + " |")
+                       f"{_num(t.get('target'), '.2f')} | {res} | " + " | ".join(paired) + " |"
+                       + (f" {_k_cell(t.get('k_sample'))} |" if with_k else ""))
         out += ["", "A gain is RL's change over its warm start on the same states with the same sampling key: "
                 "the states that flipped each way, and the exact McNemar p-value (two-sided binomial test on "
-                "the flipped states, `ragen_jax/evaluation/paired.py`).", ""]
+                "the flipped states, `ragen_jax/evaluation/paired.py`)"
+                + ("; the last column evaluates both stages again with k rollouts per state and compares the "
+                   "per-state success rates (exact paired permutation test, bootstrap 95% interval of the mean gain)"
+                   if with_k else "") + ".", ""]
 
     # Only the curves that were published: a name in the summary whose PNG is missing would be a broken image.
     pngs = [Path(c).name for c in summary.get("curves") or []]
@@ -567,6 +614,7 @@ def render(root: Path = ROOT) -> str:
     lines += turn_blocks_section(_load(res / "turn_blocks.json"))
     lines += gpu_section([_load(f) for f in sorted(res.glob("gpu_*.json"))])
     lines += gpu_runs_section(res)
+    lines += gpu_learn_section(res)
     lines += envs_section(_load(res / "envs.json"))
     lines += sokoban_section(_load(res / "sokoban_difficulty.json"))
     lines += env_rules_section(_load(res / "env_rules.json"))
@@ -588,7 +636,18 @@ def _paired_rows(root: Path, demo_dir: Path, policy: str) -> list[str]:
         env = (label.split("(", 1)[-1].rstrip(")") if "(" in label else label).removesuffix(" success")
         rows.append(f"| {policy} | {env} | {_num(t.get('before'), '.3f')} -> {_num(t.get('after'), '.3f')} | "
                     f"{t.get('states', '-')} | {t.get('gained', '-')} / {t.get('lost', '-')} | "
-                    f"{_num(t.get('p_value'), '.2g')} | {where} |")
+                    f"{_num(t.get('p_value'), '.2g')} | {_k_cell(t.get('k_sample'))} | {where} |")
+    return rows
+
+
+def _gpu_learn_rows(res: Path) -> list[str]:
+    """The README's rows of scripts/gpu_learn.sh runs (not rehearsals): the k-sample comparison only."""
+    rows = []
+    for date, dev, env, r in _gpu_learn_envs(res):
+        pc = r.get("paired")
+        if pc:
+            rows.append(f"| SmolLM2-135M-Instruct, {r['rl']['iterations']} RL iterations of RAGEN's settings | "
+                        f"{env} | - | {pc['states']} | - | - | {_k_cell(pc)} | {dev}, {date} |")
     return rows
 
 
@@ -610,10 +669,12 @@ def summary(root: Path = ROOT) -> str:
     for family in PRETRAINED_FAMILIES:
         if (root / PRETRAINED_DIR / family / "demo_summary.json").is_file():
             rows += _paired_rows(root, PRETRAINED_DIR / family, "SmolLM2-135M-Instruct")
+    rows += _gpu_learn_rows(root / "bench" / "results")
     lines = [SUMMARY_START, "(generated by `python scripts/readme_results.py`; do not edit)", ""]
     if rows:
-        lines += ["| policy | env | warm start -> RL success | states | flips gained / lost | McNemar p | machine |",
-                  "|---|---|---|---|---|---|---|", *rows, ""]
+        lines += ["| policy | env | warm start -> RL success | states | flips gained / lost | McNemar p | "
+                  "k rollouts per state: before -> after, gain [95% CI], p | machine |",
+                  "|---|---|---|---|---|---|---|---|", *rows, ""]
     else:
         lines += [f"The demo results have not been published yet: `{PUBLISH_CMD}`.", ""]
     lines += _gpu_sentence([_load(f) for f in sorted((root / "bench" / "results").glob("gpu_*.json"))])

@@ -7,11 +7,14 @@ Runs only launch/demo.py's second stage (StarPO-S RL from `model.init_from=<sft>
 demo config plus the given overrides) and evaluates the policy on the demo's fixed states (same
 seeds, temperature and sampling key as launch/demo.py's StageEvaluator; `--temperatures` adds
 evaluations at other sampling temperatures, e.g. the training rollouts' 1.0) before RL and after each
-iteration count in --eval-at, each compared with the warm start pairwise (flips and exact McNemar
-p, ragen_jax/evaluation/paired.py). The warm start's evaluation is cached in
-<out>/../<family>_before.json (<family>_before_T<t>.json at other temperatures), keyed by the SFT
-run (its path and export time), the number of states and the temperature, the only things its
-outcome depends on besides the fixed eval settings, so variants of one warm start evaluate it once.
+iteration count in --eval-at, each compared with the warm start pairwise (ragen_jax/evaluation/paired.py
+`paired_rates`: with --eval-samples 1, the default and the earlier results' protocol, flips and exact
+McNemar p; with k > 1 rollouts per state, the per-state success rates' paired permutation test; both
+with a bootstrap 95% interval of the mean gain). `--greedy` evaluates with argmax decoding instead. The
+warm start's evaluation is cached in <out>/../<family>_before.json (<family>_before_T<t>.json at other
+temperatures, _k<k> / _greedy for the other protocols), keyed by the SFT run (its path and export
+time), the number of states, the temperature, k and greedy, the only things its outcome depends on
+besides the fixed eval settings, so variants of one warm start evaluate it once.
 Writes <out>/rl (the run), <out>/it<N> per eval point (the policy in a finished run's layout: evaluate it
 with launch/eval.py or continue from it with --sft <out>/it<N>), <out>/result.json, and prints one
 line per eval point and temperature.
@@ -37,7 +40,7 @@ from absl import logging as absl_logging
 from ragen_jax.recipes.demo import (EVAL_STATES, EVAL_TEMPERATURE, FROZEN_LAKE_EVAL_ENVS, MODEL_CONFIGS, SOKOBAN_EVAL_ENVS,
                                     StageEvaluator)
 from ragen_jax.experiment.config import load_config
-from ragen_jax.evaluation.paired import paired_change
+from ragen_jax.evaluation.paired import format_paired, paired_rates
 from ragen_jax.trainer.rl import Trainer
 
 FAMILIES = {"sokoban": SOKOBAN_EVAL_ENVS[0], "frozen_lake": FROZEN_LAKE_EVAL_ENVS[0]}  # family -> its eval env
@@ -58,6 +61,10 @@ def parse(argv=None):
     p.add_argument("--temperatures", default=str(EVAL_TEMPERATURE),
                    help=f"comma-separated evaluation temperatures (default {EVAL_TEMPERATURE}, the demo's); the "
                         "first is the one result.json's points report, every one is printed and kept")
+    p.add_argument("--eval-samples", type=int, default=1,
+                   help="rollouts per state of every evaluation (default 1: the published results' protocol; "
+                        "k > 1 compares per-state success rates, docs/pretrained.md 'How many samples per state')")
+    p.add_argument("--greedy", action="store_true", help="evaluate with argmax decoding (temperatures ignored)")
     p.add_argument("overrides", nargs="*", help="config overrides section.key=value")
     # Intermixed: overrides may come before and after the options (plain parse_args rejects
     # `a=1 --out X b=2`).
@@ -82,6 +89,10 @@ def parse(argv=None):
         p.error(f"--temperatures must be comma-separated numbers, got {args.temperatures!r}")
     if not temps or min(temps) <= 0:
         p.error(f"--temperatures must name at least one temperature > 0, got {args.temperatures!r}")
+    if args.eval_samples < 1:
+        p.error(f"--eval-samples must be a positive integer (rollouts per state), got {args.eval_samples}")
+    if args.greedy:
+        temps = temps[:1]  # argmax decoding: one evaluation per point, whatever the temperature
     return args, cfg, points, temps
 
 
@@ -93,9 +104,12 @@ def warm_start_results(args, evaluators, rl, env, temps) -> dict:
     befores = {}
     for t in temps:
         tag = "" if t == EVAL_TEMPERATURE else f"_T{t:g}"
+        tag += (f"_k{args.eval_samples}" if args.eval_samples > 1 else "") + ("_greedy" if args.greedy else "")
         cache = os.path.join(os.path.dirname(os.path.abspath(args.out)), f"{args.family}_before{tag}.json")
         key = {"sft": os.path.abspath(args.sft), "eval_states": args.eval_states, "temperature": t,
                "policy_mtime": os.path.getmtime(policy) if os.path.exists(policy) else None}
+        if args.eval_samples > 1 or args.greedy:  # the earlier caches' keys stay valid
+            key.update(eval_samples=args.eval_samples, greedy=args.greedy)
         before = None
         if os.path.exists(cache):
             with open(cache) as f:
@@ -127,7 +141,8 @@ def main(argv=None) -> int:
     if rl.iteration:
         raise SystemExit(f"{args.out}/rl already holds a run at iteration {rl.iteration}; use a fresh --out")
     setup_s, setup_cpu = time.perf_counter() - t0, time.process_time() - c0
-    evaluators = {t: StageEvaluator(rl, (env,), args.eval_states, temperature=t) for t in temps}
+    evaluators = {t: StageEvaluator(rl, (env,), args.eval_states, temperature=t, repeats=args.eval_samples,
+                                    greedy=args.greedy) for t in temps}
 
     befores = warm_start_results(args, evaluators, rl, env, temps)
 
@@ -150,17 +165,19 @@ def main(argv=None) -> int:
             e1 = time.perf_counter()
             after = evaluators[t](rl.state.actor)[env]
             before = befores[t]
-            pc = paired_change(before["state_success"], after["state_success"])
+            pc = paired_rates(before["state_success"], after["state_success"], args.eval_samples)
             row = {"iteration": it, "temperature": t, "success": after["success"], "format_ok": after["format_ok"],
-                   "gained": pc["gained"], "lost": pc["lost"], "p_value": pc["p_value"], "change": pc["change"],
+                   # k = 1: flips each way (McNemar); k > 1: states whose rate rose / fell.
+                   "gained": pc.get("gained", pc["improved"]), "lost": pc.get("lost", pc["worsened"]),
+                   "p_value": pc["p_value"], "change": pc["change"], "ci95": pc["ci95"],
+                   "wilcoxon_p": pc["wilcoxon_p"], "samples_per_state": args.eval_samples, "greedy": args.greedy,
                    "rl_train_s": train_s, "rl_train_cpu_s": train_cpu, "eval_s": time.perf_counter() - e1,
                    "loadavg": os.getloadavg()[0],
                    # Per-state outcomes: variants of one warm start compare state by state
                    # (scripts/compare_variants.py).
                    "state_success": [float(x) for x in after["state_success"]]}
             rows.append(row)
-            print(f"it {it:3d} (T={t:g}): success {before['success']:.3f} -> {after['success']:.3f} "
-                  f"({pc['change']:+.3f}; {pc['gained']} gained / {pc['lost']} lost, p = {pc['p_value']:.2g}), format "
+            print(f"it {it:3d} ({'greedy' if args.greedy else f'T={t:g}'}): {format_paired(pc)}, format "
                   f"{after['format_ok']:.2f}; RL {train_s:.0f} s ({train_cpu:.0f} CPU s), load {row['loadavg']:.1f}",
                   flush=True)
     metrics_f.close()
@@ -170,7 +187,8 @@ def main(argv=None) -> int:
                    "before": {k: v for k, v in befores[temps[0]].items() if k not in strip},
                    "before_by_temperature": {f"{t:g}": {k: v for k, v in b.items() if k not in strip}
                                              for t, b in befores.items()},
-                   "eval_states": args.eval_states, "setup_s": setup_s, "setup_cpu_s": setup_cpu,
+                   "eval_states": args.eval_states, "eval_samples": args.eval_samples, "greedy": args.greedy,
+                   "setup_s": setup_s, "setup_cpu_s": setup_cpu,
                    "points": [r for r in rows if r["temperature"] == temps[0]],
                    "points_by_temperature": rows}, f, indent=2)
     return 0

@@ -45,3 +45,28 @@ def test_one_variant_or_an_unfinished_one_is_refused(tmp_path, capsys):
     with pytest.raises(SystemExit):
         compare_variants.main(["--family", "sokoban", "--sft", str(tmp_path), a, str(tmp_path / "empty")])
     assert "holds no finished rl_variant run" in capsys.readouterr().err
+
+
+def test_k_rollouts_per_state_compare_rates_and_mixed_protocols_are_refused(tmp_path, capsys):
+    from ragen_jax.evaluation.paired import paired_rates
+
+    def variant(name, states, k):
+        d = tmp_path / name
+        d.mkdir()
+        point = {"iteration": 5, "temperature": 0.5, "success": sum(states) / len(states), "rl_train_s": 1.0,
+                 "state_success": states}
+        (d / "result.json").write_text(json.dumps({"overrides": [], "eval_samples": k,
+                                                   "points_by_temperature": [point]}))
+        return str(d)
+
+    a = variant("a", [0.25, 0.5, 0.0, 1.0], 4)
+    b = variant("b", [0.75, 0.5, 0.25, 1.0], 4)
+    assert compare_variants.main(["--family", "sokoban", "--sft", str(tmp_path), a, b]) == 0
+    out = json.loads((tmp_path / "compare_sokoban.json").read_text())
+    assert out["samples_per_state"] == 4
+    assert out["rows"][1]["vs_baseline"] == json.loads(json.dumps(paired_rates([0.25, 0.5, 0.0, 1.0],
+                                                                               [0.75, 0.5, 0.25, 1.0], 4)))
+    assert out["rows"][1]["vs_baseline"]["p_value"] == 0.5  # sign flips of 2 and 1 rollouts: |S| >= 3 in 2 of 4
+    c = variant("c", [1.0, 0.0, 0.0, 1.0], 1)
+    with pytest.raises(SystemExit, match="compare variants evaluated the same way"):
+        compare_variants.main(["--family", "sokoban", "--sft", str(tmp_path), a, c])

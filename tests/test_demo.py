@@ -62,6 +62,14 @@ def test_eval_json(quick_run):
             assert abs(m["pass@1"] - m["success"]) < 1e-6
             # Bandit rewards are in {format penalty (<= 0), 0, 0.1, 1}: the mean lies in [-1, 1].
             assert -1.0 <= m["reward_mean"] <= 1.0
+    # Beside it, the gain env with k rollouts per state on the same states: per-state rates j/k.
+    k = demo.EVAL_SAMPLES
+    assert doc["settings"]["k_sample_rollouts_per_state"] == k and set(doc["k_sample"]) == set(res)
+    for stage, envs in doc["k_sample"].items():
+        m = envs["Bandit"]
+        assert set(envs) == {"Bandit"} and m["num_states"] == EVAL_STATES and m["num_episodes"] == EVAL_STATES * k
+        assert all(abs(r * k - round(r * k)) < 1e-9 for r in m["state_success"])
+        assert abs(sum(m["state_success"]) / EVAL_STATES - m["success"]) < 1e-9
 
 
 def test_summary_and_stage_runs(quick_run):
@@ -73,11 +81,20 @@ def test_summary_and_stage_runs(quick_run):
     for t in s["stages"].values():
         for k in ("train_s", "eval_s", "train_cpu_s", "eval_cpu_s", "total_s"):
             assert isinstance(t[k], (int, float)) and math.isfinite(t[k]) and t[k] >= 0, k
-        assert abs(t["total_s"] - (t["train_s"] + t["eval_s"])) < 1e-6
+        assert abs(t["total_s"] - (t["train_s"] + t["eval_s"] + t["eval_k_s"])) < 1e-6
     for k in ("total_s", "total_cpu_s"):
         assert isinstance(s[k], (int, float)) and math.isfinite(s[k]), k
     assert s["peak_rss_mb"] > 50  # jax alone takes more than that
     assert "bandit/rl Bandit high_arm_rate" in s["targets"]
+    # The k-sample comparison of the two stages is paired.py's on eval.json's per-state rates.
+    from ragen_jax.evaluation.paired import paired_rates
+
+    ks = json.loads((work / "eval.json").read_text())["k_sample"]
+    gain = s["targets"]["bandit: RL gain over warm start (Bandit success)"]
+    want = paired_rates(ks["bandit/sft"]["Bandit"]["state_success"], ks["bandit/rl"]["Bandit"]["state_success"],
+                        demo.EVAL_SAMPLES)
+    assert gain["k_sample"] == json.loads(json.dumps(want))
+    assert "k samples per state:" in proc.stdout
     # The printed table names every stage.
     for stage in s["stages"]:
         assert f"== {stage} " in proc.stdout
@@ -181,3 +198,39 @@ def test_check_targets_hand_computed():
     assert (f["gained"], f["lost"], f["value"], f["reached"], f["p_value"]) == (1, 1, 0.0, False, 1.0)
     line = demo.format_target("x", g)
     assert "4 gained, 1 lost" in line and "p = 0.38" in line and "0.400 -> 0.700" in line
+    assert "k_sample" not in g  # no k-sample evaluation given
+    # With k = 2 rollouts per state: rates (0, 1/2, 1/2, 1) -> (1, 1/2, 1, 1): differences in rollouts
+    # 2, 0, 1, 0; sign flips of {2, 1} give |S| >= 3 in 2 of 4 patterns: p = 1/2; mean gain 3/8.
+    rk = {"sokoban/sft": {"Sokoban": {"state_success": [0, 0.5, 0.5, 1], "num_episodes": 8, "num_states": 4}},
+          "sokoban/rl": {"Sokoban": {"state_success": [1, 0.5, 1, 1], "num_episodes": 8, "num_states": 4}}}
+    gk = demo.check_targets(r, rk)["sokoban: RL gain over warm start (Sokoban success)"]
+    assert gk["value"] == g["value"]  # the one-rollout result stays the target's value
+    assert gk["k_sample"]["p_value"] == 0.5 and gk["k_sample"]["change"] == 3 / 8
+    assert gk["k_sample"]["samples_per_state"] == 2
+    assert "k samples per state: 0.500 -> 0.875 (+0.375" in demo.format_target("x", gk)
+
+
+def test_rl_curve_draws_both_stages_evaluations_with_intervals():
+    """The RL figure's success panel: the warm start's evaluation at iteration 0 and RL's at its last
+    iteration, each with the bootstrap 95% interval of its per-state success (the k-sample evaluation
+    where there is one), and the paired comparison as the title."""
+    from ragen_jax.evaluation.paired import bootstrap_interval, format_paired, paired_rates
+
+    one = {"sokoban/sft": {"Sokoban": {"success": 0.5, "state_success": [0, 1, 1, 0], "num_episodes": 4,
+                                       "num_states": 4}},
+           "sokoban/rl": {"Sokoban": {"success": 0.75, "state_success": [1, 1, 1, 0], "num_episodes": 4,
+                                      "num_states": 4}}}
+    evals, title = demo.stage_evals("sokoban", "rl", one, {}, 30)
+    assert list(evals) == ["Sokoban eval: warm start", "Sokoban eval: after RL"]
+    assert evals["Sokoban eval: warm start"] == {"value": 0.5, "ci": bootstrap_interval([0, 1, 1, 0]), "step": 0}
+    assert evals["Sokoban eval: after RL"]["step"] == 30
+    assert title == "Sokoban, warm start -> RL: " + format_paired(paired_rates([0, 1, 1, 0], [1, 1, 1, 0], 1))
+    ks = {"sokoban/sft": {"Sokoban": {"success": 0.25, "state_success": [0, 0.5, 0.5, 0], "num_episodes": 8,
+                                      "num_states": 4}},
+          "sokoban/rl": {"Sokoban": {"success": 0.5, "state_success": [0.5, 1, 0.5, 0], "num_episodes": 8,
+                                     "num_states": 4}}}
+    evals, title = demo.stage_evals("sokoban", "rl", one, ks, 30)
+    assert evals["Sokoban eval, 2 per state: warm start"]["value"] == 0.25
+    assert "on 4 states x 2" in title
+    sft_evals, sft_title = demo.stage_evals("sokoban", "sft", one, ks, 12)
+    assert list(sft_evals) == ["Sokoban eval, 2 per state: after SFT"] and sft_title is None

@@ -2,7 +2,7 @@
 
 Truths: no policy beats the value-iteration teacher on any map (so not on average either); the
 constant view is the one action the teacher takes most often, whose exact value a hand-built table
-gives; the uniform policy's value is the plain-Python reference's (tests/envs_jax/ref_frozen_lake.py).
+gives; the uniform policy's value is the plain-Python reference's (envs_py/frozen_lake.py).
 """
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ import numpy as np
 
 from scripts import frozen_lake_ceilings as fc
 from envs_jax.frozen_lake import rows_from_state
-from tests.envs_jax import ref_frozen_lake as ref
+from envs_py import frozen_lake as ref
 
 
 def test_views_against_the_teacher_and_the_reference():

@@ -16,6 +16,7 @@ ROOT = Path(__file__).resolve().parent.parent
 # Stage of each top-level part, in the order data flows. The longest matching prefix decides.
 STAGES = {
     "envs_jax": 0,
+    "envs_py": 0,  # the environments' plain-Python ports (the tests' truths, the benchmarks' baselines)
     "ragen_jax.runtime": 0,  # process set-up of the launchers; imports nothing of the project
     "ragen_jax.text": 1,  # tokenizer, state -> ids, parsing
     "ragen_jax.models": 2,
@@ -37,6 +38,8 @@ TOP_LEVEL = {k.split(".")[0] for k in STAGES}
 # The library packages: their project imports sit at the top of the module. Entry points, benches and
 # scripts import late on purpose (after joining a cluster, setting XLA flags or parsing --help).
 LIBRARIES = ("envs_jax", "ragen_jax")
+# The ports stay independent of the code they check: they import nothing of the project but themselves.
+INDEPENDENT = ("envs_py",)
 # Private names that tests still reach in modules other work owns (the model families and the
 # tokenizer are being rewritten elsewhere): each entry must still be needed, so the list only shrinks.
 SKIP_DIRS = {".git", ".ci-venv", ".venv", "venv", "build", "dist", "__pycache__", ".pytest_cache", ".hypothesis", "runs"}
@@ -209,6 +212,13 @@ def test_every_python_file_has_a_stage():
 def test_imports_follow_the_stage_order():
     graph, _ = _graph()
     assert stage_violations(graph) == []
+
+
+def test_the_ports_import_nothing_of_the_project():
+    graph, _ = _graph()
+    leaks = sorted(f"{m} imports {d}" for m, deps in graph.items() if m.split(".")[0] in INDEPENDENT
+                   for d in deps if d.split(".")[0] not in INDEPENDENT)
+    assert leaks == []
 
 
 def test_no_import_cycles():

@@ -289,7 +289,7 @@ def test_readme_summary_rows(tmp_path):
     (res / "gpu_cpu-rehearsal.json").write_text(json.dumps({"summary": {"rehearsal": True, "rollout_s": 1.0}}))
     md = readme_results.summary(root)
     lines = md.splitlines()
-    assert "| tiny, from scratch | Sokoban | 0.188 -> 0.180 | 256 | 3 / 5 | 0.73 | 2-core CPU, 21 min |" in lines
+    assert "| tiny, from scratch | Sokoban | 0.188 -> 0.180 | 256 | 3 / 5 | 0.73 | - | 2-core CPU, 21 min |" in lines
     assert not any("high_arm_rate" in ln for ln in lines)  # not a paired target
     assert "RL iteration" not in md
     (res / "gpu_h100.json").write_text(json.dumps({"summary": {
@@ -315,3 +315,18 @@ def test_committed_tables_are_current_and_the_readme_short():
     stale = [str(p) for p, (old, new) in readme_results.rewritten().items() if old != new]
     assert not stale, f"out of date: {stale}; run python scripts/readme_results.py"
     assert len((readme_results.ROOT / "README.md").read_text().splitlines()) <= 200
+
+
+def test_k_sample_results_get_their_column(tmp_path):
+    """A gain target with a k-sample comparison (launch/demo.py --eval-samples): its cell in the demo's
+    targets table and the README's summary, typed out from the numbers."""
+    summary = json.loads(json.dumps(SUMMARY))
+    label = next(k for k, t in summary["targets"].items() if "p_value" in t)
+    summary["targets"][label]["k_sample"] = {"before": 0.5, "after": 0.5625, "change": 0.0625,
+                                            "ci95": [0.0234, 0.1016], "p_value": 0.00213, "states": 256,
+                                            "samples_per_state": 8}
+    root = _root(tmp_path, summary=summary)
+    cell = "0.500 -> 0.562, +0.062 [+0.023, +0.102], p = 0.0021 (256 x 8)"
+    demo_rows = [ln for ln in readme_results.render(root).splitlines() if ln.startswith(f"| {label} |")]
+    assert len(demo_rows) == 1 and demo_rows[0].endswith(f" {cell} |")
+    assert any(f"| {cell} |" in ln for ln in readme_results.summary(root).splitlines())

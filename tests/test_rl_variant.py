@@ -27,7 +27,11 @@ def test_overrides_on_both_sides_of_the_options_all_apply(sft, tmp_path):
     assert cfg.model.init_from == os.path.abspath(sft) and cfg.train.val_every == 0
     assert points == [3, 7] and temps == [0.5, 1.0]
     assert args.overrides == ["optim.actor_lr=2e-4", "train.iterations=7", "rollout.num_groups=16"]
+    assert args.eval_samples == 1 and not args.greedy  # the published results' protocol by default
     assert not out.exists()
+    args, _, _, temps = rl_variant.parse(["--family", "sokoban", "--sft", sft, "--out", str(out), "--greedy",
+                                          "--eval-samples", "8", "--temperatures", "0.5,1"])
+    assert args.eval_samples == 8 and temps == [0.5]  # greedy: one evaluation per point
 
 
 @pytest.mark.parametrize("extra, words", [
@@ -36,6 +40,7 @@ def test_overrides_on_both_sides_of_the_options_all_apply(sft, tmp_path):
     (["--eval-at", "0"], "must lie in 1..train.iterations=7"),
     (["--eval-at", "8"], "must lie in 1..train.iterations=7"),
     (["--eval-at", "3,x"], "--eval-at must be comma-separated iteration counts"),
+    (["--eval-samples", "0"], "--eval-samples must be a positive integer"),
 ])
 def test_bad_arguments_get_one_sentence_and_write_nothing(sft, tmp_path, capsys, extra, words):
     out = tmp_path / "v"

@@ -109,8 +109,26 @@ def episode_metrics(traj, rollouts_per_state: int, env_name: str = "") -> dict:
     return out
 
 
+def pool_repeats(trajs: list, num_states: int, rollouts_per_state: int):
+    """Host trajectories of R runs of one rollout program on the same states -> one batch whose rows
+    are ordered by state, then run, then rollout (as one run with R x rollouts_per_state would be)."""
+    if len(trajs) == 1:
+        return trajs[0]
+    batch = num_states * rollouts_per_state
+
+    def pool(*leaves):
+        a = np.stack([np.asarray(x) for x in leaves])  # (R, P*N, ...)
+        if a.ndim < 2 or a.shape[1] != batch:
+            return np.asarray(leaves[0])  # not per episode
+        a = a.reshape(len(leaves), num_states, rollouts_per_state, *a.shape[2:]).swapaxes(0, 1)
+        return a.reshape(num_states * len(leaves) * rollouts_per_state, *a.shape[3:])
+
+    return jax.tree.map(pool, *trajs)
+
+
 def evaluate(policy, params, tokenizer, envs: Sequence[str] = DEFAULT_SUITE, *, num_states: int = 256,
-             seed_start: int = 123, rollouts_per_state: int = 1, temperature: float = 0.5, greedy: bool = False,
+             seed_start: int = 123, rollouts_per_state: int = 1, repeats: int = 1, temperature: float = 0.5,
+             greedy: bool = False,
              prompt=None, max_context: int = 3600, transcripts: int = 0, mesh=None, key=None,
              env_overrides: Optional[dict] = None, cache_dtype: Optional[str] = None, vocab=None,
              progress: Optional[Callable[[str, str, Optional[dict]], None]] = None) -> dict:
@@ -118,7 +136,10 @@ def evaluate(policy, params, tokenizer, envs: Sequence[str] = DEFAULT_SUITE, *, 
 
     Initial states are the fixed seeds seed_start .. seed_start + num_states - 1 (the reference's
     validation set: 256 states from 123, one rollout each, temperature 0.5). `key` (default
-    PRNGKey(0)) drives sampling and env randomness, the same for every env. `prompt`: PromptConfig;
+    PRNGKey(0)) drives sampling and env randomness, the same for every env. `repeats` R > 1 runs the
+    same compiled rollout R times (keys: `key` itself, then fold_in(key, r)) and pools the episodes,
+    so every state gets R x rollouts_per_state samples at the memory of one run (the first run is
+    the R = 1 evaluation itself; metrics and pass@k are the pooled batch's). `prompt`: PromptConfig;
     Single-action envs (Bandit) always get one turn with one action (`prompt_for_env`). `env_overrides`:
     {env name: parameter overrides for envs_jax.make}. `vocab`: the VocabMap of a small-vocabulary
     model (`LoadedPolicy.vocab`). `transcripts`: that many sample conversations
@@ -132,7 +153,7 @@ def evaluate(policy, params, tokenizer, envs: Sequence[str] = DEFAULT_SUITE, *, 
     """
     names = check_env_names(envs)
     for what, v in (("num_states", num_states), ("rollouts_per_state", rollouts_per_state),
-                    ("max_context", max_context)):
+                    ("repeats", repeats), ("max_context", max_context)):
         if isinstance(v, bool) or not isinstance(v, (int, np.integer)) or v < 1:
             raise EvalError(f"{what} must be a positive integer, got {v!r}")
     if transcripts < 0:
@@ -156,12 +177,14 @@ def evaluate(policy, params, tokenizer, envs: Sequence[str] = DEFAULT_SUITE, *, 
             raise EvalError(f"{name}: {e}") from None
         t0 = time.perf_counter()
         # Gathered from every process when the episodes are sharded over several (all take part).
-        traj = host_copy(ro(params, key, seeds.astype(np.int32)))
-        m = episode_metrics(traj, rollouts_per_state, name)
+        trajs = [host_copy(ro(params, key if r == 0 else jax.random.fold_in(key, r), seeds.astype(np.int32)))
+                 for r in range(repeats)]
+        traj = pool_repeats(trajs, num_states, rollouts_per_state)
+        m = episode_metrics(traj, rollouts_per_state * repeats, name)
         m["seconds"] = time.perf_counter() - t0
         if transcripts:
             m["transcripts"] = [format_trajectory(traj, r, tokenizer)
-                                for r in range(min(transcripts, num_states * rollouts_per_state))]
+                                for r in range(min(transcripts, num_states * rollouts_per_state * repeats))]
         results[name] = m
         if progress is not None:
             progress(name, "done", m)
@@ -220,11 +243,17 @@ def _jsonable(x):
     return x
 
 
-def write_eval_json(results: dict, path: str | Path, settings: Optional[dict] = None) -> Path:
-    """Write {"settings": ..., "results": {env: metrics}} (atomically: a temp file, then a rename)."""
+def write_eval_json(results: dict, path: str | Path, settings: Optional[dict] = None, *,
+                    extra: Optional[dict] = None) -> Path:
+    """Write {"settings": ..., "results": {env: metrics}, **extra} (atomically: a temp file, then a
+    rename); `extra`: further top-level entries (the demo's "k_sample" results)."""
     path = Path(path).expanduser()
     path.parent.mkdir(parents=True, exist_ok=True)
     doc = {"settings": _jsonable(settings or {}), "results": _jsonable(results)}
+    for k, v in (extra or {}).items():
+        if k in doc:
+            raise ValueError(f"write_eval_json: extra entry {k!r} would replace the file's own {k!r}")
+        doc[k] = _jsonable(v)
     tmp = path.with_name(path.name + ".tmp")
     tmp.write_text(json.dumps(doc, indent=2, sort_keys=False) + "\n")
     tmp.replace(path)
@@ -257,5 +286,5 @@ def format_table(results: dict) -> str:
     return "\n".join(lines)
 
 
-__all__ = ["validate_run", "log_validation", "DEFAULT_SUITE", "check_env_names", "episode_metrics",
+__all__ = ["pool_repeats", "validate_run", "log_validation", "DEFAULT_SUITE", "check_env_names", "episode_metrics",
            "evaluate", "flat_metrics", "format_table", "get_rollout", "write_eval_json"]

@@ -117,18 +117,16 @@ def read_metrics(workdir) -> list[dict]:
     return rows
 
 
-# Weight of the curves' exponential moving average: TensorBoard's default smoothing, so the PNG and
-# the TensorBoard view of a run show the same trend line.
+# TensorBoard's default smoothing weight (`smooth_ema`; plot_curves draws it when asked with `smoothing=`).
 CURVE_SMOOTHING = 0.6
 
 
 def smooth_ema(values, weight: float = CURVE_SMOOTHING) -> list[float]:
     """TensorBoard's debiased exponential moving average of a series.
 
-    EMA rather than a centred moving average: it is causal (the trend at iteration t uses only
-    iterations <= t, as a reader watching the run live saw it) and needs no window at the ends.
-    The debiasing (divide by 1 - weight^n) keeps the first points at the data's level instead of
-    pulled towards 0. Non-finite values pass through and are not averaged in."""
+    Causal (the trend at iteration t uses only iterations <= t, as a reader watching the run live saw
+    it); the PNGs draw a centred window instead (`smooth_window`). The debiasing (divide by
+    1 - weight^n) keeps the first points at the data's level instead of pulled towards 0. Non-finite values pass through and are not averaged in."""
     if not 0.0 <= weight < 1.0:
         raise ValueError(f"smoothing weight must be in [0, 1), got {weight}")
     out, last, n = [], 0.0, 0
@@ -150,32 +148,80 @@ def _eval_panel(keys: list[str], eval_key: str | None) -> str | None:
     return next((k for k in keys if "success" in k), None)
 
 
-def _draw_series(ax, pts, key: str, smoothing: float) -> None:
+def smooth_window(values, window: int) -> list[float]:
+    """Centred moving mean: point t is the mean of the finite values at t - h .. t + h (h = window // 2;
+    fewer at the ends, where the window is cut, not padded). Non-finite values pass through.
+
+    Centred rather than causal (TensorBoard's EMA): a figure read after the run should show the
+    trend where it happens, and a window of several iterations averages out the sampling noise of
+    one iteration's few groups, which an EMA of weight 0.6 (about 4 iterations) does not."""
+    if isinstance(window, bool) or not isinstance(window, int) or window < 1:
+        raise ValueError(f"smoothing window must be a whole number of iterations >= 1, got {window!r}")
+    vals = [float(v) for v in values]
+    h = window // 2
+    out = []
+    for t, v in enumerate(vals):
+        if not math.isfinite(v):
+            out.append(v)
+            continue
+        near = [x for x in vals[max(0, t - h): t + h + 1] if math.isfinite(x)]
+        out.append(sum(near) / len(near))
+    return out
+
+
+def default_window(n: int) -> int:
+    """A window of about a tenth of the run (odd, at least 1): 21 iterations for a run of 210."""
+    w = max(1, round(n / 10))
+    return w if w % 2 else w + 1
+
+
+def _draw_series(ax, pts, key: str, smoothing: float | None, window: int | None) -> None:
     xs, ys = [p[0] for p in pts], [p[1] for p in pts]
-    ax.plot(xs, ys, color="C0", alpha=0.3, lw=0.8, marker="o", ms=2, label="raw")
-    ax.plot(xs, smooth_ema(ys, smoothing), color="C0", lw=1.8, label=f"EMA {smoothing:g}")
+    ax.plot(xs, ys, color="C0", alpha=0.3, lw=0.8, marker="o", ms=2, label="each iteration")
+    if smoothing is not None:
+        ax.plot(xs, smooth_ema(ys, smoothing), color="C0", lw=1.8, label=f"EMA {smoothing:g}")
+    else:
+        w = window or default_window(len(ys))
+        if w > 1:
+            ax.plot(xs, smooth_window(ys, w), color="C0", lw=1.8, label=f"mean of {w} iterations (centred)")
     ax.set_title(key, fontsize=10)
     ax.set_xlabel("iteration")
     ax.grid(alpha=0.3)
 
 
-def _draw_evals(ax, evals: dict[str, float]) -> None:
-    for i, (label, value) in enumerate(evals.items()):
-        ax.axhline(float(value), color=f"C{i + 1}", ls="--", lw=1.2, label=f"{label}: {float(value):.3f}")
-    ax.legend(fontsize=7, loc="best")
+def _draw_evals(ax, evals: dict) -> None:
+    """A number: a dashed horizontal line. A dict {"value", "ci": (lo, hi), "step"}: a point at that
+    iteration with its interval as an error bar (the evaluation before RL at 0, after it at the end).
+    The panel's legend names these alone (the series' entries are on the first panel)."""
+    handles = []
+    for i, (label, e) in enumerate(evals.items()):
+        color = f"C{i + 1}"
+        if not isinstance(e, dict):
+            handles.append(ax.axhline(float(e), color=color, ls="--", lw=1.2, label=f"{label}: {float(e):.3f}"))
+            continue
+        v, ci = float(e["value"]), e.get("ci")
+        text = f"{label}: {v:.3f}" + (f" [{ci[0]:.3f}, {ci[1]:.3f}]" if ci else "")
+        yerr = None if not ci else [[v - float(ci[0])], [float(ci[1]) - v]]
+        handles.append(ax.errorbar([e.get("step", 0)], [v], yerr=yerr, fmt="s", color=color, ms=6, capsize=5, lw=1.6,
+                                   label=text, zorder=5))
+    ax.legend(handles=handles, fontsize=6.5, loc="best", framealpha=0.6)
 
 
 def plot_curves(workdir: str | Path, keys: tuple[str, ...], out: str | Path | None = None, *,
-                evals: dict[str, float] | None = None, eval_key: str | None = None,
-                smoothing: float = CURVE_SMOOTHING) -> Path | None:
+                evals: dict | None = None, eval_key: str | None = None, smoothing: float | None = None,
+                window: int | None = None, title: str | None = None) -> Path | None:
     """PNG of the given metrics against iteration (one panel each), from metrics.jsonl.
 
-    Each panel draws the raw points faint and their EMA (`smooth_ema`, weight `smoothing`) over them.
-    `evals` (label -> value, e.g. {"eval success": 0.62}) are drawn as dashed horizontal lines with
-    their values in the legend, on the panel of `eval_key` (default: the first plotted key naming
-    "success"; without one, on a panel of their own)."""
-    if not 0.0 <= smoothing < 1.0:
+    Each panel draws every iteration's value faint and a centred mean over `window` iterations
+    (`smooth_window`; default about a tenth of the run, `default_window`) over them; `smoothing`
+    (a weight in [0, 1)) draws TensorBoard's EMA instead. `evals` (label -> value, or label ->
+    {"value", "ci": (lo, hi), "step"}) are drawn on the panel of `eval_key` (default: the first
+    plotted key naming "success"; without one, on a panel of their own): a value as a dashed line,
+    a dict as a point at its iteration with its interval. `title`: a line above the panels."""
+    if smoothing is not None and not 0.0 <= smoothing < 1.0:
         raise ValueError(f"plot_curves: smoothing must be in [0, 1), got {smoothing}")
+    if window is not None and (isinstance(window, bool) or not isinstance(window, int) or window < 1):
+        raise ValueError(f"plot_curves: window must be a whole number of iterations >= 1, got {window!r}")
     if eval_key is not None and eval_key not in keys:
         raise ValueError(f"plot_curves: eval_key {eval_key!r} is not one of the plotted keys {list(keys)}")
     rows = read_metrics(workdir)
@@ -196,21 +242,23 @@ def plot_curves(workdir: str | Path, keys: tuple[str, ...], out: str | Path | No
     nrows = math.ceil(n_panels / cols)
     fig, axes = plt.subplots(nrows, cols, figsize=(4.2 * cols, 3.0 * nrows), squeeze=False)
     for ax, k in zip(axes.flat, keys):
-        _draw_series(ax, [(r["step"], r[k]) for r in rows if k in r], k, smoothing)
+        _draw_series(ax, [(r["step"], r[k]) for r in rows if k in r], k, smoothing, window)
         if k == target:
             _draw_evals(ax, evals)
         elif k == keys[0]:
             ax.legend(fontsize=7, loc="best")
     if own_panel:
         ax = list(axes.flat)[len(keys)]
-        steps = [r["step"] for r in rows]
-        ax.set_xlim(min(steps), max(steps) if max(steps) > min(steps) else min(steps) + 1)
+        steps = [r["step"] for r in rows] + [e["step"] for e in evals.values() if isinstance(e, dict) and "step" in e]
+        ax.set_xlim(min(steps) - 0.5, max(steps) + 0.5)
         ax.set_title("evaluation", fontsize=10)
         ax.set_xlabel("iteration")
         ax.grid(alpha=0.3)
         _draw_evals(ax, evals)
     for ax in list(axes.flat)[n_panels:]:
         ax.axis("off")
+    if title:
+        fig.suptitle(title, fontsize=9)
     fig.tight_layout()
     out = Path(out) if out is not None else Path(workdir) / "curves.png"
     fig.savefig(out, dpi=110)

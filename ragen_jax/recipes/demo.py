@@ -18,9 +18,14 @@ configs/demo_cpu_frozen_lake.py) that reads and writes through the real Qwen2.5 
 
 Each RL stage is compared with its warm start pairwise (same states, same sampling key): states
 that flipped each way and an exact McNemar p-value (ragen_jax/evaluation/paired.py), in the targets.
+Beside that one-rollout evaluation (unchanged, so published outcomes reproduce), each stage's gain
+environment is evaluated again with --eval-samples k rollouts per state (default EVAL_SAMPLES; 0: not
+at all) and the stages' per-state success rates are compared with the paired permutation test and a
+bootstrap interval of the mean gain (`paired_rates`): under "k_sample" in eval.json and the targets.
 
-Writes <workdir>/eval.json ({"results": {stage: {env: metrics}}, "settings": ...}), curves_*.png
-(per stage, from its metrics.jsonl), demo_summary.json (seconds per stage, total, peak RSS) and
+Writes <workdir>/eval.json ({"results": {stage: {env: metrics}}, "k_sample": {stage: {env: metrics}},
+"settings": ...}), curves_*.png (per stage, from its metrics.jsonl; the RL stage's success panel holds
+both stages' evaluations with their intervals), demo_summary.json (seconds per stage, total, peak RSS) and
 prints a table per stage. Each stage also logs to TensorBoard in its own tb/ folder. Rerunning
 the same command resumes finished stages instantly (their runs are complete) and redoes the evals.
 Config overrides: --bandit.section.key=value / --sokoban.section.key=value /
@@ -41,14 +46,15 @@ import time
 from pathlib import Path
 
 import jax
+import numpy as np
 from absl import logging as absl_logging
 
 from ragen_jax.experiment.config import ConfigError, load_config
 from ragen_jax.infra.distributed import RunDirBusy, RunLock
 from ragen_jax.evaluation.suite import evaluate, format_table, write_eval_json
-from ragen_jax.infra.logger import plot_curves
+from ragen_jax.infra.logger import plot_curves, read_metrics
 from ragen_jax.infra.machine import cpu_model
-from ragen_jax.evaluation.paired import paired_change
+from ragen_jax.evaluation.paired import bootstrap_interval, format_paired, paired_change, paired_rates
 from ragen_jax.trainer.rl import Trainer
 from ragen_jax.trainer.sft import SFTTrainer
 
@@ -67,6 +73,9 @@ SOKOBAN_EVAL_ENVS = ("Sokoban",)
 FROZEN_LAKE_EVAL_ENVS = ("FrozenLake",)
 EVAL_SEED_START = 123  # the reference's validation seeds
 EVAL_TEMPERATURE = 0.5  # the reference's validation temperature
+# Rollouts per state of the k-sample evaluation (chosen by measurement: docs/pretrained.md, "How many
+# samples per state"); 0 leaves only the one-rollout evaluation.
+EVAL_SAMPLES = 8
 
 # --quick: every shape and count shrunk so the whole demo (compilations included) takes ~1-2 min.
 QUICK_BANDIT = ("sft.num_demos=32", "sft.epochs=1", "sft.batch_size=16", "rollout.num_groups=2",
@@ -97,6 +106,7 @@ GAIN_TARGETS = {
     "sokoban": ("Sokoban", 0.10),
     "frozen_lake": ("FrozenLake", 0.10),
 }
+FAMILY_EVAL_ENV = {family: env for family, (env, _) in GAIN_TARGETS.items()}  # the k-sample evaluation's env
 
 
 def parse_args(argv=None):
@@ -111,6 +121,9 @@ def parse_args(argv=None):
     p.add_argument("--skip-frozen-lake", action="store_true")
     p.add_argument("--eval-states", type=int, default=None,
                    help=f"fixed evaluation states per env (default {EVAL_STATES}, --quick {QUICK_EVAL_STATES})")
+    p.add_argument("--eval-samples", type=int, default=EVAL_SAMPLES,
+                   help=f"rollouts per state of the k-sample evaluation of each family's gain env (default "
+                        f"{EVAL_SAMPLES}); 0: only the one-rollout evaluation")
     p.add_argument("--quiet", action="store_true", help="no progress bars (stage lines are still printed)")
     p.add_argument("--publish", metavar="DIR", default=None,
                    help="after a successful run, copy eval.json, demo_summary.json and curves_*.png into DIR "
@@ -126,6 +139,8 @@ def parse_args(argv=None):
                     "--bandit.section.key=value or --frozen_lake.section.key=value")
     if args.eval_states is not None and args.eval_states < 1:
         p.error(f"--eval-states must be a positive integer, got {args.eval_states}")
+    if args.eval_samples < 0:
+        p.error(f"--eval-samples must be a whole number >= 0 (0: no k-sample evaluation), got {args.eval_samples}")
     if args.publish is not None and Path(args.publish).resolve() == Path(args.workdir).resolve():
         p.error("--publish must name a directory other than --workdir (publishing removes old curves_*.png there)")
     return args, over
@@ -175,14 +190,16 @@ class StageEvaluator:
     initial states.
     """
 
-    def __init__(self, trainer, envs, num_states: int, seed: int = 0, temperature: float = EVAL_TEMPERATURE):
+    def __init__(self, trainer, envs, num_states: int, seed: int = 0, temperature: float = EVAL_TEMPERATURE,
+                 samples: int = 1, repeats: int = 1, greedy: bool = False):
         self.trainer, self.envs, self.num_states, self.seed = trainer, tuple(envs), num_states, seed
-        self.temperature = temperature
+        self.temperature, self.samples, self.repeats, self.greedy = temperature, samples, repeats, greedy
 
     def __call__(self, params) -> dict:
         t, cfg = self.trainer, self.trainer.cfg
         return evaluate(t.policy, params, t.tokenizer, self.envs, num_states=self.num_states,
                         seed_start=EVAL_SEED_START, temperature=self.temperature, prompt=cfg.prompt,
+                        rollouts_per_state=self.samples, repeats=self.repeats, greedy=self.greedy,
                         max_context=cfg.rollout.max_context, mesh=t.mesh, key=jax.random.PRNGKey(self.seed),
                         env_overrides={cfg.env.name: cfg.env.overrides}, cache_dtype=cfg.rollout.cache_dtype,
                         vocab=t.vocab)
@@ -197,11 +214,13 @@ def stage_configs(config_name: str, base_overrides, user_overrides, workdir: str
 
 
 def run_family(family: str, config_name: str, envs, quick_over, user_over, args, timings: dict,
-               results: dict, curves: list) -> None:
-
+               results: dict, curves: list, results_k: dict | None = None) -> None:
+    """SFT then RL for one family; after each stage its evaluation (k = 1, and with args.eval_samples
+    rollouts per state into `results_k`), timings and curves."""
     root = os.path.join(os.path.abspath(args.workdir), family)
     sft_cfg, rl_cfg = stage_configs(config_name, quick_over if args.quick else (), user_over, root)
     n_states = args.eval_states or (QUICK_EVAL_STATES if args.quick else EVAL_STATES)
+    results_k = {} if results_k is None else results_k
 
     log(f"{family}: stage 1, SFT warm start ({sft_cfg.sft.num_demos} demos, {sft_cfg.sft.epochs} epochs) "
         f"-> {root}/sft")
@@ -221,15 +240,25 @@ def run_family(family: str, config_name: str, envs, quick_over, user_over, args,
         results[label] = evaluator(params)
         timings[label].update(eval_s=time.perf_counter() - t0, eval_cpu_s=time.process_time() - c0)
         log(f"{family}: after {stage.upper()}: " + summary_line(results[label]))
-        # The stage's evaluation beside its training curves: a dashed line per env on the success panel.
-        evals = {f"{env} eval success": m["success"] for env, m in results[label].items()}
-        p = plot_curves(os.path.join(root, stage), curve_keys, os.path.join(args.workdir, f"curves_{family}_{stage}.png"),
-                        evals=evals)
+        if evaluator_k is not None:
+            t1, c1 = time.perf_counter(), time.process_time()
+            results_k[label] = evaluator_k(params)
+            timings[label].update(eval_k_s=time.perf_counter() - t1, eval_k_cpu_s=time.process_time() - c1)
+            log(f"{family}: after {stage.upper()}, {args.eval_samples} rollouts per state: "
+                + summary_line(results_k[label]))
+        stage_dir = os.path.join(root, stage)
+        evals, title = stage_evals(family, stage, results, results_k, last_step(stage_dir))
+        p = plot_curves(stage_dir, curve_keys, os.path.join(args.workdir, f"curves_{family}_{stage}.png"),
+                        evals=evals, title=title)
         if p is not None:
             curves.append(str(p))
 
     t0, c0 = time.perf_counter(), time.process_time()
     evaluator = StageEvaluator(sft, envs, n_states)  # its compilation counts as the SFT stage's eval time
+    # k samples per state as k runs of the one-rollout program (`repeats`): no new compilation, the
+    # memory of one run, and the first run is the one-rollout evaluation's own sample.
+    evaluator_k = (StageEvaluator(sft, (FAMILY_EVAL_ENV[family],), n_states, repeats=args.eval_samples)
+                   if args.eval_samples else None)
     evaluate_and_plot("sft", sft.state.params, SFT_CURVES, t0, c0)
     del sft, hist  # its demos, optimizer state and compiled programs are not needed for RL (peak memory)
     gc.collect()
@@ -243,16 +272,59 @@ def run_family(family: str, config_name: str, envs, quick_over, user_over, args,
     evaluate_and_plot("rl", rl.state.actor, RL_CURVES, time.perf_counter(), time.process_time())
 
 
+def last_step(run_dir: str) -> int:
+    """The last logged step of a run (where its final evaluation is drawn); 0 without metrics."""
+    return max((int(r["step"]) for r in read_metrics(run_dir) if "step" in r), default=0)
+
+
+def _eval_point(m: dict, step: int) -> dict:
+    """An evaluation as a point with the bootstrap 95% interval of its mean success over the states."""
+    rates = np.asarray(m["state_success"], dtype=np.float64)
+    return {"value": float(m["success"]), "ci": bootstrap_interval(rates), "step": step}
+
+
+def stage_evals(family: str, stage: str, results: dict, results_k: dict, step: int) -> tuple[dict, str | None]:
+    """The success panel's evaluation points of a stage and the figure's title line.
+
+    Each env's evaluation after the stage is a point at the stage's last step; the RL figure also
+    draws the warm start's evaluation at iteration 0, so the gain it is compared with is on the
+    figure, and its title is the paired comparison (the k-sample one where there is one)."""
+    label, k_res = f"{family}/{stage}", results_k.get(f"{family}/{stage}", {})
+    evals = {}
+    for env, m in results[label].items():
+        src = k_res.get(env, m)
+        k = int(round(src["num_episodes"] / max(1, src["num_states"])))
+        tag = f"{env} eval" + (f", {k} per state" if k > 1 else "")
+        if stage == "rl" and f"{family}/sft" in results:
+            before = results_k.get(f"{family}/sft", {}).get(env) if env in k_res else results[f"{family}/sft"].get(env)
+            if before is not None:
+                evals[f"{tag}: warm start"] = _eval_point(before, 0)
+        evals[f"{tag}: after {stage.upper()}"] = _eval_point(src, step)
+    title = None
+    env = FAMILY_EVAL_ENV.get(family)
+    if stage == "rl" and env in results.get(label, {}) and env in results.get(f"{family}/sft", {}):
+        k_before, k_after = results_k.get(f"{family}/sft", {}).get(env), k_res.get(env)
+        if k_before is not None and k_after is not None:
+            k = int(round(k_after["num_episodes"] / k_after["num_states"]))
+            pc = paired_rates(k_before["state_success"], k_after["state_success"], k)
+        else:
+            pc = paired_rates(results[f"{family}/sft"][env]["state_success"], results[label][env]["state_success"], 1)
+        title = f"{env}, warm start -> RL: " + format_paired(pc)
+    return evals, title
+
+
 def summary_line(res: dict) -> str:
     return ", ".join(f"{env} success {m['success']:.3f} (format {m['format_ok']:.2f})" for env, m in res.items())
 
 
-def check_targets(results: dict) -> dict:
+def check_targets(results: dict, results_k: dict | None = None) -> dict:
     """The goals in TARGETS (a metric after a stage) and GAIN_TARGETS (RL's gain over the warm start).
 
     A gain is a paired comparison: both stages were evaluated on the same states with the same
     sampling key, so it reports the states that flipped each way and an exact McNemar p-value
-    (ragen_jax/evaluation/paired.py) rather than an independent-samples standard error.
+    (ragen_jax/evaluation/paired.py) rather than an independent-samples standard error. Where both
+    stages also have a k-sample evaluation (`results_k`), its `paired_rates` comparison is kept
+    under "k_sample" (the "value" and "reached" stay the one-rollout evaluation's).
     """
     out = {}
     for label, goal in TARGETS.items():
@@ -270,6 +342,12 @@ def check_targets(results: dict) -> dict:
             "value": pc["change"], "target": goal, "reached": bool(pc["change"] >= goal),
             "before": pc["before"], "after": pc["after"], "states": pc["states"],
             "gained": pc["gained"], "lost": pc["lost"], "p_value": pc["p_value"]}
+        kb = (results_k or {}).get(f"{family}/sft", {}).get(env)
+        ka = (results_k or {}).get(f"{family}/rl", {}).get(env)
+        if kb is not None and ka is not None:
+            k = int(round(ka["num_episodes"] / ka["num_states"]))
+            out[f"{family}: RL gain over warm start ({env} success)"]["k_sample"] = paired_rates(
+                kb["state_success"], ka["state_success"], k)
     return out
 
 
@@ -279,6 +357,8 @@ def format_target(label: str, t: dict) -> str:
     if "p_value" in t:
         line += (f"  [{t['before']:.3f} -> {t['after']:.3f} on {t['states']} states: {t['gained']} gained, "
                  f"{t['lost']} lost, McNemar p = {t['p_value']:.2g}]")
+    if "k_sample" in t:
+        line += f"\n{'':48s} k samples per state: {format_paired(t['k_sample'])}"
     return line
 
 
@@ -289,13 +369,44 @@ def print_report(results: dict, summary: dict, n_states: int) -> None:
         print(format_table(res))
     print("\n== time ==")
     for stage, t in summary["stages"].items():
+        k_eval = f"   k-sample eval {t['eval_k_s']:6.1f} s ({t['eval_k_cpu_s']:6.1f} CPU s)" if "eval_k_s" in t else ""
         print(f"{stage:14s} train {t['train_s']:7.1f} s ({t['train_cpu_s']:7.1f} CPU s)   "
-              f"eval {t['eval_s']:6.1f} s ({t['eval_cpu_s']:6.1f} CPU s)")
+              f"eval {t['eval_s']:6.1f} s ({t['eval_cpu_s']:6.1f} CPU s){k_eval}")
     print(f"{'total':14s} {summary['total_s']:7.1f} s ({summary['total_cpu_s']:.1f} CPU s)   peak RSS {summary['peak_rss_mb']:.0f} MiB")
     if summary["targets"]:
         print("\n== targets ==")
         for label, t in summary["targets"].items():
             print(format_target(label, t))
+
+
+def write_outputs(args, over, results: dict, results_k: dict, timings: dict, curves: list, total: float):
+    """eval.json (the one-rollout results, and the k-sample ones under "k_sample") and demo_summary.json."""
+    n_states = args.eval_states or (QUICK_EVAL_STATES if args.quick else EVAL_STATES)
+    settings = dict(quick=args.quick, model=args.model, num_states=n_states, seed_start=EVAL_SEED_START,
+                    temperature=EVAL_TEMPERATURE, rollouts_per_state=1, overrides=over,
+                    device=str(jax.devices()[0].platform))
+    extra = {}
+    if results_k:
+        settings["k_sample_rollouts_per_state"] = args.eval_samples
+        extra["k_sample"] = results_k
+    eval_path = write_eval_json(results, os.path.join(args.workdir, "eval.json"), settings, extra=extra)
+    summary = {
+        "quick": args.quick,
+        # Wall seconds, and this process's CPU seconds (all threads): on a shared, loaded machine
+        # the CPU seconds are the better measure of what an idle box would need.
+        "stages": {k: {**v, "total_s": v["train_s"] + v["eval_s"] + v.get("eval_k_s", 0.0)}
+                   for k, v in timings.items()},
+        "total_s": total,
+        "total_cpu_s": time.process_time(),
+        "peak_rss_mb": peak_rss_mb(),
+        "cpu_count": os.cpu_count(),
+        "cpu_model": cpu_model(),
+        "targets": check_targets(results, results_k),
+        "curves": [os.path.basename(c) for c in curves],
+    }
+    with open(os.path.join(args.workdir, "demo_summary.json"), "w") as f:
+        json.dump(summary, f, indent=2)
+    return eval_path, summary
 
 
 def main(argv=None) -> int:
@@ -317,7 +428,7 @@ def main(argv=None) -> int:
         return 2
     if warning:
         print(warning, file=sys.stderr)
-    timings, results, curves = {}, {}, []
+    timings, results, results_k, curves = {}, {}, {}, []
     families = []
     configs = MODEL_CONFIGS[args.model]
     if not args.skip_bandit:
@@ -331,7 +442,7 @@ def main(argv=None) -> int:
         f"visible, using 1) -> {args.workdir}")
     try:
         for fam in families:
-            run_family(*fam, args=args, timings=timings, results=results, curves=curves)
+            run_family(*fam, args=args, timings=timings, results=results, curves=curves, results_k=results_k)
     except ConfigError as e:
         print(f"error: {' '.join(str(e).split())}", file=sys.stderr)
         return 2
@@ -341,29 +452,8 @@ def main(argv=None) -> int:
             return 2
         raise
 
-    total = time.perf_counter() - t_start
     n_states = args.eval_states or (QUICK_EVAL_STATES if args.quick else EVAL_STATES)
-    settings = dict(quick=args.quick, model=args.model, num_states=n_states, seed_start=EVAL_SEED_START,
-                    temperature=EVAL_TEMPERATURE, rollouts_per_state=1, overrides=over,
-                    device=str(jax.devices()[0].platform))
-    eval_path = write_eval_json(results, os.path.join(args.workdir, "eval.json"), settings)
-    targets = check_targets(results)
-    summary = {
-        "quick": args.quick,
-        # Wall seconds, and this process's CPU seconds (all threads): on a shared, loaded machine
-        # the CPU seconds are the better measure of what an idle box would need.
-        "stages": {k: {**v, "total_s": v["train_s"] + v["eval_s"]} for k, v in timings.items()},
-        "total_s": total,
-        "total_cpu_s": time.process_time(),
-        "peak_rss_mb": peak_rss_mb(),
-        "cpu_count": os.cpu_count(),
-        "cpu_model": cpu_model(),
-        "targets": targets,
-        "curves": [os.path.basename(c) for c in curves],
-    }
-    with open(os.path.join(args.workdir, "demo_summary.json"), "w") as f:
-        json.dump(summary, f, indent=2)
-
+    eval_path, summary = write_outputs(args, over, results, results_k, timings, curves, time.perf_counter() - t_start)
     print_report(results, summary, n_states)
     log(f"wrote {eval_path}, demo_summary.json and {len(curves)} curve PNGs in {args.workdir}")
     if args.publish is not None:

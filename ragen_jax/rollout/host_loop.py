@@ -1,7 +1,8 @@
 """The slow, obvious rollout: a Python loop over episodes and turns.
 
-It is the independent reference the compiled rollout is tested against (tests/ragen_jax/rollout)
-and the baseline `bench/rollout.py` times it against.
+It is the independent reference the compiled rollout is tested against (tests/ragen_jax/rollout: it
+then decodes with `next_logits`, a plain-numpy Qwen2 forward, so not even the model or the sampler is
+shared) and the baseline `bench/rollout.py` times it against (then with the JAX sampler).
 
 Everything the compiled rollout does in-graph is done here the plain way: the conversation is
 assembled from host TEXT (`TextEnv.render_text`) encoded by the real tokenizer, every turn is a
@@ -41,7 +42,44 @@ def _generate(model, prompt, valid, key, max_new, cfg, stop_table, chat):
     return _GEN[fkey](params, jnp.asarray(prompt), jnp.asarray(valid), key, stop_table)
 
 
-def host_rollout(model, text_env, parser, cfg, key, group_seeds, token_bytes):
+def _greedy_on_host(next_logits, ids, max_new, stop_ids, stop_text, tok):
+    """Greedy decoding with `next_logits(ids) -> [V]` (no cache: the whole sequence each token), stopping
+    after a stop id or once the generated text holds `stop_text` (the compiled stop table's rule)."""
+    gen = []
+    while len(gen) < max_new:
+        gen.append(int(np.argmax(next_logits(ids + gen))))
+        if gen[-1] in stop_ids or (stop_text and stop_text in tok.decode(gen, skip_special_tokens=False)):
+            break
+    return gen
+
+
+def _generate_turn(model, next_logits, ids, active, key, cfg, text_env, token_bytes):
+    """Every active row's answer -> (tokens [B, max_new], lengths [B]): one batched JAX generate over
+    left-padded whole conversations (inactive rows have no valid token), or row by row with `next_logits`."""
+    chat, b, t_max = text_env.ids, cfg.batch_size, cfg.max_context
+    max_new = text_env.config.max_response_tokens
+    if next_logits is not None:
+        stop_text = "</answer>" if cfg.stop_at_answer else ""
+        gens = [_greedy_on_host(next_logits, ids[r], max_new, set(chat.stop), stop_text, text_env.tokenizer)
+                if active[r] else [] for r in range(b)]
+        return np.array([g + [chat.pad] * (max_new - len(g)) for g in gens], np.int64), np.array([len(g) for g in gens])
+    prompt = np.full((b, t_max), chat.pad, np.int32)
+    valid = np.zeros((b, t_max), bool)
+    for r in range(b):
+        if active[r]:
+            prompt[r, t_max - len(ids[r]):] = ids[r]
+            valid[r, t_max - len(ids[r]):] = True
+    stop_table = sampler.make_stop_table(("</answer>",), token_bytes) if cfg.stop_at_answer else None
+    out = _generate(model, prompt, valid, key, max_new, cfg, stop_table, chat)
+    return np.asarray(out.tokens), np.asarray(out.lengths)
+
+
+def host_rollout(model, text_env, parser, cfg, key, group_seeds, token_bytes, next_logits=None):
+    """The rollout as a Python loop (module docstring) -> dict of per-row lists. `next_logits`: an
+    independent forward (`ids -> [V]` logits of the next token, e.g. a numpy Qwen2) to decode with,
+    greedily, instead of the JAX sampler; the model is then not used."""
+    if next_logits is not None and not cfg.greedy:
+        raise ValueError("host_rollout decodes with next_logits greedily only; set RolloutConfig.greedy=True")
     env, params = text_env.env, text_env.env_params
     tok = text_env.tokenizer
     chat = text_env.ids
@@ -81,16 +119,7 @@ def host_rollout(model, text_env, parser, cfg, key, group_seeds, token_bytes):
             ids[r] += seg
             mask[r] += [False] * len(seg)
             active[r], budgets[r] = True, min(room, max_new)
-        # One batched generate over left-padded full conversations; inactive rows have no valid token.
-        prompt = np.full((b, t_max), chat.pad, np.int32)
-        valid = np.zeros((b, t_max), bool)
-        for r in range(b):
-            if active[r]:
-                prompt[r, t_max - len(ids[r]):] = ids[r]
-                valid[r, t_max - len(ids[r]):] = True
-        stop_table = sampler.make_stop_table(("</answer>",), token_bytes) if cfg.stop_at_answer else None
-        out = _generate(model, prompt, valid, k_sample, max_new, cfg, stop_table, chat)
-        gen_all, n_all = np.asarray(out.tokens), np.asarray(out.lengths)
+        gen_all, n_all = _generate_turn(model, next_logits, ids, active, k_sample, cfg, text_env, token_bytes)
         for a_row in range(b):
             if not active[a_row]:
                 continue

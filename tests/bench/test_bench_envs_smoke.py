@@ -1,4 +1,4 @@
-"""bench/envs.py runs, and the host implementations it compares against (bench/numpy_envs.py)
+"""bench/envs.py runs, and the host implementations it compares against (envs_py/)
 agree with the JAX environments step by step, which makes the throughput comparison a comparison
 of the same work. The numpy envs are written from the reference's rules, not from the JAX code."""
 
@@ -15,7 +15,7 @@ import pytest
 
 import envs_jax
 from bench import envs as bench
-from bench import numpy_envs as npe
+import envs_py as npe
 from envs_jax.bandit import draw_jackpot
 from envs_jax.frozen_lake import FrozenLakeState, slip_direction
 from envs_jax.sokoban import SokobanState
@@ -70,16 +70,16 @@ def test_sokoban_numpy_matches_jax():
         SokobanState(walls=jnp.asarray(np.array(r.walls)), targets=jnp.asarray(np.array(r.targets)),
                      boxes=jnp.asarray([flat(b) for b in r.boxes], jnp.int32), player=jnp.int32(flat(r.player)),
                      time=jnp.int32(0), done=jnp.bool_(False)) for r in rooms])
-    np_env = npe.NpSokoban(num_boxes=1, max_steps=10)
+    np_env = npe.sokoban.Sokoban(num_boxes=1, max_steps=10)
     actions = np.random.default_rng(0).integers(0, 4, (STEPS, 8)).astype(np.int32)
     keys = jax.random.split(jax.random.PRNGKey(0), STEPS * 8).reshape(STEPS, 8, -1)
     draws = [[None] * 8] * STEPS
     np_states = [r.copy() for r in rooms]
     _compare_steps(env, params, jax_states, np_env, np_states, actions, keys, draws,
-                   lambda s, a, d: np_env.step(s, a), npe.sokoban_from_jax)
+                   lambda s, a, d: np_env.step(s, a), npe.sokoban.from_jax)
     # The random actions pushed boxes and solved some rooms, so the rules were really exercised.
     assert any(s.boxes != r.boxes for s, r in zip(np_states, rooms))
-    assert any(np_env.on_target(s) == 1 for s in np_states)
+    assert any(np_env.boxes_on_targets(s) == 1 for s in np_states)
 
 
 def test_frozen_lake_numpy_matches_jax():
@@ -95,8 +95,8 @@ def test_frozen_lake_numpy_matches_jax():
                                  goal=jnp.asarray(goal, jnp.int32), pos=jnp.asarray(start, jnp.int32),
                                  time=jnp.zeros(b, jnp.int32), done=jnp.zeros(b, bool),
                                  slip_key=jax.random.split(jax.random.PRNGKey(0), b))
-    np_states = [npe.FrozenLakeState(holes[i], divmod(int(start[i]), n), divmod(int(goal[i]), n)) for i in range(b)]
-    np_env = npe.NpFrozenLake(slip=float(params.slip), max_steps=10)
+    np_states = [npe.frozen_lake.FrozenLakeState(holes[i], divmod(int(start[i]), n), divmod(int(goal[i]), n)) for i in range(b)]
+    np_env = npe.frozen_lake.FrozenLake(slip=float(params.slip), max_steps=10)
     actions = rs.integers(0, 4, (STEPS, b)).astype(np.int32)
     keys = jax.random.split(jax.random.PRNGKey(1), STEPS * b).reshape(STEPS, b, -1)
     # The realised slippery direction of each step, fed to the numpy env.
@@ -104,7 +104,7 @@ def test_frozen_lake_numpy_matches_jax():
         keys, jnp.asarray(actions), params.slip))
     assert len(set(dirs.reshape(-1).tolist())) == 4
     _compare_steps(env, params, jax_states, np_env, np_states, actions, keys, dirs.tolist(),
-                   lambda s, a, d: np_env.apply_direction(s, d), npe.frozen_lake_from_jax)
+                   lambda s, a, d: np_env.apply_direction(s, d), npe.frozen_lake.from_jax)
 
 
 def test_bandit_numpy_matches_jax():
@@ -112,16 +112,16 @@ def test_bandit_numpy_matches_jax():
     b = 16
     keys0 = jax.random.split(jax.random.PRNGKey(2), b)
     _, jax_states = jax.vmap(env.reset_env, in_axes=(0, None))(keys0, params)
-    np_states = [npe.bandit_from_jax(jax.tree.map(lambda x: x[i], jax_states)) for i in range(b)]
+    np_states = [npe.bandit.from_jax(jax.tree.map(lambda x: x[i], jax_states)) for i in range(b)]
     assert len({s.high_first for s in np_states}) == 2
-    np_env = npe.NpBandit()
+    np_env = npe.bandit.Bandit()
     actions = np.random.default_rng(2).integers(0, 2, (STEPS, b)).astype(np.int32)
     keys = jax.random.split(jax.random.PRNGKey(3), STEPS * b).reshape(STEPS, b, -1)
     jackpots = np.asarray(jax.vmap(jax.vmap(draw_jackpot, in_axes=(0, None)), in_axes=(0, None))(keys, params))
     for s in np_states:  # the host's own text of the reset state equals the env's
         assert "Phoenix" in np_env.render(s)
     _compare_steps(env, params, jax_states, np_env, np_states, actions, keys, jackpots.tolist(),
-                   lambda s, a, d: np_env.apply_draw(s, a, d), npe.bandit_from_jax)
+                   lambda s, a, d: np_env.apply_draw(s, a, d), npe.bandit.from_jax)
 
 
 def test_numpy_segment_text_and_parse_match_text_layer(tokenizer):
@@ -135,7 +135,7 @@ def test_numpy_segment_text_and_parse_match_text_layer(tokenizer):
     state = SokobanState(walls=jnp.asarray(np.array(room.walls)), targets=jnp.asarray(np.array(room.targets)),
                          boxes=jnp.asarray([b[0] * w + b[1] for b in room.boxes], jnp.int32),
                          player=jnp.int32(room.player[0] * w + room.player[1]), time=jnp.int32(0), done=jnp.bool_(False))
-    grid = npe.NpSokoban().render(room)
+    grid = npe.sokoban.Sokoban().render(room)
     for turn, left, reward, closed in [(1, 10, 0.0, True), (2, 7, -0.3, True), (3, 1, 10.9, False), (5, 0, -1.1, True)]:
         assert te.render_text(state, turn, left, reward, closed) == npe.segment_text(grid, turn, left, reward, closed)
     names = te.action_names
@@ -147,7 +147,7 @@ def test_numpy_segment_text_and_parse_match_text_layer(tokenizer):
         assert list(p.actions[: int(p.num_actions)]) == npe.parse_answer(t, names), t
 
 
-def _bfs_solvable(env: npe.NpSokoban, room: npe.SokobanState, max_depth: int = 40) -> bool:
+def _bfs_solvable(env: npe.sokoban.Sokoban, room: npe.sokoban.SokobanState, max_depth: int = 40) -> bool:
     start = room.copy()
     start.time, start.done = -10**6, False  # never truncated during the search
     frontier = collections.deque([(start, 0)])
@@ -171,7 +171,7 @@ def _bfs_solvable(env: npe.NpSokoban, room: npe.SokobanState, max_depth: int = 4
 @pytest.mark.parametrize("dim,boxes", [((6, 6), 1), ((8, 8), 2)])
 def test_numpy_room_generator_makes_valid_solvable_rooms(dim, boxes):
     """The host generator (the reference's method) only makes legal, unsolved, solvable rooms."""
-    env = npe.NpSokoban(num_boxes=boxes)
+    env = npe.sokoban.Sokoban(num_boxes=boxes)
     rng = random.Random(7)
     for _ in range(10 if boxes == 1 else 4):
         room = npe.generate_sokoban_room(rng, dim, boxes, search_depth=300 if boxes == 1 else 10)

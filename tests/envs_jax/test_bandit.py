@@ -1,4 +1,4 @@
-"""Bi-arm Bandit vs the plain-Python reference (tests/envs_jax/ref_bandit.py) and its statistics."""
+"""Bi-arm Bandit vs the plain-Python reference (envs_py/bandit.py) and its statistics."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ from hypothesis import strategies as st
 
 import envs_jax
 from envs_jax.bandit import Bandit, BanditParams, draw_jackpot
-from tests.envs_jax import ref_bandit as ref
+from envs_py import bandit as ref
 
 ENV = Bandit()
 PARAMS = BanditParams()

@@ -1,7 +1,7 @@
 """RAGEN-2's coordinate observations (`CoordSokoban`, `CoordFrozenLake`, `observation_format`).
 
 Truths: the plain-Python ports of RAGEN-2's `collect_entity_coordinates` / `format_coordinate_render`
-/ `_render_text` in tests/envs_jax/ref_sokoban.py and ref_frozen_lake.py, fed with states from the
+/ `_render_text` in envs_py/sokoban.py and envs_py/frozen_lake.py, fed with states from the
 envs' own reset and step (random play, hypothesis-drawn seeds); RAGEN-2's config/envs.yaml
 instruction blocks parsed by a YAML parser (its literal-block rules decide the trailing spaces and
 newlines); and the in-graph masks recomputed on the host.
@@ -22,8 +22,8 @@ from hypothesis import strategies as st
 import envs_jax
 from envs_jax import coords
 from envs_jax.frozen_lake import rows_from_state, state_from_rows
-from tests.envs_jax import ref_frozen_lake as ref_fl
-from tests.envs_jax.ref_sokoban import STANDARD, RefSokoban, room_codes
+from envs_py import frozen_lake as ref_fl
+from envs_py.sokoban import STANDARD, RefSokoban, room_codes
 
 BATCH, STEPS = 48, 10
 

@@ -1,4 +1,4 @@
-"""Countdown vs the reference's scoring (tests/envs_jax/ref_countdown.py, Python `eval` of the answer
+"""Countdown vs the reference's scoring (envs_py/countdown.py, Python `eval` of the answer
 text): 1,000 drawn tasks each answered in several ways, checked side by side (reward, flags, text);
 the task draw (every task solvable as the reference's filter demands)."""
 
@@ -11,7 +11,7 @@ import pytest
 
 import envs_jax
 from envs_jax import countdown as cd
-from tests.envs_jax import ref_countdown as ref
+from envs_py import countdown as ref
 
 ENV = cd.Countdown()
 PARAMS = cd.CountdownParams()

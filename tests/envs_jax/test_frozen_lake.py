@@ -1,4 +1,4 @@
-"""FrozenLake vs the plain-Python reference (tests/envs_jax/ref_frozen_lake.py), map generation,
+"""FrozenLake vs the plain-Python reference (envs_py/frozen_lake.py), map generation,
 the value-iteration solver, and batched (vmapped) use."""
 
 from __future__ import annotations
@@ -23,7 +23,7 @@ from envs_jax.frozen_lake import (
     slip_direction,
     state_from_rows,
 )
-from tests.envs_jax import ref_frozen_lake as ref
+from envs_py import frozen_lake as ref
 
 ENV = FrozenLake()
 PARAMS = FrozenLakeParams()

@@ -1,4 +1,4 @@
-"""2048 vs the plain-Python reference port (tests/envs_jax/ref_game_2048.py): 1,000 random episodes
+"""2048 vs the plain-Python reference port (envs_py/game_2048.py): 1,000 random episodes
 stepped side by side (boards, rewards, done flags, text), the spawn distribution, the reward rules,
 and the expectimax teacher."""
 
@@ -11,7 +11,7 @@ import pytest
 
 import envs_jax
 from envs_jax import game_2048 as g
-from tests.envs_jax import ref_game_2048 as ref
+from envs_py import game_2048 as ref
 
 ENV = g.Game2048()
 N_EPISODES, T, MAX_STEPS = 1000, 160, 150  # some episodes end by the rules, the rest are truncated
@@ -137,12 +137,42 @@ def test_merge_rule_and_rewards_by_hand():
     assert abs(float(g.move_reward(jnp.int32(0), False, raw_p)) + 0.1) < 1e-7
 
 
-def test_reference_noop_rule_matches_the_reference_port():
-    r_ref, r_prom = ref.Ref2048(), ref.Ref2048(promised_noop=True)
-    for r in (r_ref, r_prom):
-        r.place(0, 0, 2)
-    assert r_ref.step_finish(*r_ref.step_move(g.UP))[0] == 0.0
-    assert r_prom.step_finish(*r_prom.step_move(g.UP))[0] == -0.1
+@pytest.mark.parametrize("rule,log", [("promised", True), ("reference", True), ("promised", False),
+                                      ("reference", False)])
+def test_noop_rule_matches_the_reference_port(rule, log):
+    """The env stepped under each no-op rule and reward mode gives the port's reward (`promised_noop`:
+    -0.1 for a move that changes nothing in log mode too; the reference's log branch: 0.0), flags and
+    board, on random boards (the spawn copied from the env into the port) half of whose moves change
+    nothing (every row packed to the left without a merge, moved Left)."""
+    params = g.Game2048Params(noop_rule=rule, use_log_reward=log)
+    step = jax.jit(ENV.step_env, static_argnums=3)
+    rng = np.random.default_rng(5)
+    noops = 0
+    for i in range(40):
+        if i % 2:
+            board = np.zeros((4, 4), np.int32)
+            for row in range(4):
+                k = int(rng.integers(1, 5))
+                board[row, :k] = rng.permutation(np.arange(1, 9))[:k]  # distinct: no merge
+            action = g.LEFT
+        else:
+            board = np.where(rng.random((4, 4)) < 0.5, 0, rng.integers(1, 4, (4, 4))).astype(np.int32)
+            action = int(rng.integers(4))
+        state = g.Game2048State(board=jnp.asarray(board), score=jnp.int32(0), time=jnp.int32(0),
+                                done=jnp.bool_(False))
+        _, new, reward, terminated, info = step(jax.random.PRNGKey(i), state, action, params)
+        port = ref.Ref2048(use_log_reward=log, promised_noop=rule == "promised")
+        port.grid = _values(board)
+        moved, merged = port.step_move(action)
+        after = _values(new.board)
+        if moved:  # the env's spawn, placed into the port
+            (r, c), = [(r, c) for r in range(4) for c in range(4) if port.grid[r][c] != after[r][c]]
+            port.place(r, c, after[r][c])
+        want, want_term, want_info = port.step_finish(moved, merged)
+        assert port.grid == after and float(reward) == pytest.approx(want, abs=1e-6)
+        assert (bool(terminated), bool(info["action_is_effective"])) == (want_term, want_info["action_is_effective"])
+        noops += not moved
+    assert noops >= 20
 
 
 @jax.jit

@@ -1,4 +1,4 @@
-"""2x2 cube vs the plain-Python reference port (tests/envs_jax/ref_rubiks_cube.py): 1,000 random
+"""2x2 cube vs the plain-Python reference port (envs_py/rubiks_cube.py): 1,000 random
 episodes side by side (stickers, rewards, done flags, text) with each move set; the group the moves
 generate (sympy's Schreier-Sims orders, corner pieces, the known distance counts); the BFS solver
 against a host BFS."""
@@ -13,7 +13,7 @@ from sympy.combinatorics import Permutation, PermutationGroup
 
 import envs_jax
 from envs_jax import rubiks_cube as rc
-from tests.envs_jax import ref_rubiks_cube as ref
+from envs_py import rubiks_cube as ref
 
 ENV = rc.RubiksCube()
 T = 22  # > max_steps_in_episode: the freeze after the end is exercised too

@@ -8,7 +8,7 @@ import pytest
 
 from envs_jax.sokoban import SokobanState, make_sokoban
 from envs_jax.sokoban.generator import fallback_room
-from tests.envs_jax.ref_sokoban import bfs_length, room_codes
+from envs_py.sokoban import bfs_length, room_codes
 
 N_SMALL = 4096  # >= 2,000 rooms, and the jit+vmap scale the rollout uses
 N_LARGE = 48

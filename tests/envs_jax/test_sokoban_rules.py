@@ -1,4 +1,4 @@
-"""Sokoban step rules, rewards, flags and text against the plain-Python reference (ref_sokoban)."""
+"""Sokoban step rules, rewards, flags and text against the plain-Python reference (envs_py/sokoban.py)."""
 
 import jax
 import jax.numpy as jnp
@@ -9,7 +9,7 @@ from hypothesis import strategies as st
 
 from envs_jax.sokoban import SokobanState, make_sokoban
 from envs_jax.sokoban.types import SYMBOL_SETS
-from tests.envs_jax.ref_sokoban import RefSokoban, bfs_length, room_codes
+from envs_py.sokoban import RefSokoban, bfs_length, room_codes
 
 H = W = 6
 N_ACTIONS = 13  # > max_steps_in_episode (10): covers truncation and the frozen steps after it

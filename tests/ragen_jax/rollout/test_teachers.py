@@ -19,8 +19,8 @@ from ragen_jax.rollout.teachers import AnswerTable
 from ragen_jax.text import PromptConfig, TextEnv
 from ragen_jax.text.tokenizer import IM_END, load_tokenizer
 from envs_jax.frozen_lake import rows_from_state
-from tests.envs_jax.ref_frozen_lake import dynamics
-from tests.envs_jax.ref_sokoban import RefSokoban, bfs_length, room_codes
+from envs_py.frozen_lake import dynamics
+from envs_py.sokoban import RefSokoban, bfs_length, room_codes
 
 
 @pytest.fixture(scope="module")
@@ -267,7 +267,7 @@ def _py_board_value(grid):
 def _py_expectimax_values(grid, two_prob=0.9):
     """Per move: -inf if it changes nothing, else the mean over empty cells of the spawn's expected
     best reply value (ref_game_2048's move rules on tile values)."""
-    from tests.envs_jax.ref_game_2048 import move_sim
+    from envs_py.game_2048 import move_sim
 
     values = []
     for a in range(4):

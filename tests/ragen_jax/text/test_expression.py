@@ -27,7 +27,7 @@ from hypothesis import strategies as st
 
 from envs_jax import countdown as cd
 from ragen_jax.text import expression as ex
-from tests.envs_jax import ref_countdown as ref
+from envs_py import countdown as ref
 
 WIDTH = 96  # bytes per generated piece
 OPS = ["+", "-", "*", "/", "(", ")", "**", "//"]

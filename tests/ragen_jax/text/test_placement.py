@@ -1,7 +1,7 @@
 """Sudoku's six answer forms read inside jit (ragen_jax/text/placement.py) against the reference.
 
 Truth (independent of the module): the reference's turn regex, `split("||")` and strip, then
-`RefSudoku.parse_action` (tests/envs_jax/ref_sudoku.py, the port of ragen/env/sudoku) on each kept
+`RefSudoku.parse_action` (envs_py/sudoku.py, the port of ragen/env/sudoku) on each kept
 piece. Inputs: whole `<think>..</think><answer>..</answer>` turns of adversarial pieces (the six forms
 with random numbers, whitespace, case and mutations; tokens from an alphabet of digits, long digit
 runs, leading zeros, spaces, tabs, line breaks, non-ASCII spaces, commas, parentheses, the words
@@ -27,7 +27,7 @@ from hypothesis import strategies as st
 from envs_jax import sudoku as sd
 from ragen_jax.text.placement import PlacementParser, placement_of
 from ragen_jax.text.tokenizer import token_bytes_table
-from tests.envs_jax import ref_sudoku as ref
+from envs_py import sudoku as ref
 
 K, T, B, SHORT = 5, 160, 64, 8  # pieces kept per turn, tokens per turn, turns per call, bytes per id
 FORMS = ("place {d} at row {r} col {c}", "place {d} at ({r},{c})", "place {d} at {r},{c}", "{d} at {r},{c}",

@@ -20,6 +20,7 @@ from gymnax.environments import spaces
 
 import envs_jax
 from envs_jax import coords
+from envs_jax.base import AgentEnv
 from ragen_jax.text import render
 from ragen_jax.text.conversation import PromptConfig, format_cents, reward_cents
 from ragen_jax.text.text_env import TextEnv, default_cell_symbols, reward_cents_jax
@@ -33,8 +34,10 @@ class GridState:
     grid: jax.Array
 
 
-class GridOnly:
-    """A real env's text hooks, with the grid itself as the state, so that any grid renders."""
+class GridOnly(AgentEnv):
+    """A real env's text hooks, with the grid itself as the state, so that any grid renders.
+
+    An AgentEnv, so that every hook it does not forward keeps the declared default."""
 
     def __init__(self, env, params):
         self.env, self.params = env, params

@@ -20,7 +20,7 @@ from ragen_jax.rollout.rollout import Rollout
 from ragen_jax.rollout.types import RolloutConfig
 from ragen_jax.text.conversation import PromptConfig
 from ragen_jax.text.text_env import TextEnv
-from tests.envs_jax.ref_rubiks_cube import ACTION_LOOKUP, RefCube
+from envs_py.rubiks_cube import ACTION_LOOKUP, RefCube
 from tests.ragen_jax.text.test_other_tokenizer import smol  # noqa: F401  (fixture)
 
 PC = PromptConfig(max_turns=3, max_actions_per_turn=5, max_actions_per_episode=10, max_response_tokens=48)

@@ -8,10 +8,12 @@ from __future__ import annotations
 
 import math
 
+import jax
 import numpy as np
 import pytest
 
 from ragen_jax.experiment.config import ConfigError, load_config
+from ragen_jax.rollout import group_seeds_for_iteration
 from ragen_jax.trainer.rl import Trainer
 from ragen_jax.trainer.memory import GIB, bytes_per_device
 
@@ -21,6 +23,10 @@ FAST = ["--config.train.iterations=1", "--config.train.val_every=0", "--config.r
         "--config.rollout.max_context=384", "--config.mesh.data=1"]
 # 384 = the 167-token prompt prefix + 2 turn segments of up to 108 tokens (the rollout refuses less): the
 # smallest context that holds both turns, so every program is as small as the truths allow.
+
+
+def _nbytes(tree) -> int:
+    return sum(np.asarray(x).nbytes for x in jax.tree.leaves(jax.device_get(tree)))
 
 
 def test_too_small_device_fails_before_the_first_iteration(tmp_path):
@@ -41,13 +47,11 @@ def test_programs_that_fit_run_with_the_checked_executables(tmp_path):
     cfg = load_config("tiny_cpu.py", [*FAST, "--config.train.device_memory_gib=64"])
     tr = Trainer(cfg, tmp_path / "run", quiet=True)
     assert set(tr.memory) == {"rollout", "prepare", "update"}
-    state_bytes = sum(np.asarray(x).nbytes for x in __import__("jax").tree.leaves(tr.state))
+    state_bytes = _nbytes(tr.state)
     assert bytes_per_device(tr.state) == state_bytes  # one device: the whole arrays
     update, resident = tr.memory["update"]
     # The donated train state is written in place: XLA aliases every byte of it to an output.
     assert update["alias_bytes"] == state_bytes
-    assert update["peak_bytes"] == (update["argument_bytes"] + update["output_bytes"] - update["alias_bytes"]
-                                    + update["temp_bytes"])
     # During the rollout the optimizer states and the critic stay on the device: counted as resident.
     _, rollout_resident = tr.memory["rollout"]
     assert rollout_resident == bytes_per_device((tr.state.actor_opt, tr.state.critic, tr.state.critic_opt))
@@ -58,6 +62,17 @@ def test_programs_that_fit_run_with_the_checked_executables(tmp_path):
     assert set(tr.export_for("cpu", programs=("prepare",))) == {"prepare"}
     hist = tr.train()
     assert len(hist) == 1 and math.isfinite(hist[0]["actor/pg_loss"]) and math.isfinite(hist[0]["critic/value_loss"])
+    # XLA's argument and output sizes of the checked update are the real call's arrays, counted by numpy:
+    # the train state and the prepared batch in (less the reference log-probs: KL is off, the program
+    # never reads them and jit drops unread inputs), the new state and the metrics out (XLA:CPU returns
+    # several outputs through a table of one 8-byte pointer each).
+    traj = tr.rollout(tr.actor_params, jax.random.PRNGKey(1), group_seeds_for_iteration(1, 2, cfg.train.seed_base))
+    batch, _ = tr.prepare_fn(tr.state.actor, tr.state.critic, tr.ref, traj, *tr.frozen_args)
+    assert cfg.loss.kl_coef == 0
+    inputs = _nbytes((tr.state, batch, *tr.frozen_args)) - _nbytes(batch.ref_logp)
+    out = tr.update_fn(tr.state, batch, *tr.frozen_args)
+    outputs = _nbytes(out) + 8 * len(jax.tree.leaves(out))
+    assert (update["argument_bytes"], update["output_bytes"]) == (inputs, outputs)
 
     # A limit between what the largest other program and the update need: the update's knobs are named.
     need = {k: m["peak_bytes"] + r for k, (m, r) in tr.memory.items()}

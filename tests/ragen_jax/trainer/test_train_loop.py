@@ -11,10 +11,12 @@ import sys
 from pathlib import Path
 
 import jax
+import jax.numpy as jnp
 import numpy as np
 import pytest
 
 from ragen_jax.experiment.config import ConfigError, load_config
+from ragen_jax.rollout import group_seeds_for_iteration
 from ragen_jax.trainer.rl import Trainer
 
 ROOT = Path(__file__).resolve().parents[3]
@@ -89,12 +91,37 @@ def test_resume_continues_exactly_and_skips_a_save_killed_midway(ppo_run, tmp_pa
             np.testing.assert_allclose(g[k], w[k], rtol=1e-5, atol=1e-6, err_msg=k)
 
 
-def test_grpo_without_critic_runs(tmp_path):
+def test_grpo_without_critic_trains_on_the_numpy_advantages(tmp_path):
+    """GRPO with mean_std rewards and no critic: the prepared batch holds the kept groups' rows (top_k 0.5
+    by reward std, in rank order) and on every sampled token the advantage numpy computes from the
+    rewards (group mean_std normalisation, then GRPO's group normalisation, sample std + 1e-6); the
+    update trains on it without a critic. Rewards are drawn at random (a random tiny model's episodes
+    mostly tie) and written into the real rollout's trajectories."""
+    p, n = 4, 4
     cfg = _cfg("--config.advantage.estimator=grpo", "--config.advantage.reward_norm=mean_std", "--config.model.critic=none",
-               "--config.train.iterations=1", "--config.train.val_every=0")
-    hist = Trainer(cfg, tmp_path / "grpo", quiet=True).train()
-    assert len(hist) == 1 and math.isfinite(hist[0]["actor/pg_loss"])
-    assert "critic/value_loss" not in hist[0]
+               f"--config.rollout.num_groups={p}", "--config.train.iterations=1", "--config.train.val_every=0")
+    tr = Trainer(cfg, tmp_path / "grpo", quiet=True)
+    traj = tr.rollout(tr.actor_params, jax.random.fold_in(tr.state.key, 1),
+                      group_seeds_for_iteration(0, p, cfg.train.seed_base))
+    reward = np.random.default_rng(0).normal(size=p * n).astype(np.float32)
+    traj = traj.replace(reward=jnp.asarray(reward))
+    batch, _ = tr.prepare_fn(tr.state.actor, tr.state.critic, tr.ref, traj, *tr.frozen_args)
+
+    g = reward.reshape(p, n).astype(np.float64)
+    std = g.std(axis=1, ddof=1)[:, None]
+    norm = np.where(std > 1e-6, (g - g.mean(1, keepdims=True)) / (std + 1e-6), 0.0)
+    adv = ((norm - norm.mean(1, keepdims=True)) / (norm.std(1, ddof=1)[:, None] + 1e-6)).reshape(-1)
+    kept = np.argsort(-std[:, 0], kind="stable")[:2]
+    rows = np.concatenate([np.arange(k * n, (k + 1) * n) for k in kept])
+    b, tokens = jax.device_get(batch), np.asarray(traj.tokens)
+    np.testing.assert_array_equal(b.tokens, tokens[rows])
+    for i, r in enumerate(rows):
+        assert b.mask[i].any()
+        np.testing.assert_allclose(b.advantages[i][b.mask[i]], adv[r], rtol=1e-4, atol=1e-5)
+        assert not b.advantages[i][~b.mask[i]].any()
+    _, metrics = tr.update_fn(tr.state, batch, *tr.frozen_args)
+    metrics = {k: float(v) for k, v in jax.device_get(metrics).items()}
+    assert math.isfinite(metrics["actor/pg_loss"]) and not any(k.startswith("critic/") for k in metrics)
 
 
 def test_eight_devices_match_one_device(ppo_run, tmp_path):

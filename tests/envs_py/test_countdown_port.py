@@ -1,4 +1,4 @@
-"""bench/numpy_envs.py's Countdown (the host side of bench.envs' Countdown row: the reference's `re`
+"""envs_py's Countdown (the host side of bench.envs' Countdown row: the reference's `re`
 numbers check and `eval`) against the JAX env stepped with the text layer's parse of the same answer
 text: the same rewards, flags and text on 240 random tasks, each answered four ways (right,
 numbers-only, a number changed, right numbers with a wrong operator), and its reset text."""
@@ -14,7 +14,7 @@ import pytest
 
 import envs_jax
 from bench import envs as bench
-from bench import numpy_envs as npe
+import envs_py as npe
 from envs_jax import countdown as cd
 from ragen_jax.text.expression import ExpressionParser
 from ragen_jax.text.tokenizer import load_tokenizer
@@ -61,13 +61,13 @@ def _tasks(rng: random.Random, n: int) -> cd.CountdownState:
 
 def test_numpy_countdown_rewards_and_text_equal_the_env(parser):
     env, params = envs_jax.make("Countdown")
-    host = npe.NpCountdown()
+    host = npe.countdown.Countdown()
     rng = random.Random(0)
     tasks = _tasks(rng, N)
     texts, pieces, starts = [], [], []
     for e in range(N):
         st = jax.tree.map(lambda x: x[e], tasks)
-        hs = npe.countdown_from_jax(st)
+        hs = npe.countdown.from_jax(st)
         assert hs.nums == [int(x) for x in st.nums[: st.count]] and hs.target == int(st.target) and not hs.done
         assert host.render(hs) == env.render_text(st, params)
         for kind in range(4):
@@ -91,7 +91,7 @@ def test_numpy_countdown_rewards_and_text_equal_the_env(parser):
         assert hinfo["success"] == bool(info["success"][i]), texts[i]
         assert hinfo["action_is_effective"] == bool(info["action_is_effective"][i]), texts[i]
         assert host.render(hnew) == env.render_text(s, params), texts[i]
-        assert npe.countdown_from_jax(s).reward == hnew.reward
+        assert npe.countdown.from_jax(s).reward == hnew.reward
         seen.setdefault(i % 4, set()).add(hr)
     # Each kind scored as it should: right 1, numbers-only and a wrong sign 0.1 (the '*' rarely hits
     # the target), a changed number 0, so every branch of the reference's scoring ran.
@@ -102,7 +102,7 @@ def test_bench_countdown_tasks_and_answers_score_alike(parser):
     """bench.envs' fixed tasks are solvable (their states carry a +- solution) and its answers score
     1, 0.1 and 0 on them, the same on both sides: the scoring the benchmark times is live work."""
     env, params = envs_jax.make("Countdown")
-    host = npe.NpCountdown()
+    host = npe.countdown.Countdown()
     n_tasks, n_answers = len(bench.COUNTDOWN_TASKS), len(bench.COUNTDOWN_PIECES)
     states = jax.device_get(bench.countdown_states(n_tasks * n_answers))  # task i % n_tasks
     texts = [f"<think> ok </think><answer> {p} </answer>" for p in bench.COUNTDOWN_PIECES]
@@ -116,7 +116,7 @@ def test_bench_countdown_tasks_and_answers_score_alike(parser):
     counts = {0: 0, 0.1: 0, 1: 0}
     for i in range(n_tasks * n_answers):
         nums, target = bench.COUNTDOWN_TASKS[i % n_tasks]
-        hs = npe.countdown_from_jax(jax.tree.map(lambda x: x[i], states))
+        hs = npe.countdown.from_jax(jax.tree.map(lambda x: x[i], states))
         assert (hs.nums, hs.target) == (list(nums), target)
         _, hr, _, _ = host.step_text(hs, bench.COUNTDOWN_PIECES[i // n_tasks])
         assert abs(float(reward[i]) - hr) < 1e-6, (nums, target, bench.COUNTDOWN_PIECES[i // n_tasks])

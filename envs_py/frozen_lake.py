@@ -1,16 +1,18 @@
-"""Plain-Python FrozenLake written from the reference's rules (RAGEN ragen/env/frozen_lake on top of
-gymnasium FrozenLake-v1), independent of the JAX code. Maps are rows of 'S' 'F' 'H' 'G'.
-
-Randomness is taken as an input (the realised move direction), so the JAX env and this reference
-can be compared step by step on the same draws.
+"""FrozenLake in plain Python, written from the reference's rules (RAGEN ragen/env/frozen_lake on top of
+gymnasium FrozenLake-v1, RAGEN's random start and goal; RAGEN-2's coordinate texts). Maps are rows of
+'S' 'F' 'H' 'G'. The slip is an input (the realised direction) or drawn from a `random.Random`, so the
+JAX env and this port can be compared step by step on the same draws. Also: the reference's map
+generator, and exact values of a policy and of the optimum (memoised expectimax over the slips).
 """
 
 from __future__ import annotations
 
 import functools
+import random
 
 import numpy as np
 
+ACTION_NAMES = ("Left", "Down", "Right", "Up")
 LEFT, DOWN, RIGHT, UP = 0, 1, 2, 3
 GRID_LOOKUP = {0: "P", 1: "_", 2: "O", 3: "G", 4: "X", 5: "√"}
 MAP_LOOKUP = {"P": 0, "F": 1, "H": 2, "G": 3}
@@ -61,20 +63,105 @@ def generate_random_map(rng: np.random.Generator, size=4, p=0.8):
                 return ["".join(row) for row in board]
 
 
+class FrozenLakeState:
+    """The map (holes as booleans, start and goal cells) and the player's cell, as (row, col)."""
+
+    __slots__ = ("holes", "start", "goal", "pos", "time", "done")
+
+    def __init__(self, holes, start, goal, pos=None, time=0, done=False):
+        self.holes = [list(map(bool, r)) for r in holes]
+        self.start, self.goal = tuple(start), tuple(goal)
+        self.pos = self.start if pos is None else tuple(pos)
+        self.time, self.done = int(time), bool(done)
+
+    @classmethod
+    def from_rows(cls, rows) -> "FrozenLakeState":
+        cells = [(r, c, ch) for r, row in enumerate(rows) for c, ch in enumerate(row)]
+        (start,), (goal,) = ([(r, c) for r, c, ch in cells if ch == k] for k in "SG")
+        return cls([[ch == "H" for ch in row] for row in rows], start, goal)
+
+    def letter(self, cell=None) -> str:
+        r, c = self.pos if cell is None else cell
+        return "S" if (r, c) == self.start else "G" if (r, c) == self.goal else "H" if self.holes[r][c] else "F"
+
+    def rows(self) -> list[str]:
+        n = len(self.holes)
+        return ["".join(self.letter((r, c)) for c in range(n)) for r in range(n)]
+
+    def copy(self) -> "FrozenLakeState":
+        s = FrozenLakeState.__new__(FrozenLakeState)
+        s.holes, s.start, s.goal, s.pos, s.time, s.done = self.holes, self.start, self.goal, self.pos, self.time, self.done
+        return s
+
+
+class FrozenLake:
+    """The rules: the intended direction with probability 1 - slip, else one of the two perpendicular
+    ones; a move off the map stays put; reward 1 on the goal; the goal or a hole ends the episode."""
+
+    answer_format = "action"  # step(state, action index)
+
+    def __init__(self, slip: float = 2.0 / 3.0, max_steps: int = 10):
+        self.slip, self.max_steps = slip, max_steps
+        self.action_names = ACTION_NAMES
+
+    def realised_direction(self, action: int, u: float) -> int:
+        """The slippery draw: intended w.p. 1-slip, else one of the two perpendicular directions."""
+        if u < 1.0 - self.slip:
+            return action
+        return (action - 1) % 4 if u < 1.0 - self.slip / 2.0 else (action + 1) % 4
+
+    def step(self, s: FrozenLakeState, action: int, rng: random.Random):
+        return self.apply_direction(s, self.realised_direction(action, rng.random()))
+
+    def apply_direction(self, s: FrozenLakeState, direction: int):
+        """The realised move -> (state, reward, done, info); the state is updated in place."""
+        if s.done:
+            return s, 0.0, True, {"action_is_effective": False, "success": s.pos == s.goal}
+        n = len(s.holes)
+        new = inc(*s.pos, direction, n, n)
+        moved = new != s.pos
+        s.pos = new
+        on_goal = new == s.goal
+        s.time += 1
+        s.done = on_goal or s.holes[new[0]][new[1]] or s.time >= self.max_steps
+        return s, float(on_goal), s.done, {"action_is_effective": moved, "success": on_goal}
+
+    @staticmethod
+    def render(s: FrozenLakeState, observation_format: str = "grid") -> str:
+        """RAGEN-2's FrozenLakeEnv._render_text (start shown as frozen, the player's symbol by its cell)."""
+        desc = s.rows()
+        codes = [[MAP_LOOKUP["F" if ch == "S" else ch] for ch in row] for row in desc]
+        codes[s.pos[0]][s.pos[1]] = {"H": 4, "G": 5}.get(s.letter(), 0)
+        grid = "\n".join("".join(GRID_LOOKUP[c] for c in row) for row in codes)
+        if observation_format == "grid":
+            return grid
+        coords = format_coordinate_render(collect_entity_coordinates(desc, s.pos), (len(desc), len(desc)))
+        if observation_format == "coord":
+            return coords
+        return "Coordinates: \n" + coords + "\n" + "Grid Map: \n" + grid
+
+
 class FrozenLakeRef:
-    """One episode on a fixed map. `step` takes the realised direction (after slipping)."""
+    """One episode on a fixed map as the reference's env object plays it: `step` takes the realised
+    direction (after slipping) and returns (reward, terminated, action_is_effective); an ended episode
+    ignores the action. The rules are `FrozenLake`'s."""
 
     def __init__(self, rows, max_steps=10):
-        self.desc = [list(r) for r in rows]
+        self.state = FrozenLakeState.from_rows(rows)
         self.n = len(rows)
-        (self.row, self.col), = [(r, c) for r in range(self.n) for c in range(self.n) if self.desc[r][c] == "S"]
-        self.max_steps = max_steps
-        self.time = 0
-        self.done = False
+        self.rules = FrozenLake(max_steps=max_steps)
+
+    row = property(lambda self: self.state.pos[0], lambda self, r: self._place(r, self.state.pos[1]))
+    col = property(lambda self: self.state.pos[1], lambda self, c: self._place(self.state.pos[0], c))
+    time = property(lambda self: self.state.time)
+    done = property(lambda self: self.state.done)
+
+    def _place(self, r, c):
+        self.state.pos = (r, c)
 
     @property
     def letter(self):
-        return self.desc[self.row][self.col]
+        return self.state.letter()
 
     @property
     def pos(self):
@@ -84,30 +171,13 @@ class FrozenLakeRef:
         return self.letter == "G"
 
     def step(self, direction):
-        """-> (reward, terminated, action_is_effective). Ended episodes ignore the action."""
-        if self.done:
+        if self.state.done:
             return 0.0, False, False
-        prev = (self.row, self.col)
-        self.row, self.col = inc(self.row, self.col, direction, self.n, self.n)
-        reward = float(self.letter == "G")
-        terminated = self.letter in "GH"
-        self.time += 1
-        self.done = terminated or self.time >= self.max_steps
-        return reward, terminated, prev != (self.row, self.col)
+        _, reward, _, info = self.rules.apply_direction(self.state, direction)
+        return reward, self.letter in "GH", info["action_is_effective"]
 
     def render(self, observation_format="grid"):
-        """RAGEN-2's FrozenLakeEnv._render_text (start shown as frozen, player symbols by its cell)."""
-        room = [[("F" if ch == "S" else ch) for ch in row] for row in self.desc]
-        codes = [[MAP_LOOKUP[ch] for ch in row] for row in room]
-        codes[self.row][self.col] = 4 if self.letter == "H" else 5 if self.letter == "G" else 0
-        grid = "\n".join("".join(GRID_LOOKUP[c] for c in row) for row in codes)
-        if observation_format == "grid":
-            return grid
-        coords = format_coordinate_render(collect_entity_coordinates(self.desc, (self.row, self.col)),
-                                          (self.n, self.n))
-        if observation_format == "coord":
-            return coords
-        return "Coordinates: \n" + coords + "\n" + "Grid Map: \n" + grid
+        return self.rules.render(self.state, observation_format)
 
 
 def collect_entity_coordinates(desc, player_pos):
@@ -213,3 +283,11 @@ def policy_value(rows, policy, steps, slip=2.0 / 3.0, success_rate=None):
 
     (sr, sc), = [(r, c) for r in range(n) for c in range(n) if rows[r][c] == "S"]
     return value(sr, sc, steps)
+
+
+def from_jax(state) -> FrozenLakeState:
+    """One (unbatched) JAX FrozenLake state (flat cells -> (row, col))."""
+    hole = np.asarray(state.hole)
+    n = hole.shape[0]
+    return FrozenLakeState(hole, divmod(int(state.start), n), divmod(int(state.goal), n),
+                           divmod(int(state.pos), n), int(state.time), bool(state.done))
