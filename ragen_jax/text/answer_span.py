@@ -23,6 +23,7 @@ one gather per id, gives the answer's byte span and whether the regex matched, w
 
 from __future__ import annotations
 
+import functools
 import weakref
 
 import jax
@@ -39,9 +40,10 @@ ENTER, FINISH = 1, 2  # byte events: the answer starts after this byte / the "</
 _memo: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
 
 
+@functools.lru_cache(maxsize=None)
 def byte_automaton(think: bool) -> tuple[np.ndarray, np.ndarray, int]:
     """(next state int32 [S, 256], event int8 [S, 256], DONE state) of the module docstring's automaton;
-    state 0 is the start."""
+    state 0 is the start. Memoised (read-only arrays)."""
     states: dict = {}
 
     def sid(name):
@@ -103,6 +105,8 @@ def byte_automaton(think: bool) -> tuple[np.ndarray, np.ndarray, int]:
             to, ev = step(b)
             nxt[states[name], b], event[states[name], b] = states[to], ev
     assert len(rules) == len(states), "every named state has its rule"
+    nxt.setflags(write=False)
+    event.setflags(write=False)
     return nxt, event, states[("done",)]
 
 

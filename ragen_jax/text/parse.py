@@ -298,13 +298,10 @@ class Parser:
         safe, tok_len = self._token_lengths(ids, length)
         return answer_span(*self._automaton, safe, tok_len)
 
-    def parse_window(self, ids: jax.Array, length: jax.Array, size: int, span=None) -> Parsed:
-        """`parse` reading the answer from a buffer of `size` bytes: exact when the answer (`answer_span`)
-        has at most `size` bytes. Jittable, one row."""
-        return self.finish(self._read_window(ids, length, size, span))
-
-    def _read_window(self, ids, length, size, span=None) -> Parsed:
-        a, z, ok = self.answer_span(ids, length) if span is None else span
+    def _read_window(self, ids, length, size: int, span) -> Parsed:
+        """The answer read from a buffer of `size` bytes (exact when it has at most `size` bytes), up to
+        `finish`."""
+        a, z, ok = span
         buf, _ = self.decode_bytes(ids, length, size, a, z)
         return self.read_pieces(buf, *self.answer_pieces(buf, z - a), ok)
 

@@ -8,8 +8,8 @@ decoded before a and before z is as long as the decoded text before the answer g
 grammar of tags, partial tags, every kind of whitespace, separators and names, tokenised whole, in
 pieces or byte by byte (invalid UTF-8 included), and rows of long tokens. The parse itself is then
 checked row by row against `parse_text` along every path: batches whose answers all fit the small
-buffer, batches with a longer one (the exact bound), single rows, `parse_window` at both sizes, a
-nested vmap and a length shared by the batch.
+buffer, batches with a longer one (the exact bound), single rows, a nested vmap and a length shared
+by the batch.
 """
 
 from __future__ import annotations
@@ -41,9 +41,7 @@ def parser(think: bool):
 @functools.lru_cache(maxsize=None)
 def programs(think: bool):
     p = parser(think)
-    return dict(span=jax.jit(jax.vmap(p.answer_span)), batch=jax.jit(jax.vmap(p.parse)), row=jax.jit(p.parse),
-                small=jax.jit(jax.vmap(functools.partial(p.parse_window, size=ANSWER_BUDGET))),
-                full=jax.jit(jax.vmap(functools.partial(p.parse_window, size=p.max_bytes))))
+    return dict(span=jax.jit(jax.vmap(p.answer_span)), batch=jax.jit(jax.vmap(p.parse)), row=jax.jit(p.parse))
 
 
 def padded(rows, n=N):
@@ -56,8 +54,13 @@ def padded(rows, n=N):
     return ids, lens
 
 
+@functools.lru_cache(maxsize=None)
+def bytes_table():
+    return token_bytes_table(tok())
+
+
 def text_bytes(ids, length) -> bytes:
-    table, lengths = token_bytes_table(tok())
+    table, lengths = bytes_table()
     return b"".join(bytes(table[i, : lengths[i]]) for i in ids[: max(int(length), 0)] if 0 <= i < len(lengths))
 
 
@@ -123,31 +126,24 @@ def long_rows():
     return rows
 
 
-def check_parse(rows, think: bool):
-    """Every path of `parse` equals the reference on each row; returns whether a long answer was seen."""
+def check_parse(rows, think: bool, single_rows: bool = True):
+    """`parse` equals the reference on each row, in batches whose answers all fit the small buffer, in
+    batches with a longer answer (the exact bound), in a mixed batch and (think mode) row by row.
+    Returns whether a long answer was seen."""
     p, prog = parser(think), programs(think)
     ids, lens = padded(rows)
     want = [reference(p, ids[i], lens[i]) for i in range(N)]
     a, z, _ = jax.device_get(prog["span"](ids, lens))
     fits = (z - a) <= ANSWER_BUDGET
     text = lambda r: tok().decode(ids[r, : max(lens[r], 0)])  # noqa: E731
-    for group in (np.flatnonzero(fits), np.flatnonzero(~fits)):  # short answers alone, then the long ones
+    for group in (np.flatnonzero(fits), np.flatnonzero(~fits), np.arange(B)):
         for lo in range(0, len(group), B):
             chunk = group[lo: lo + B]
-            bi, bl = padded([(ids[r], lens[r]) for r in chunk], B)
-            out = prog["batch"](bi, bl)
+            out = jax.device_get(prog["batch"](*padded([(ids[r], lens[r]) for r in chunk], B)))
             for j, r in enumerate(chunk):
                 assert_same(jax.tree.map(lambda x: x[j], out), want[r], text(r))
-    out = prog["batch"](ids[:B], lens[:B])  # mixed
-    for r in range(B):
-        assert_same(jax.tree.map(lambda x: x[r], out), want[r], text(r))
-    small, full = prog["small"](ids, lens), prog["full"](ids, lens)
-    for r in range(N):
-        assert_same(jax.tree.map(lambda x: x[r], full), want[r], text(r))
-        if fits[r]:
-            assert_same(jax.tree.map(lambda x: x[r], small), want[r], text(r))
-    for r in range(0, N, 6):  # single rows
-        assert_same(prog["row"](ids[r], lens[r]), want[r], text(r))
+    for r in range(0, N, 6) if single_rows else ():
+        assert_same(jax.device_get(prog["row"](ids[r], lens[r])), want[r], text(r))
     return not fits.all()
 
 
@@ -162,7 +158,7 @@ def test_long_answers_take_the_exact_bound():
     short = [(tok().encode(s), len(tok().encode(s))) for s in ("<think>ok</think><answer>Up || Left</answer>",
                                                               "<answer>down</answer>", "")]
     for think in (True, False):
-        assert check_parse(rows + short, think)
+        assert check_parse(rows + short, think, single_rows=think)
         check_span(rows + short, think)
 
 
@@ -170,10 +166,10 @@ def test_nested_vmap_and_shared_length():
     p = parser(True)
     rows = long_rows()[:4] + [(tok().encode("<think>a</think><answer>Up||Down</answer>"), 12)] * 4
     ids, lens = padded(rows, 8)
-    out = jax.jit(jax.vmap(jax.vmap(p.parse)))(ids.reshape(2, 4, T), lens.reshape(2, 4))
+    out = jax.device_get(jax.jit(jax.vmap(jax.vmap(p.parse)))(ids.reshape(2, 4, T), lens.reshape(2, 4)))
     for r in range(8):
         assert_same(jax.tree.map(lambda x: x[r // 4, r % 4], out), reference(p, ids[r], lens[r]), r)
-    out = jax.jit(jax.vmap(p.parse, in_axes=(0, None)))(ids, jnp.int32(30))
+    out = jax.device_get(jax.jit(jax.vmap(p.parse, in_axes=(0, None)))(ids, jnp.int32(30)))
     for r in range(8):
         assert_same(jax.tree.map(lambda x: x[r], out), reference(p, ids[r], 30), r)
 
