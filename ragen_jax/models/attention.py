@@ -29,12 +29,12 @@ Implementations (`model.attention`, `IMPLEMENTATIONS`):
 An explicit cudnn/splash is used where its layout fits and the call falls back to the `auto` choice
 otherwise (cudnn with a shared prefix, any kernel for cache appends).
 
-Reads that follow the filled cache (`read_filled`): a call on a KV cache of capacity S needs only the
-slots below the largest `q_slot + 1` of its used queries; the others are masked for every row. The
-caller computes that count (a traced scalar) and `read_filled` runs the attention on the smallest of
-a few static slot counts (`fill_buckets`: block multiples growing by at most `FILL_GROWTH`) that holds
-it, through one `lax.switch`: a decode step at 256 filled slots of a 3,600-slot cache reads 256 slots,
-not 3,600, with shapes that stay static (docs/decode.md, "Reads that follow the filled cache").
+New tokens and a KV cache (`cached_attention`): the new tokens attend to the cache's filled slots and
+to each other, the cache only read (the caller writes the new keys/values afterwards). The cache part
+reads only the slots below the largest filled length of a row with a used query; `read_filled` runs it
+on the smallest of a few static slot counts (`fill_buckets`: block multiples growing by at most
+`FILL_GROWTH`) that holds them, through one `lax.switch`: a decode step at 256 filled slots of a
+3,600-slot cache reads 256 slots, not 3,600, with shapes that stay static (docs/decode.md).
 """
 
 from __future__ import annotations
@@ -163,21 +163,79 @@ def fill_buckets(capacity: int, block: int = DEFAULT_BLOCK) -> tuple[int, ...]:
     return (*sizes, capacity)
 
 
-def slots_needed(q_slot: jax.Array, q_valid: jax.Array | None) -> jax.Array:
-    """The key slots a cached call must read: one past the largest slot of a used query ([] int32)."""
-    last = q_slot if q_valid is None else jnp.where(q_valid, q_slot, -1)
-    return jnp.max(last).astype(jnp.int32) + 1
-
-
 def read_filled(fn, *, needed: jax.Array, sizes: tuple[int, ...], operands: tuple):
     """`fn(n, *operands)` for the smallest static `n` in `sizes` with n >= `needed` (the last size when
     none is): one `lax.switch` whose branches slice their keys/values to n slots. Exact when every key
-    slot >= `needed` is masked for every used query (the cache rule guarantees it for
-    `needed = slots_needed(q_slot, q_valid)`)."""
+    slot >= `needed` is masked for every used query (`cached_attention`: the largest filled length of
+    a row with a used query)."""
     if len(sizes) == 1:
         return fn(sizes[0], *operands)
     idx = jnp.minimum(jnp.searchsorted(jnp.asarray(sizes, jnp.int32), needed, side="left"), len(sizes) - 1)
     return jax.lax.switch(idx, [functools.partial(fn, n) for n in sizes], *operands)
+
+
+# ----------------------------------------------------------------------------- cache + new tokens
+def cached_attention(q, k, v, cache_k, cache_v, end, valid, *, sizes: tuple[int, ...] | None = None,
+                     heads_first: bool = False, implementation: str = "auto", block: int = DEFAULT_BLOCK) -> jax.Array:
+    """Attention of T new tokens appended to a KV cache that does not hold them yet: query t sees the
+    cache's filled slots j < end[b] and the new tokens i <= t with valid[b, i]. That is the cache rule
+    (docs/design.md) for new tokens written at slots end[b] + cumsum(valid[b]) - 1, computed without
+    writing them first, so the cache is only READ here (the caller writes when it likes, and a
+    conditional around this call holds no in-place update: no copy of the cache).
+
+    q [B, T, nH, D]; k, v [B, T, nKV, D] (the new tokens'); cache_k/v [B, S, nKV, D] (`heads_first`:
+    [B, nKV, S, D], the per-layer decode layout); end [B] int32; valid [B, T] bool. -> [B, T, nH * D].
+    Two softmax parts merged by their log-sum-exp: the cache part reads only the slots some row has
+    filled (`sizes`: the static slot counts of `read_filled`, default the whole capacity; the chunked
+    kernel instead skips its blocks past every row's end), the new part is T x T.
+    """
+    b, t, nh, d = q.shape
+    s = cache_k.shape[2 if heads_first else 1]
+    new_o, new_lse = _part(q, k, v, _causal(valid), heads_first=False)
+    impl = resolve(implementation, t=t, s=s, self_layout=False, dtype=q.dtype, head_dim=d)
+    if impl == "chunked" and not heads_first:
+        # q_slot = end - 1: the kernel's loop stops at the last filled block of any row.
+        slot = jnp.broadcast_to((end - 1)[:, None], (b, t))
+        args, tp = _blocked(q, cache_k, cache_v, jnp.arange(s)[None, :] < end[:, None], slot, valid, block)
+        o, lse = _flash_forward(*args)  # [nq, B, bq, nKV, G, D], [nq, B, nKV, G, bq]
+        c_o = o.swapaxes(0, 1).reshape(b, tp, *o.shape[3:])[:, :t].astype(f32)
+        c_lse = lse.transpose(1, 0, 4, 2, 3).reshape(b, tp, *lse.shape[2:4])[:, :t]
+    else:
+        def part(n, ck, cv):
+            ck, cv = (ck[:, :, :n], cv[:, :, :n]) if heads_first else (ck[:, :n], cv[:, :n])
+            return _part(q, ck, cv, jnp.broadcast_to((jnp.arange(n)[None, :] < end[:, None])[:, None], (b, t, n)),
+                         heads_first=heads_first)
+
+        needed = jnp.max(jnp.where(jnp.any(valid, axis=1), end, 0)).astype(jnp.int32)
+        c_o, c_lse = read_filled(part, needed=needed, sizes=sizes or (s,), operands=(cache_k, cache_v))
+    m = jnp.maximum(c_lse, new_lse)
+    wc, wn = jnp.exp(c_lse - m), jnp.exp(new_lse - m)
+    out = (c_o * wc[..., None] + new_o * wn[..., None]) / (wc + wn)[..., None]
+    return out.astype(q.dtype).reshape(b, t, nh * d)
+
+
+def _causal(valid: jax.Array) -> jax.Array:
+    """[B, T, T] bool: new token t sees new token i <= t when valid[b, i]."""
+    t = valid.shape[1]
+    return (jnp.arange(t)[None, :] <= jnp.arange(t)[:, None])[None] & valid[:, None, :]
+
+
+def _part(q, k, v, mask, *, heads_first: bool):
+    """One softmax part of `cached_attention` (the einsum formula of `xla_attention`, same dtypes):
+    (output [B, T, nKV, G, D] float32, log-sum-exp [B, T, nKV, G]) over keys k [B, S, nKV, D]
+    (`heads_first`: [B, nKV, S, D]) where mask [B, T, S]."""
+    b, t, nh, d = q.shape
+    nkv = k.shape[1 if heads_first else 2]
+    qg = q.reshape(b, t, nkv, nh // nkv, d)
+    kspec = "bksd" if heads_first else "bskd"
+    scores = jnp.einsum(f"btkgd,{kspec}->bkgts", qg, k.astype(q.dtype), preferred_element_type=f32) * (d**-0.5)
+    scores = jnp.where(mask[:, None, None], scores, MASK_VALUE)
+    m = jnp.max(scores, axis=-1)
+    p = jnp.exp(scores - m[..., None])
+    l = jnp.sum(p, axis=-1)
+    # The value product in the compute dtype, as xla_attention's (XLA:CPU has no bf16 x bf16 -> f32 dot here).
+    o = jnp.einsum(f"bkgts,{kspec}->btkgd", (p / l[..., None]).astype(q.dtype), v.astype(q.dtype))
+    return o.astype(f32), (m + jnp.log(l)).transpose(0, 3, 1, 2)
 
 
 # ----------------------------------------------------------------------------- xla
@@ -202,6 +260,14 @@ def _round_up(n: int, m: int) -> int:
 
 def chunked_attention(q, k, v, kv_valid, q_slot, q_valid=None, *, block: int = DEFAULT_BLOCK) -> jax.Array:
     """The rule with q_slot given explicitly; returns [B, T, nH, D] in q's dtype."""
+    b, t, nh, d = q.shape
+    args, tp = _blocked(q, k, v, kv_valid, q_slot, q_valid, block)
+    out = _flash(*args)  # [nq, B, bq, nKV, G, D]
+    return out.swapaxes(0, 1).reshape(b, tp, nh, d)[:, :t]
+
+
+def _blocked(q, k, v, kv_valid, q_slot, q_valid, block):
+    """The chunked kernel's block-major arguments (`_flash`) and the padded query count."""
     b, t, nh, d = q.shape
     s, nkv = k.shape[1], k.shape[2]
     g = nh // nkv
@@ -231,8 +297,7 @@ def chunked_attention(q, k, v, kv_valid, q_slot, q_valid=None, *, block: int = D
     # only key blocks holding at least one valid key.
     bound = jnp.max(jnp.where(q_valid, q_slot, -1).reshape(b, nq, bq), axis=(0, 2))  # [nq]
     kv_any = jnp.any(validb, axis=(1, 2))  # [nk]
-    out = _flash(qb, kb, vb, validb, slotb, bound, kv_any, bk)  # [nq, B, bq, nKV, G, D]
-    return out.swapaxes(0, 1).reshape(b, tp, nh, d)[:, :t]
+    return (qb, kb, vb, validb, slotb, bound, kv_any, bk), tp
 
 
 def _block_scores(qi, kj, valid_j, slot_i, j, bk):
@@ -419,13 +484,13 @@ __all__ = [
     "IMPLEMENTATIONS",
     "MASK_VALUE",
     "attention",
+    "cached_attention",
     "check_available",
     "chunked_attention",
     "cudnn_attention",
     "fill_buckets",
     "read_filled",
     "resolve",
-    "slots_needed",
     "splash_attention",
     "partitioned",
     "visible_mask",

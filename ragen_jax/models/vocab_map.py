@@ -119,6 +119,9 @@ class MappedModel:
     def __call__(self, tokens, valid, cache=None):
         return self.model(self.vmap.model_ids(tokens), valid, cache)
 
+    def extend(self, tokens, valid, cache):
+        return self.model.extend(self.vmap.model_ids(tokens), valid, cache)
+
     def logits(self, hidden, head=None):
         return self.model.logits(hidden, head)
 

@@ -119,6 +119,9 @@ class _Carry:
     response_length: jax.Array  # [B] int32: sampled tokens over all turns
     truncated: jax.Array  # [B] bool: ended because the next turn would not fit in T
     state_key: jax.Array | None = None  # [B, K, D] int32: each turn's observation key (`state_keys=True`)
+    # Each group's first observation prefilled once (`Rollout._first_turn`): (NewKV [L, P, S, ...],
+    # next-token logits [P, V]) that turn 1 copies to the group's rows instead of prefilling them.
+    first: Any = None
 
 
 class _Segment(NamedTuple):
@@ -229,6 +232,10 @@ class Rollout:
                                  dataclasses.replace(config, num_groups=config.groups_per_pass, groups_per_pass=0),
                                  mesh=mesh, batch_axes=batch_axes, teacher=teacher, vocab=vocab,
                                  state_keys=state_keys)
+        # Rows of a group start from the same seed, so their first observation is the same ids: it is
+        # prefilled once per group and copied (a model that can run tokens without writing its cache).
+        self.share_first = (teacher is None and model is not None and config.shared_prefix and config.group_size > 1
+                            and callable(getattr(model, "extend", None)))
         run = self._run if max_traces is None else _limit_traces(self._run, max_traces)
         self._jitted = jax.jit(run)
 
@@ -306,7 +313,7 @@ class Rollout:
                 cache = cache.replace(k=self._shard(cache.k, 1), v=self._shard(cache.v, 1), end=self._shard(cache.end))
         tokens = jnp.full((b, t_max), self.chat.pad, jnp.int32).at[:, :n_prefix].set(prefix)
         zeros_i = jnp.zeros((b,), jnp.int32)
-        return _Carry(
+        carry = _Carry(
             turn=jnp.zeros((), jnp.int32),
             key=key,
             state=jax.tree.map(self._shard, state),
@@ -331,22 +338,34 @@ class Rollout:
             state_key=(None if self.state_key is None else
                        jnp.full((b, self.max_turns, self.state_key_width), -1, jnp.int32)),
         )
+        return carry.replace(first=self._first_turn(model, carry)) if self.share_first else carry
 
-    def _prefix_cache(self, model):
-        """The B-row cache holding the prompt prefix every row shares: prefilled for ONE row, then
-        broadcast (the same keys and values the per-row prefill writes, at 1/B of its cost). Any cache
+    def _first_turn(self, model, c: _Carry):
+        """Turn 1's segment prefilled once per group, behind the prefix: (NewKV [L, P, S, ...], next-token
+        logits [P, V]) of each group's first row (a group's rows render the same ids: same seed, same
+        state), for `_answer` to copy to every row of the group."""
+        n = self.config.group_size
+        seg = jax.tree.map(lambda x: x[::n], self._segment(c))
+        valid = jnp.arange(seg.ids.shape[1])[None, :] < seg.length[:, None]
+        logits, new = sampler.extend(model, self._prefix_cache(model, self.config.num_groups), seg.ids, valid)
+        return new, logits
+
+    def _prefix_cache(self, model, rows: int | None = None):
+        """The cache (B rows, or `rows`) holding the prompt prefix every row shares: prefilled for ONE
+        row, then broadcast (the same keys and values the per-row prefill writes, at 1/B of its cost). Any cache
         pytree works (`init_cache`): each leaf of the one-row cache is broadcast to its B-row shape.
         `RolloutConfig.shared_prefix=False`: every row prefills its own copy."""
         cfg = self.config
+        rows = cfg.batch_size if rows is None else rows
         if not cfg.shared_prefix:
-            prefix = jnp.broadcast_to(jnp.asarray(self.prefix), (cfg.batch_size, len(self.prefix)))
-            cache = init_cache(model, cfg.batch_size, self.cache_len, cfg.cache_dtype)
+            prefix = jnp.broadcast_to(jnp.asarray(self.prefix), (rows, len(self.prefix)))
+            cache = init_cache(model, rows, self.cache_len, cfg.cache_dtype)
             return model(prefix, jnp.ones(prefix.shape, bool), cache)[1]
         prefix = jnp.asarray(self.prefix)[None]
         one = init_cache(model, 1, self.cache_len, cfg.cache_dtype)
         _, one = model(prefix, jnp.ones(prefix.shape, bool), one)
-        rows = jax.eval_shape(lambda: init_cache(model, cfg.batch_size, self.cache_len, cfg.cache_dtype))
-        return jax.tree.map(lambda x, like: jnp.broadcast_to(x, like.shape), one, rows)
+        like = jax.eval_shape(lambda: init_cache(model, rows, self.cache_len, cfg.cache_dtype))
+        return jax.tree.map(lambda x, shape: jnp.broadcast_to(x, shape.shape), one, like)
 
     def _any_turn_left(self, c: _Carry):
         return (c.turn < self.max_turns) & ~jnp.all(c.done)
@@ -385,12 +404,36 @@ class Rollout:
         cache = c.cache
         if self.single_turn:  # forget the previous turn: the prefix's keys stay, later slots are overwritten
             cache = cache.replace(end=jnp.full_like(cache.end, len(self.prefix)))
-        logits, cache = sampler.prefill(model, cache, seg.ids, valid)
+        if c.first is None:
+            logits, cache = sampler.prefill(model, cache, seg.ids, valid)
+        else:
+            new, logits = self._segment_kv(model, c, cache, seg.ids, valid)
+            cache = cache.append(new)
         return sampler.decode(
             model, cache, logits, key, max_new_tokens=self.max_new, budget=seg.budget, active=seg.active,
             temperature=cfg.temperature, top_p=cfg.top_p, top_k=cfg.top_k, greedy=cfg.greedy,
             use_top_p=(cfg.top_p < 1.0) and not cfg.greedy, stop_ids=self.chat.stop, pad_id=self.chat.pad,
             stop_table=stop_table)
+
+    def _segment_kv(self, model, c: _Carry, cache, ids, valid):
+        """(NewKV, next-token logits) of the turn's segment: on turn 1 each group's, prefilled in
+        `_start`, copied to its rows; later, computed over the cache. The choice reads the cache and
+        the write comes after it (`KVCache.append`): a conditional whose branch wrote the cache in
+        place would make XLA copy the whole cache."""
+        n = self.config.group_size
+
+        def first_turn(_):
+            new, logits = c.first
+            return new.replace(k=jnp.repeat(new.k, n, axis=1), v=jnp.repeat(new.v, n, axis=1), valid=valid), \
+                jnp.repeat(logits, n, axis=0)
+
+        def later_turn(cache):
+            logits, new = sampler.extend(model, cache, ids, valid)
+            return new, logits
+
+        if self.max_turns == 1:
+            return first_turn(cache)
+        return jax.lax.cond(c.turn == 0, first_turn, later_turn, cache)
 
     def _teach(self, state, turn, key, active, budget) -> sampler.SampleOutput:
         keys = jax.random.split(key, self.config.batch_size)
@@ -470,6 +513,7 @@ class Rollout:
             response_length=c.response_length + n_gen,
             truncated=c.truncated | seg.overflow,
             state_key=self._record_key(c, seg.active),
+            first=c.first,
         )
 
     def _record_key(self, c: _Carry, active):

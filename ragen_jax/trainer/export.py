@@ -31,6 +31,7 @@ from ragen_jax.models import Qwen2, Qwen2Config, critic_from_policy, on_mesh, pa
 from ragen_jax.models.lora import CRITIC_TRAINABLE, POLICY_TRAINABLE, add_lora
 from ragen_jax.rollout import Rollout
 from ragen_jax.rollout.rollout import turn_blocks
+from ragen_jax.trainer.group_prefix import group_shape_of
 from ragen_jax.experiment.config import Config, ConfigError
 from ragen_jax.trainer.optim import make_optimizer
 from ragen_jax.experiment.build import build_mesh, build_text_envs, build_vocab, load_task_tokenizer
@@ -94,7 +95,8 @@ def abstract_programs(cfg: Config, donate: bool = True, devices=None):
     shards = mesh.shape["data"] * mesh.shape["fsdp"]
     blocks = turn_blocks(text_env) if cfg.prompt.single_turn else None
     programs = StepPrograms(StepSettings.of(cfg), graph, critic_graph, actor_opt, critic_opt, vocab=vocab, turn_blocks=blocks,
-                            batch_shards=shards, shared_prefix=turn_blocks(text_env)[0])
+                            batch_shards=shards, shared_prefix=turn_blocks(text_env)[0],
+                            group_prefix=group_shape_of(text_env, cfg.rollout.max_context))
     state_shardings = jax.tree.map(lambda x: x.sharding, state)
     prepare = jax.jit(on_mesh(programs.prepare, mesh))
     update = jax.jit(on_mesh(programs.update, mesh), out_shardings=(state_shardings, None),

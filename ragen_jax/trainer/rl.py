@@ -24,6 +24,7 @@ from ragen_jax.models.lora import CRITIC_TRAINABLE
 from ragen_jax.rollout import Rollout, format_trajectory, group_seeds_for_iteration, rollout_metrics
 from ragen_jax.rollout.metrics import host_copy, mix_metrics
 from ragen_jax.rollout.rollout import turn_blocks
+from ragen_jax.trainer.group_prefix import group_shape_of
 from ragen_jax.infra.distributed import barrier
 from ragen_jax.infra.preemption import STOP
 from ragen_jax.experiment.assembly import RunAssembly, abstract
@@ -122,7 +123,8 @@ class Trainer(RunAssembly):
         blocks = turn_blocks(self.text_env) if self.cfg.prompt.single_turn else None
         self.programs = StepPrograms(StepSettings.of(self.cfg), policy_graph, critic_graph, *self.optimizers, vocab=self.vocab,
                                      turn_blocks=blocks, batch_shards=self.n_batch_shards,
-                                     shared_prefix=turn_blocks(self.text_env)[0])
+                                     shared_prefix=turn_blocks(self.text_env)[0],
+                                     group_prefix=group_shape_of(self.text_env, self.cfg.rollout.max_context))
         state_shardings = jax.tree.map(lambda x: x.sharding, state)
         # Traced on the mesh: the splash kernel's shard_map reads it (models/attention.py `partitioned`).
         self.prepare_jit = jax.jit(on_mesh(self.programs.prepare, self.mesh))

@@ -34,6 +34,7 @@ from flax import nnx, struct
 
 from ragen_jax.experiment.config import Config, ConfigError
 from ragen_jax.experiment.sections import AdvantageConfig, BatchingConfig, FilterConfig, LossConfig
+from ragen_jax.trainer.group_prefix import GroupShape, assemble, grouped_hidden, next_token_inputs, split_groups
 from ragen_jax.trainer.optim import lr_at
 from ragen_jax.trainer.turn_blocks import TurnBlocks, fold_columns, over_taken_blocks
 from ragen_jax.algorithms import advantages as adv_lib
@@ -69,6 +70,7 @@ class Batch:
     row_weight: jax.Array  # [K] 1 for rows that train, 0 for padding rows of variance_cover
     turn_start: jax.Array | None = None  # [K, M] single-turn records only (`TurnBlocks`)
     tis_weight: jax.Array | None = None  # [K, T-1] truncated importance weights (loss.tis); None: off
+    group: jax.Array | None = None  # [K] int32: each row's group slot (group-shared scoring, `group_prefix`)
 
 
 # ----------------------------------------------------------------------------------- LoRA split
@@ -85,7 +87,7 @@ def critic_frozen(frozen):
 
 # ----------------------------------------------------------------------------------- forward helpers
 def sequence_logprobs(graphdef, params, tokens, valid, chunk: int = 128, vocab=None, temperature: float = 1.0,
-                      inference: bool = False, blocks: TurnBlocks | None = None, prefix: int = 0):
+                      inference: bool = False, blocks: TurnBlocks | None = None, prefix: int = 0, groups=None):
     """Per-target log-probs and entropies [K, T-1], never materialising [K, T, V] logits.
 
     `vocab`: optional VocabMap of a small-vocabulary model; tokens stay Qwen ids outside the model.
@@ -98,10 +100,27 @@ def sequence_logprobs(graphdef, params, tokens, valid, chunk: int = 128, vocab=N
     `prefix`: full-context records whose first `prefix` tokens are the same in every row (the prompt
     prefix): that part runs through the model once for the batch (`prefixed_forward`), its gradient
     gathered from every row; the numbers are those of the per-row forward.
+    `groups`: (group [K] int32, at most how many groups the rows hold, `GroupShape`): each group's
+    shared beginning runs once (trainer/group_prefix.py), when the rows fit its shape; else `prefix`.
     """
     model = nnx.merge(graphdef, params)
     to_model = (lambda x: x) if vocab is None else vocab.model_ids
     logits_fn = model.logits if temperature == 1.0 else (lambda h: model.logits(h) / temperature)
+    if blocks is None and groups is not None:
+        ids = to_model(tokens)
+        rows = split_groups(ids, valid, *groups)
+
+        def grouped():
+            g_hidden, hidden = grouped_hidden(model.model, rows, inference)
+            lp_g, ent_g = loss_lib.token_logprobs_and_entropy(g_hidden[:, :-1], rows.group_ids[:, 1:], logits_fn,
+                                                              chunk=chunk)
+            lp_t, ent_t = loss_lib.token_logprobs_and_entropy(next_token_inputs(rows, g_hidden, hidden), rows.tail_ids,
+                                                              logits_fn, chunk=chunk)
+            w = tokens.shape[1] - 1
+            return assemble(rows, lp_g, lp_t, w, 1), assemble(rows, ent_g, ent_t, w, 1)
+
+        return jax.lax.cond(rows.fits, grouped, lambda: sequence_logprobs(
+            graphdef, params, tokens, valid, chunk, vocab, temperature, inference, None, prefix))
     if blocks is None:
         ids = to_model(tokens)
         if prefix:
@@ -140,11 +159,22 @@ def prefixed_forward(model, ids, valid, prefix: int, inference: bool = False):
 
 
 def sequence_values(graphdef, params, tokens, valid, vocab=None, inference: bool = False,
-                    blocks: TurnBlocks | None = None, prefix: int = 0):
+                    blocks: TurnBlocks | None = None, prefix: int = 0, groups=None):
     """Critic values aligned on targets: V at position t is the value before sampling token t+1.
-    `prefix`: as `sequence_logprobs`, the shared prompt prefix run once for the batch."""
+    `prefix`, `groups`: as `sequence_logprobs` (the shared prompt prefix, the groups' beginnings)."""
     critic = nnx.merge(graphdef, params)
     to_model = (lambda x: x) if vocab is None else vocab.model_ids
+    if blocks is None and groups is not None:
+        rows = split_groups(to_model(tokens), valid, *groups)
+
+        def grouped():
+            g_hidden, hidden = grouped_hidden(critic.model, rows, inference)
+            v = assemble(rows, critic.values(g_hidden).astype(jnp.float32), critic.values(hidden).astype(jnp.float32),
+                         tokens.shape[1] - 1, 0)
+            return v
+
+        return jax.lax.cond(rows.fits, grouped, lambda: sequence_values(
+            graphdef, params, tokens, valid, vocab, inference, None, prefix))
     if blocks is None:
         if prefix:
             p_hidden, hidden = prefixed_forward(critic, to_model(tokens), valid, prefix, inference)
@@ -252,14 +282,17 @@ class StepPrograms:
     """The compiled `prepare` and `update` programs of one config (built once per run)."""
 
     def __init__(self, settings: StepSettings, actor_graph, critic_graph, actor_opt, critic_opt, vocab=None,
-                 turn_blocks: tuple[int, int] | None = None, batch_shards: int = 1, shared_prefix: int = 0):
+                 turn_blocks: tuple[int, int] | None = None, batch_shards: int = 1, shared_prefix: int = 0,
+                 group_prefix: GroupShape | None = None):
         """`settings`: `StepSettings.of(config)`. `turn_blocks`:
         (prefix length, block width) of single-turn records (`TurnBlocks`;
         `ragen_jax.rollout.rollout.turn_blocks(text_env)`), required when
         `prompt.context_window_mode="single_turn"`. `batch_shards`: the data-parallel devices the
         rows are sharded over (`over_taken_blocks` compacts turn blocks within each one).
         `shared_prefix`: the length of the prompt prefix every full-context record starts with
-        (`turn_blocks(text_env)[0]`): the passes run it once per batch; 0 runs every row whole."""
+        (`turn_blocks(text_env)[0]`): the passes run it once per batch; 0 runs every row whole.
+        `group_prefix`: the `GroupShape` of full-context records (`group_prefix.group_shape`): calls
+        whose rows hold fewer groups than rows run each group's shared beginning once."""
         if not isinstance(settings, StepSettings):
             raise TypeError("StepPrograms takes StepSettings.of(config), not a whole Config")
         s = self.settings = settings
@@ -272,6 +305,7 @@ class StepPrograms:
         self.shared_prefix = int(shared_prefix) if s.shared_prefix and not s.single_turn else 0
         if self.shared_prefix == 1:  # a one-token prefix has no target of its own to share
             self.shared_prefix = 0
+        self.group_prefix = group_prefix if self.shared_prefix else None
         self.skip_untaken = True  # `TurnBlocks.skip_untaken`; False only to measure the plain pass against it
         self.batch_shards = batch_shards
         self.actor_graph, self.critic_graph = actor_graph, critic_graph
@@ -290,10 +324,26 @@ class StepPrograms:
         return TurnBlocks(start=turn_start, prefix=self.turn_blocks[0], width=self.turn_blocks[1],
                           skip_untaken=self.skip_untaken, shards=self.batch_shards)
 
-    def _per_rows(self, fn):
-        """`fn(tokens, valid, blocks=..., prefix=...)` as a function of row arrays (tokens, valid,
-        turn_start), the form `in_minibatches` splits."""
-        return lambda x, v, ts: fn(x, v, blocks=self._blocks(ts), prefix=self.shared_prefix)
+    def _groups(self, group, rows: int, groups: int):
+        """`sequence_logprobs`' `groups` for a call of `rows` rows holding at most `groups` groups, or
+        None where sharing cannot pay (as many groups as rows, or no `group_prefix`)."""
+        if self.group_prefix is None or min(rows, groups) >= rows:
+            return None
+        return group, groups, self.group_prefix
+
+    def _contiguous_groups(self, rows: int, total: int) -> int:
+        """Groups a block of `rows` consecutive rows of a group-major batch of `total` rows holds (the
+        no-grad passes' blocks start at multiples of `rows`)."""
+        n = self.settings.group_size
+        return min(total // n, rows // n if rows % n == 0 else rows // n + 2)
+
+    def _per_rows(self, fn, total: int, block: int):
+        """`fn(tokens, valid, blocks=..., prefix=..., groups=...)` as a function of row arrays (tokens,
+        valid, turn_start, group) in blocks of `block` of `total` group-major rows, the form
+        `in_minibatches` splits."""
+        groups = self._contiguous_groups(min(block, total), total)
+        return lambda x, v, ts, g: fn(x, v, blocks=self._blocks(ts), prefix=self.shared_prefix,
+                                      groups=self._groups(g, x.shape[0], groups))
 
     # -- prepare: filter + no-grad passes + advantages --------------------------------------
     def prepare(self, actor, critic, ref, traj, frozen=None) -> tuple[Batch, dict]:
@@ -318,8 +368,8 @@ class StepPrograms:
         if spec.input_name == "entropy":
             b, t_all = traj.tokens.shape
             valid_all = jnp.arange(t_all)[None, :] < traj.length[:, None]
-            all_logp, all_ent = in_minibatches(self._per_rows(logp_fn), b,
-                                                min(micro, b), traj.tokens, valid_all, ts_all)
+            all_logp, all_ent = in_minibatches(self._per_rows(logp_fn, b, micro), b, min(micro, b), traj.tokens,
+                                                valid_all, ts_all, jnp.arange(b, dtype=jnp.int32) // n)
             m_all = traj.loss_mask[:, 1:].astype(jnp.float32)
             inputs["entropy"] = jnp.sum(all_ent * m_all, -1) / jnp.maximum(jnp.sum(m_all, -1), 1.0)
         f = filter_lib.filter_by_spec(spec, inputs, n)
@@ -329,31 +379,31 @@ class StepPrograms:
         valid = jnp.arange(t_max)[None, :] < t.length[:, None]
         mask = t.loss_mask[:, 1:] & (f.row_weight[:, None] > 0)
         mb = min(micro, k)
+        group = jnp.arange(k, dtype=jnp.int32) // n  # kept rows are whole groups, group by group
+        rows = (t.tokens, valid, ts, group)
 
         if all_logp is None:
-            old_logp, _ = in_minibatches(self._per_rows(logp_fn), k, mb,
-                                          t.tokens, valid, ts)
+            old_logp, _ = in_minibatches(self._per_rows(logp_fn, k, mb), k, mb, *rows)
         else:
             old_logp = jnp.take(all_logp, f.rows, axis=0)
         ref_logp = jnp.zeros_like(old_logp)
         if self.use_ref:
             ref_fn = functools.partial(sequence_logprobs, self.actor_graph, full_params(ref, frozen), vocab=self.vocab,
                                        temperature=self.temperature, inference=True)
-            ref_logp, _ = in_minibatches(self._per_rows(ref_fn), k, mb,
-                                          t.tokens, valid, ts)
+            ref_logp, _ = in_minibatches(self._per_rows(ref_fn, k, mb), k, mb, *rows)
         values = jnp.zeros_like(old_logp)
         if self.has_critic:
             val_fn = functools.partial(sequence_values, self.critic_graph, full_params(critic, critic_frozen(frozen)),
                                        vocab=self.vocab, inference=True)
-            values = in_minibatches(self._per_rows(val_fn), k, mb,
-                                     t.tokens, valid, ts)
+            values = in_minibatches(self._per_rows(val_fn, k, mb), k, mb, *rows)
         values = jnp.where(mask, values, 0.0)
 
         tis_weight, metrics = self._importance_weights(t, mask, old_logp)
         advantages, returns, adv_metrics = self._advantages(t, f, mask, old_logp, ref_logp, values)
         batch = Batch(tokens=t.tokens, valid=valid, mask=mask, old_logp=old_logp, ref_logp=ref_logp,
                       values=values, advantages=advantages, returns=returns, row_weight=f.row_weight,
-                      turn_start=ts if self.turn_blocks is not None else None, tis_weight=tis_weight)
+                      turn_start=ts if self.turn_blocks is not None else None, tis_weight=tis_weight,
+                      group=group if self.group_prefix is not None else None)
         metrics.update(adv_metrics)
         metrics.update(f.metrics)
         metrics.update({
@@ -434,7 +484,8 @@ class StepPrograms:
         share = jnp.sum(mb.mask.astype(jnp.float32)) / tok_norm
         logp, entropy = sequence_logprobs(self.actor_graph, full_params(params, frozen), mb.tokens, mb.valid,
                                           vocab=self.vocab, temperature=self.temperature,
-                                          blocks=self._blocks(mb.turn_start), prefix=self.shared_prefix)
+                                          blocks=self._blocks(mb.turn_start), prefix=self.shared_prefix,
+                                          groups=self._update_groups(mb))
         pg_loss, pm = loss_lib.ppo_policy_loss(
             logp, mb.old_logp, mb.advantages, mb.mask, eps_low=lo.eps_low, eps_high=lo.eps_high,
             dual_clip=lo.dual_clip, agg_mode=lo.agg, norm=norm, tis_weights=mb.tis_weight)
@@ -453,11 +504,16 @@ class StepPrograms:
         tok_norm, _ = norms
         share = jnp.sum(mb.mask.astype(jnp.float32)) / tok_norm
         v = sequence_values(self.critic_graph, full_params(params, critic_frozen(frozen)), mb.tokens, mb.valid,
-                            vocab=self.vocab, blocks=self._blocks(mb.turn_start), prefix=self.shared_prefix)
+                            vocab=self.vocab, blocks=self._blocks(mb.turn_start), prefix=self.shared_prefix,
+                            groups=self._update_groups(mb))
         loss, m = loss_lib.value_loss(v, mb.values, mb.returns, mb.mask, clip=self.settings.loss.value_clip,
                                       agg_mode="token-mean", norm=tok_norm)
         return loss, {"critic/value_loss": m["vf_loss"], "critic/vf_clipfrac": m["vf_clipfrac"] * share,
                       "critic/vpred_mean": m["vpred_mean"] * share}
+
+    def _update_groups(self, mb: Batch):
+        """A micro-batch's rows are drawn from the whole batch's `kept_groups` groups in random order."""
+        return None if mb.group is None else self._groups(mb.group, mb.tokens.shape[0], self.kept_groups)
 
     def actor_value_and_grad(self, params, mbatch: Batch, frozen=None):
         """((loss, metrics), grads) of one mini-batch, over `batching.micro_batch_size` micro-batches.

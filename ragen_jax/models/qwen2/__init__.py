@@ -5,6 +5,7 @@ are family-neutral names of `Qwen2` / `Qwen2Config` (one class each; the family 
 from ragen_jax.models.qwen2.config import FAMILIES, PRESETS, Qwen2Config
 from ragen_jax.models.qwen2.model import (
     KVCache,
+    NewKV,
     PrefixKV,
     Qwen2,
     Qwen2Critic,
@@ -35,6 +36,7 @@ __all__ = [
     "PRESETS",
     "WEIGHT_MAP",
     "KVCache",
+    "NewKV",
     "PrefixKV",
     "Qwen2",
     "Qwen2Config",

@@ -46,8 +46,7 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx, struct
 
-from ragen_jax.models.attention import (MASK_VALUE, attention, fill_buckets, read_filled, resolve, slots_needed,
-                                       visible_mask)
+from ragen_jax.models.attention import attention, cached_attention, fill_buckets
 from ragen_jax.models.qwen2 import decode as decode_weights
 from ragen_jax.models.qwen2.config import REMAT_POLICIES, Qwen2Config
 
@@ -88,6 +87,28 @@ class KVCache:
     @property
     def batch(self) -> int:
         return self.k.shape[1]
+
+    def append(self, new: NewKV) -> "KVCache":
+        """The cache with `new`'s valid tokens written at each row's end (the cache rule), end advanced."""
+        valid = new.valid
+        pos = self.end[:, None] + jnp.cumsum(valid, axis=1, dtype=jnp.int32) - 1
+        slot = _slots(pos, valid, self.max_len)
+        rows = jnp.arange(self.batch)[:, None]
+        k, v = self.k, self.v
+        for li in range(k.shape[0]):  # per layer: XLA:CPU's 16-bit scatter workaround is per layer (`_write_kv`)
+            k, v = _write_kv(k, li, rows, slot, new.k[li]), _write_kv(v, li, rows, slot, new.v[li])
+        return KVCache(k=k, v=v, end=self.end + jnp.sum(valid, axis=1, dtype=jnp.int32))
+
+
+@struct.dataclass
+class NewKV:
+    """Keys/values of tokens run after a cache without writing it (`Qwen2.extend`), to be written
+    later with `KVCache.append`: lets a caller choose, per call, where the keys/values come from (a
+    conditional around a computation that writes the cache in place makes XLA copy the cache)."""
+
+    k: jax.Array  # [L, B, T, n_kv_heads, head_dim]
+    v: jax.Array
+    valid: jax.Array  # [B, T] bool: the tokens that are written (compactly, from each row's end)
 
 
 @struct.dataclass
@@ -134,14 +155,27 @@ def stacked_layout(cache):
 class PrefixKV:
     """Keys/values of one token prefix shared by a whole batch (e.g. the constant system prompt and
     instructions every episode starts with): computed once by `Qwen2.prefix_kv`, differentiable, so
-    training on prefix + rows costs one prefix forward instead of one per row."""
+    training on prefix + rows costs one prefix forward instead of one per row.
 
-    k: jax.Array  # [L, P, n_kv_heads, head_dim]
-    v: jax.Array  # [L, P, n_kv_heads, head_dim]
+    Grouped (`Qwen2Trunk.group_prefix_forward`): G prefixes of up to P slots, `lengths[g]` filled,
+    each shared by the rows of one group (episodes that start from the same state share their first
+    observation); `for_rows(row_group)` says which prefix each row of the next call continues."""
+
+    k: jax.Array  # [L, P, n_kv_heads, head_dim]; grouped: [L, G, P, n_kv_heads, head_dim]
+    v: jax.Array
+    lengths: jax.Array | None = None  # [G] int32: the filled slots of each group's prefix (grouped)
+    row_group: jax.Array | None = None  # [R] int32: each row's prefix (grouped)
 
     @property
     def length(self) -> int:
-        return self.k.shape[1]
+        return self.k.shape[-3]
+
+    @property
+    def grouped(self) -> bool:
+        return self.lengths is not None
+
+    def for_rows(self, row_group: jax.Array) -> "PrefixKV":
+        return self.replace(row_group=jnp.asarray(row_group, jnp.int32))
 
 
 # ----------------------------------------------------------------------------- pure pieces
@@ -302,9 +336,10 @@ def scan_frozen_base(layer, carry, layers, rest, remat_policy):
 
 
 def decoder_stack(cfg: Qwen2Config, layers, x, valid, cache: KVCache | None, prefix: "PrefixKV | None" = None,
-                  return_kv: bool = False, inference: bool = False):
+                  return_kv: bool = False, inference: bool = False, write: bool = True):
     """Run all layers. `layers` is the pure dict of stacked [L, ...] arrays. Returns (x, cache), or
-    (x, (k, v)) with every layer's keys/values [L, B, T, n_kv, hd] when `return_kv` (no cache).
+    (x, (k, v)) with every layer's keys/values [L, B, T, n_kv, hd] when `return_kv` (no cache), or
+    with a cache and `write=False` (x, `NewKV`): the cache only read (`Qwen2.extend`).
 
     `prefix` (no-cache path only): keys/values of a prefix SHARED by every row, computed once
     (`Qwen2.prefix_kv`); the rows then start at RoPE position P and attend to all P prefix slots
@@ -314,7 +349,7 @@ def decoder_stack(cfg: Qwen2Config, layers, x, valid, cache: KVCache | None, pre
     layout, shapes, dtype and backend; single-token decode always takes the cheap xla path)."""
     if cache is None:
         return _full_sequence_stack(cfg, layers, x, valid, prefix, return_kv, inference)
-    return _cached_stack(cfg, layers, x, valid, cache)
+    return _cached_stack(cfg, layers, x, valid, cache, write)
 
 
 def _full_sequence_stack(cfg: Qwen2Config, layers, x, valid, prefix, return_kv: bool, inference: bool):
@@ -322,18 +357,27 @@ def _full_sequence_stack(cfg: Qwen2Config, layers, x, valid, prefix, return_kv: 
     b = x.shape[0]
     attend = functools.partial(attention, implementation=cfg.attention, block=cfg.attention_block)
     p_len = 0 if prefix is None else prefix.length
-    pos = p_len + jnp.cumsum(valid, axis=1, dtype=jnp.int32) - 1
-    # Self-attention layout: query t sees the P prefix slots and the row's valid keys <= t.
-    kv_valid = valid if prefix is None else jnp.concatenate([jnp.ones((b, p_len), bool), valid], axis=1)
+    grouped = prefix is not None and prefix.grouped
+    if grouped and prefix.row_group is None:
+        raise ValueError("a grouped prefix needs for_rows(row_group): which group's prefix each row continues")
+    # Each row's prefix slots (all P, or its group's filled ones) and its RoPE positions after them.
+    filled = prefix.lengths[prefix.row_group][:, None] if grouped else jnp.full((b, 1), p_len, jnp.int32)
+    pos = filled + jnp.cumsum(valid, axis=1, dtype=jnp.int32) - 1
+    # Self-attention layout: query t sees the row's prefix slots and its valid keys <= t.
+    kv_valid = valid if prefix is None else jnp.concatenate([jnp.arange(p_len)[None, :] < filled, valid], axis=1)
     cos, sin = rope_cos_sin(pos, cfg)
+
+    def rows_of(pk):
+        """The prefix keys (or values) of every row: its group's, or the one prefix broadcast."""
+        return pk[prefix.row_group] if grouped else jnp.broadcast_to(pk, (b, *pk.shape))
 
     def layer(x, xs):
         p, pk, pv = xs
         q, k, v = _attn_in(cfg, p, x, cos, sin)
         keys, vals = k, v
-        if prefix is not None:  # [P, nKV, D] broadcast over rows: the prefix is computed once
-            keys = jnp.concatenate([jnp.broadcast_to(pk.astype(k.dtype), (b, *pk.shape)), k], axis=1)
-            vals = jnp.concatenate([jnp.broadcast_to(pv.astype(v.dtype), (b, *pv.shape)), v], axis=1)
+        if prefix is not None:  # [P, nKV, D] per row: the prefix is computed once
+            keys = jnp.concatenate([rows_of(pk).astype(k.dtype), k], axis=1)
+            vals = jnp.concatenate([rows_of(pv).astype(v.dtype), v], axis=1)
         out = attend(q, keys, vals, kv_valid, q_valid=valid)
         return _attn_out_mlp(cfg, p, x, out), ((k, v) if return_kv else None)
 
@@ -348,49 +392,43 @@ def _full_sequence_stack(cfg: Qwen2Config, layers, x, valid, prefix, return_kv: 
     return x, kv
 
 
-def _cached_stack(cfg: Qwen2Config, layers, x, valid, cache):
-    """`decoder_stack` with a cache: prefill or decode, writing the new keys/values into it."""
+def _cached_stack(cfg: Qwen2Config, layers, x, valid, cache, write: bool = True):
+    """`decoder_stack` with a cache: prefill or decode. Each layer's new tokens attend to the cache's
+    filled slots and to each other (`attention.cached_attention`, which only reads the cache), then
+    the layer's new keys/values are written (`write`) or returned: (x, `NewKV`) for `KVCache.append`."""
     b, t, _ = x.shape
-    attend = functools.partial(attention, implementation=cfg.attention, block=cfg.attention_block)
     s = cache.max_len
     n_new = jnp.sum(valid, axis=1, dtype=jnp.int32)
     pos = cache.end[:, None] + jnp.cumsum(valid, axis=1, dtype=jnp.int32) - 1  # slot == RoPE position
-    # Invalid tokens (and overflow past S) target slot S, which mode="drop" discards.
-    write = jnp.where(valid & (pos >= 0) & (pos < s), pos, s)
+    slot = _slots(pos, valid, s)
     rows = jnp.arange(b)[:, None]
     cos, sin = rope_cos_sin(pos, cfg)
-    # Attention reads only the slots some used query can see, in static buckets (attention.py
-    # `read_filled`): decode cost follows the filled cache, not its capacity. The chunked kernel
-    # (long appends) skips the blocks past its queries by itself.
-    chunked = resolve(cfg.attention, t=t, s=s, self_layout=False, dtype=x.dtype, head_dim=cfg.head_dim) == "chunked"
-    read = functools.partial(read_filled, needed=slots_needed(pos, valid),
-                             sizes=fill_buckets(s, cfg.attention_block) if cfg.decode_bound and not chunked else (s,))
+    # The cache part reads only the slots some row has filled, in static buckets (attention.py
+    # `read_filled`): decode cost follows the filled cache, not its capacity.
+    attend = functools.partial(cached_attention, end=cache.end, valid=valid, implementation=cfg.attention,
+                               block=cfg.attention_block,
+                               sizes=fill_buckets(s, cfg.attention_block) if cfg.decode_bound else (s,))
 
     if isinstance(cache, LayerKVCache):
-        return _decode_layer_cache(cfg, layers, x, cache, rows, write, pos, cos, sin, n_new, read)
-
-    def attend_filled(n, ck, cv, li, q):
-        keys = jax.lax.dynamic_index_in_dim(ck, li, axis=0, keepdims=False)[:, :n]
-        vals = jax.lax.dynamic_index_in_dim(cv, li, axis=0, keepdims=False)[:, :n]
-        # A query sees every slot <= its own (the cache rule); per-row offsets, so no cudnn/splash.
-        return attend(q, keys, vals, None, q_slot=pos, q_valid=valid)
+        if not write:
+            raise ValueError("a LayerKVCache is written in place by the decode loop; extend() takes a KVCache")
+        return _decode_layer_cache(cfg, layers, x, cache, rows, slot, cos, sin, n_new, attend)
 
     def layer(carry, xs):
         x, ck, cv = carry
         p, li = xs
         q, k, v = _attn_in(cfg, p, x, cos, sin)
-        # Scatter only the new rows into the loop-carried stacked cache (updated in place by XLA);
-        # then read back this layer's filled [B, n, ...] slots: decode costs O(n) per token, no O(S^2).
-        ck, cv = _write_kv(ck, li, rows, write, k), _write_kv(cv, li, rows, write, v)
-        # The bucket is chosen per layer, around the attention alone: a choice around the whole layer
-        # stack would hold the cache's in-place writes inside the conditional, and XLA then copies the
-        # whole cache every call (measured: memory_analysis temporaries + one cache; docs/decode.md).
-        out = read(attend_filled, operands=(ck, cv, li, q))
-        return (_attn_out_mlp(cfg, p, x, out), ck, cv), None
+        # The cache as it was (the new tokens are not in it yet); the bucket is chosen around this read
+        # alone: a choice around a computation that also writes the cache would make XLA copy all of it.
+        out = attend(q, k, v, jax.lax.dynamic_index_in_dim(ck, li, axis=0, keepdims=False),
+                     jax.lax.dynamic_index_in_dim(cv, li, axis=0, keepdims=False))
+        if write:  # only the new rows, into the loop-carried stacked cache (in place)
+            ck, cv = _write_kv(ck, li, rows, slot, k), _write_kv(cv, li, rows, slot, v)
+        return (_attn_out_mlp(cfg, p, x, out), ck, cv), (None if write else (k, v))
 
     # No remat here: the cached path is inference (remat would only keep per-layer cache copies alive).
     carry = (x, cache.k, cache.v)
-    if (t == 1 or cfg.prefill_unroll) and unrolled_decode(cfg, cache):
+    if write and (t == 1 or cfg.prefill_unroll) and unrolled_decode(cfg, cache):
         # Single-token decode runs inside the sampler's token loop. A scan over the stacked [L, ...]
         # weights slices (copies) every layer's weights on every token before its matmuls (XLA:CPU
         # does not fuse a slice into a dot), tripling the memory traffic of a step that is bound by
@@ -402,17 +440,26 @@ def _cached_stack(cfg: Qwen2Config, layers, x, valid, cache):
         for li in range(cfg.num_hidden_layers):
             p = jax.lax.optimization_barrier(decode_weights.layer_weights(layers, li, dt, cfg.matmul_dtype, cfg.decode_transposed))
             carry, _ = layer(carry, (p, jnp.int32(li)))
+        new = None
     else:
         li = jnp.arange(cfg.num_hidden_layers, dtype=jnp.int32)
-        carry, _ = scan_layers(layer, carry, layers, li)
+        carry, new = scan_layers(layer, carry, layers, li)
     x, ck, cv = carry
+    if not write:
+        return x, NewKV(k=new[0], v=new[1], valid=valid)
     return x, KVCache(k=ck, v=cv, end=cache.end + n_new)
 
 
-def _decode_layer_cache(cfg: Qwen2Config, layers, x, cache: LayerKVCache, rows, write, pos, cos, sin, n_new, read):
+def _slots(pos, valid, s: int):
+    """Cache slots of new tokens at `pos`: invalid tokens (and overflow past S) target slot S, which
+    the writes' mode="drop" discards."""
+    return jnp.where(valid & (pos >= 0) & (pos < s), pos, s)
+
+
+def _decode_layer_cache(cfg: Qwen2Config, layers, x, cache: LayerKVCache, rows, slot, cos, sin, n_new, attend):
     """`decoder_stack` on a per-layer cache: the unrolled layers (hoisted weights, as for `KVCache`),
-    each writing its new keys/values into its own [B, nKV, S, D] buffer and attending to its filled
-    slots (`read`: `read_filled` with the call's bound)."""
+    each attending to its own [B, nKV, S, D] buffer (`attend`: `cached_attention` of the call) and then
+    writing its new keys/values into it."""
     if x.shape[1] != 1 or not unrolled_decode(cfg, cache):
         raise ValueError("a LayerKVCache is for single-token decode steps on the unrolled path; convert it "
                          "with stacked_layout(cache) for longer appends")
@@ -421,26 +468,12 @@ def _decode_layer_cache(cfg: Qwen2Config, layers, x, cache: LayerKVCache, rows, 
     for li in range(cfg.num_hidden_layers):
         p = jax.lax.optimization_barrier(decode_weights.layer_weights(layers, li, dt, cfg.matmul_dtype, cfg.decode_transposed))
         q, k, v = _attn_in(cfg, p, x, cos, sin)
+        out = attend(q, k, v, ks[li], vs[li], heads_first=True)
         # [B, 1, nKV, D] rows into [B, nKV, S, D] at each row's slot; slot S is dropped.
-        ks[li] = ks[li].at[rows, :, write].set(k.astype(ks[li].dtype), mode="drop")
-        vs[li] = vs[li].at[rows, :, write].set(v.astype(vs[li].dtype), mode="drop")
-        out = read(lambda n, kl, vl, q: _layer_cache_attention(q, kl[:, :, :n], vl[:, :, :n], pos),
-                   operands=(ks[li], vs[li], q))
+        ks[li] = ks[li].at[rows, :, slot].set(k.astype(ks[li].dtype), mode="drop")
+        vs[li] = vs[li].at[rows, :, slot].set(v.astype(vs[li].dtype), mode="drop")
         x = _attn_out_mlp(cfg, p, x, out)
     return x, LayerKVCache(k=tuple(ks), v=tuple(vs), end=cache.end + n_new)
-
-
-def _layer_cache_attention(q, k, v, q_slot):
-    """`attention.xla_attention` (same formula and dtypes) for keys/values laid out [B, nKV, S, D]:
-    q [B, T, nH, D], q_slot [B, T]; a query sees the slots <= its own. -> [B, T, nH * D]."""
-    b, t, nh, d = q.shape
-    nkv, s = k.shape[1], k.shape[2]
-    qg = q.reshape(b, t, nkv, nh // nkv, d)
-    scores = jnp.einsum("btkgd,bksd->bkgts", qg, k.astype(q.dtype), preferred_element_type=f32) * (d**-0.5)
-    scores = jnp.where(visible_mask(None, q_slot, s)[:, None, None], scores, MASK_VALUE)
-    probs = jax.nn.softmax(scores, axis=-1).astype(q.dtype)
-    out = jnp.einsum("bkgts,bksd->btkgd", probs, v.astype(q.dtype))
-    return out.reshape(b, t, nh * d)
 
 
 def _check_inputs(cfg: Qwen2Config, tokens, valid, cache):
@@ -544,9 +577,33 @@ class Qwen2Trunk(nnx.Module):
         x, cache = decoder_stack(cfg, layers, self.embed_inputs(tokens, valid), valid, cache, prefix, inference=inference)
         return rms_norm(x, self.norm.scale[...], cfg.rms_norm_eps), cache
 
+    def extend(self, tokens, valid, cache: KVCache):
+        """`__call__` with a cache that is only read: (hidden [B, T, H], `NewKV` of the tokens); then
+        `cache.append(new)` equals the cache `__call__` returns."""
+        cfg = self.cfg
+        tokens, valid = jnp.asarray(tokens), jnp.asarray(valid).astype(bool)
+        _check_inputs(cfg, tokens, valid, cache)
+        layers = nnx.state(self.layers, nnx.Param).to_pure_dict()
+        x, new = decoder_stack(cfg, layers, self.embed_inputs(tokens, valid), valid, cache, write=False)
+        return rms_norm(x, self.norm.scale[...], cfg.rms_norm_eps), new
+
     def prefix_kv(self, prefix_tokens) -> PrefixKV:
         """Keys/values of a prefix every row of a later `__call__(..., prefix=)` shares. [P] ids."""
         return self.prefix_forward(prefix_tokens)[1]
+
+    def group_prefix_forward(self, tokens, lengths, inference: bool = False) -> tuple[jax.Array, PrefixKV]:
+        """(final hidden states [G, P, H], grouped keys/values) of G prefixes `tokens` [G, P] of which
+        the first `lengths[g]` ids are real: each is shared by the rows of one group
+        (`PrefixKV.for_rows`)."""
+        tokens, lengths = jnp.asarray(tokens), jnp.asarray(lengths, jnp.int32)
+        if tokens.ndim != 2 or lengths.shape != tokens.shape[:1]:
+            raise ValueError(f"group prefixes are tokens [G, P] with lengths [G], got {tuple(tokens.shape)} and "
+                             f"{tuple(lengths.shape)}")
+        valid = jnp.arange(tokens.shape[1])[None, :] < lengths[:, None]
+        layers = nnx.state(self.layers, nnx.Param).to_pure_dict()
+        x, (k, v) = decoder_stack(self.cfg, layers, self.embed_inputs(tokens, valid), valid, None, return_kv=True,
+                                  inference=inference)
+        return rms_norm(x, self.norm.scale[...], self.cfg.rms_norm_eps), PrefixKV(k=k, v=v, lengths=lengths)
 
     def prefix_forward(self, prefix_tokens, inference: bool = False) -> tuple[jax.Array, PrefixKV]:
         """(final hidden states [P, H], keys/values) of a prefix that rows share: what scoring a record
@@ -578,6 +635,9 @@ class Qwen2(nnx.Module):
 
     def prefix_kv(self, prefix_tokens) -> PrefixKV:
         return self.model.prefix_kv(prefix_tokens)
+
+    def extend(self, tokens, valid, cache: KVCache):
+        return self.model.extend(tokens, valid, cache)
 
     def logits(self, hidden: jax.Array, head: jax.Array | None = None) -> jax.Array:
         """[..., H] -> float32 [..., V]; float32 accumulation whatever the compute dtype.

@@ -1,13 +1,15 @@
-"""Cached attention that reads only the filled slots (`attention.read_filled`, `Qwen2Config.decode_bound`).
+"""New tokens attending to a KV cache they are not written into yet, reading only the filled slots
+(`attention.cached_attention`, `read_filled`, `Qwen2Config.decode_bound`; `Qwen2.extend` +
+`KVCache.append`).
 
-Independent truth: the einsum attention over the WHOLE masked cache (`attention.xla_attention` with the
-cache rule's mask over all S slots, what `decode_bound=False` computes, itself checked against
-transformers in test_model.py), on the same inputs, for every cache layout the model decodes with
-(per-layer buffers of the unrolled float32 decode, the stacked cache under the layer scan, a
-bfloat16 cache), for ragged fills, rows that ended (no valid query), a row whose cache is full, and
-multi-token appends (the xla and chunked kernels). That the reads are really bounded is checked by
-behaviour: slots past the largest fill hold NaN, which poisons any attention that reads them (0 * NaN
-in the value product) and leaves the bounded one untouched.
+Independent truth: the einsum attention over the WHOLE masked cache (`attention.xla_attention`, itself
+checked against transformers in test_model.py) after writing the new tokens at their slots
+(end + cumsum(valid) - 1) and masking by the cache rule (a query sees the slots <= its own): for both
+cache layouts ([B, S, nKV, D] and the per-layer decode layout [B, nKV, S, D]), the xla and chunked
+kernels, float32 and bfloat16, ragged fills, empty rows, rows without a used query, and a row whose
+cache is full. That the reads are bounded is checked by behaviour: slots past what any row filled hold
+NaN, which poisons any attention that reads them (0 * NaN in the value product). At the model level:
+`extend` then `append` equals the in-place call; and the bounded decode program holds no second cache.
 """
 
 import math
@@ -20,7 +22,8 @@ from flax import nnx
 from hypothesis import given, settings, strategies as st
 
 from ragen_jax.models import KVCache, Qwen2, Qwen2Config, with_config
-from ragen_jax.models.attention import FILL_GROWTH, fill_buckets, read_filled, slots_needed
+from ragen_jax.models.attention import (FILL_GROWTH, cached_attention, fill_buckets, read_filled, visible_mask,
+                                        xla_attention)
 
 S = 300  # capacity: buckets 128, 256, 300 at block 128
 TOL = {"float32": dict(rtol=1e-5, atol=1e-5), "bfloat16": dict(rtol=0, atol=4e-2)}
@@ -50,104 +53,112 @@ def test_read_filled_runs_the_smallest_bucket_that_holds_the_need(needed):
     assert got == want
 
 
-def test_slots_needed_counts_only_used_queries():
-    q_slot = jnp.array([[4, 9], [120, 121], [299, 0]], jnp.int32)
-    valid = jnp.array([[True, True], [True, False], [False, False]])
-    assert int(slots_needed(q_slot, valid)) == 121
-    assert int(slots_needed(q_slot, None)) == 300
+def _case(t, dtype, seed=0):
+    """q [B,T,6,8], new k/v [B,T,2,8], a cache [B,S,2,8] whose slots from 256 on hold NaN (no row with a
+    used query filled more than 140: the 256-slot bucket holds them all), ends, valid. Row 3 has no used query (its end 290 is ignored),
+    row 0 is empty, row 4 fills past 128 so the 256 bucket is read."""
+    rng = np.random.default_rng(seed)
+    b = 6
+    q = rng.standard_normal((b, t, 6, 8)).astype(np.float32)
+    k, v = (rng.standard_normal((b, t, 2, 8)).astype(np.float32) for _ in range(2))
+    ck, cv = (rng.standard_normal((b, S, 2, 8)).astype(np.float32) for _ in range(2))
+    end = np.array([0, 5, 77, 290, 140, 64], np.int32)
+    valid = np.ones((b, t), bool)
+    valid[3] = False
+    valid[5, t // 2:] = False  # ragged
+    valid[1, 0] = t == 1  # a gap before the first valid token (prefill with left padding)
+    poisoned = ck.copy(), cv.copy()
+    for a in poisoned:
+        a[:, 256:] = np.nan
+    c = lambda x: jnp.asarray(x, dtype)  # noqa: E731
+    return c(q), c(k), c(v), (c(ck), c(cv)), (c(poisoned[0]), c(poisoned[1])), jnp.asarray(end), jnp.asarray(valid)
+
+
+def _truth(q, k, v, cache, end, valid):
+    """The cache rule as the einsum over every slot: write, then mask slots > the query's own."""
+    b, t = valid.shape
+    pos = end[:, None] + jnp.cumsum(valid, axis=1) - 1
+    slot = jnp.where(valid, pos, S)
+    rows = jnp.arange(b)[:, None]
+    ck = cache[0].at[rows, slot].set(k, mode="drop")
+    cv = cache[1].at[rows, slot].set(v, mode="drop")
+    return xla_attention(q, ck, cv, visible_mask(None, pos, S))
+
+
+@pytest.mark.parametrize("t,dtype,impl,heads_first", [
+    (1, "float32", "xla", False), (1, "float32", "xla", True), (1, "bfloat16", "xla", True),
+    (9, "float32", "xla", False), (9, "float32", "chunked", False), (9, "bfloat16", "chunked", False)])
+def test_cached_attention_equals_the_einsum_over_the_whole_cache(t, dtype, impl, heads_first):
+    q, k, v, cache, poisoned, end, valid = _case(t, dtype)
+    want = _truth(q, k, v, cache, end, valid)
+    sizes = fill_buckets(S, 128)
+
+    def run(c):
+        ck, cv = (x.swapaxes(1, 2) for x in c) if heads_first else c
+        return jax.jit(lambda *a: cached_attention(*a, sizes=sizes, heads_first=heads_first, implementation=impl,
+                                                   block=64))(q, k, v, ck, cv, end, valid)
+
+    got = run(poisoned)
+    used = np.asarray(valid)
+    assert np.isfinite(np.asarray(got, np.float32)[used]).all()
+    np.testing.assert_allclose(np.asarray(got, np.float32)[used], np.asarray(want, np.float32)[used], **TOL[dtype])
+    if impl == "xla":  # the same poisoned cache read whole is NaN: the test tells the two apart
+        whole = jax.jit(lambda *a: cached_attention(*a, heads_first=heads_first, implementation=impl))
+        ck, cv = (x.swapaxes(1, 2) for x in poisoned) if heads_first else poisoned
+        assert not np.isfinite(np.asarray(whole(q, k, v, ck, cv, end, valid), np.float32)[used]).all()
+
+
+def test_a_full_cache_is_read_to_its_last_slot():
+    q, k, v, cache, _, _, _ = _case(1, "float32")
+    end = jnp.asarray([S - 1, 3, 0, 200, 299, 1], jnp.int32)  # rows 0 and 4 write the last slot
+    valid = jnp.ones((6, 1), bool)
+    got = cached_attention(q, k, v, *cache, end, valid, sizes=fill_buckets(S, 128))
+    np.testing.assert_allclose(got, _truth(q, k, v, cache, end, valid), **TOL["float32"])
 
 
 def _model(**kw):
-    cfg = Qwen2Config.from_preset("tiny", num_hidden_layers=2, attention_block=128, **kw)
-    return Qwen2(cfg, rngs=nnx.Rngs(3))
+    return Qwen2(Qwen2Config.from_preset("tiny", num_hidden_layers=2, attention_block=128, **kw), rngs=nnx.Rngs(3))
 
 
-def _cache(cfg, ends, dtype, poison: int | None):
-    """A cache of S slots with random keys/values below each row's end, and NaN from `poison` on."""
-    b = len(ends)
-    shape = (cfg.num_hidden_layers, b, S, cfg.num_key_value_heads, cfg.head_dim)
-    rng = np.random.default_rng(0)
-    k, v = (rng.standard_normal(shape).astype(np.float32) for _ in range(2))
-    if poison is not None:
-        k[:, :, poison:], v[:, :, poison:] = np.nan, np.nan
-    return KVCache(k=jnp.asarray(k, dtype), v=jnp.asarray(v, dtype), end=jnp.asarray(ends, jnp.int32))
-
-
-def _step(model, cache, tokens, valid):
-    graphdef, params = nnx.split(model)
-    return jax.jit(lambda p, c: nnx.merge(graphdef, p)(tokens, valid, c))(params, cache)
-
-
-# (layout, cache dtype): per-layer buffers (unrolled f32 decode), the layer scan, a bf16 stacked cache.
-LAYOUTS = [("layers", "float32"), ("scan", "float32"), ("scan", "bfloat16")]
-
-
-@pytest.mark.parametrize("layout,dtype", LAYOUTS)
-def test_decode_step_equals_the_whole_masked_cache(layout, dtype):
-    from ragen_jax.models.qwen2.model import decode_layout, stacked_layout
-
-    model = _model(decode_unroll=layout == "layers")
-    # Ragged fills: empty, short, mid-bucket, one row that ended (no valid query: its big end is
-    # ignored), the longest live row at 140 (so slots >= 256 are never needed).
-    ends = [0, 5, 139, 250, 64]
-    valid = jnp.array([[True], [True], [True], [False], [True]])
-    tokens = jnp.array([[7], [11], [13], [17], [19]], jnp.int32)
-    truth_model = with_config(model, decode_bound=False)
-    h_ref, c_ref = _step(truth_model, decode_layout(_cache(model.cfg, ends, dtype, None), model.cfg), tokens, valid)
-    # NaN from slot 256 (the bucket above the largest need, 140): the bounded step never reads it.
-    h, c = _step(model, decode_layout(_cache(model.cfg, ends, dtype, 256), model.cfg), tokens, valid)
-    live = np.asarray(valid[:, 0])
-    assert np.isfinite(np.asarray(h, np.float32)[live]).all()
-    np.testing.assert_allclose(np.asarray(h, np.float32)[live], np.asarray(h_ref, np.float32)[live], **TOL[dtype])
-    c, c_ref = stacked_layout(c), stacked_layout(c_ref)
-    np.testing.assert_array_equal(np.asarray(c.end), np.asarray(c_ref.end))
-    np.testing.assert_allclose(np.asarray(c.k[:, :, :256], np.float32), np.asarray(c_ref.k[:, :, :256], np.float32),
-                               **TOL[dtype])
-    # The same poisoned cache through the whole-capacity read is NaN: the test can tell the two apart.
-    h_full, _ = _step(truth_model, decode_layout(_cache(model.cfg, ends, dtype, 256), model.cfg), tokens, valid)
-    assert not np.isfinite(np.asarray(h_full, np.float32)[live]).all()
-
-
-@pytest.mark.parametrize("layout,dtype", [LAYOUTS[0], LAYOUTS[2]])
-def test_decode_step_with_a_full_cache_reads_every_slot(layout, dtype):
-    from ragen_jax.models.qwen2.model import decode_layout
-
-    model = _model(decode_unroll=layout == "layers")
-    ends = [S - 1, 3]  # row 0 writes the last slot and sees all S
-    tokens, valid = jnp.array([[5], [6]], jnp.int32), jnp.ones((2, 1), bool)
-    h_ref, _ = _step(with_config(model, decode_bound=False), decode_layout(_cache(model.cfg, ends, dtype, None),
-                                                                            model.cfg), tokens, valid)
-    h, _ = _step(model, decode_layout(_cache(model.cfg, ends, dtype, None), model.cfg), tokens, valid)
-    np.testing.assert_allclose(np.asarray(h, np.float32), np.asarray(h_ref, np.float32), **TOL[dtype])
-
-
-@pytest.mark.parametrize("attention", ["xla", "chunked"])
-def test_multi_token_append_equals_the_whole_masked_cache(attention):
-    model = _model(attention=attention)
-    ends = [0, 40, 100, 7]
-    t = 24
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+def test_extend_then_append_equals_the_in_place_call(dtype):
+    model = _model()
+    cfg = model.cfg
     rng = np.random.default_rng(1)
-    tokens = jnp.asarray(rng.integers(0, model.cfg.vocab_size, (4, t)), jnp.int32)
-    lens = np.array([24, 3, 20, 0])  # row 3 appends nothing
-    valid = jnp.asarray(np.arange(t)[None] < lens[:, None])
-    h_ref, c_ref = _step(with_config(model, decode_bound=False), _cache(model.cfg, ends, "float32", None), tokens, valid)
-    h, c = _step(model, _cache(model.cfg, ends, "float32", 128), tokens, valid)  # largest need: 120
-    ok = np.asarray(valid)
-    np.testing.assert_allclose(np.asarray(h)[ok], np.asarray(h_ref)[ok], **TOL["float32"])
-    np.testing.assert_allclose(np.asarray(c.k[:, :, :128]), np.asarray(c_ref.k[:, :, :128]), **TOL["float32"])
+    prompt = jnp.asarray(rng.integers(0, cfg.vocab_size, (3, 20)), jnp.int32)
+    cache = KVCache.init(cfg, 3, 64, dtype)
+    graphdef, params = nnx.split(model)
+    seg = jnp.asarray(rng.integers(0, cfg.vocab_size, (3, 7)), jnp.int32)
+    seg_valid = jnp.asarray(np.arange(7)[None] < np.array([7, 0, 4])[:, None])
+
+    @jax.jit
+    def both(params, cache):
+        m = nnx.merge(graphdef, params)
+        _, cache = m(prompt, jnp.asarray(np.arange(20)[None] < np.array([20, 9, 1])[:, None]), cache)
+        h_in_place, c_in_place = m(seg, seg_valid, cache)
+        h, new = m.extend(seg, seg_valid, cache)
+        return h_in_place, c_in_place, h, cache.append(new)
+
+    h0, c0, h1, c1 = both(params, cache)
+    ok = np.asarray(seg_valid)
+    np.testing.assert_array_equal(np.asarray(h1, np.float32)[ok], np.asarray(h0, np.float32)[ok])
+    np.testing.assert_array_equal(np.asarray(c1.end), np.asarray(c0.end))
+    np.testing.assert_array_equal(np.asarray(c1.k, np.float32), np.asarray(c0.k, np.float32))
+    np.testing.assert_array_equal(np.asarray(c1.v, np.float32), np.asarray(c0.v, np.float32))
 
 
-@pytest.mark.parametrize("layout,dtype", [LAYOUTS[0], LAYOUTS[2]])
+@pytest.mark.parametrize("layout,dtype", [("layers", "float32"), ("scan", "bfloat16")])
 def test_filled_reads_hold_no_second_cache(layout, dtype):
     """The bucket choice only READS the cache: XLA keeps updating the loop-carried cache in place. (A
     choice around the whole layer stack, whose branches write the cache, made XLA copy all of it:
     temporaries grew by one cache.) Truth: the whole-capacity program's temporaries, compiled from
-    abstract shapes (nothing allocated)."""
+    abstract shapes (nothing allocated); what may differ is one layer's slice of the cache, which
+    XLA:CPU copies before its dot (1/4 of the cache at 4 layers, less at any real size)."""
     from ragen_jax.rollout import sampler
 
     temp = {}
     for bound in (True, False):
-        cfg = Qwen2Config.from_preset("tiny", num_hidden_layers=2, decode_unroll=layout == "layers", decode_bound=bound)
+        cfg = Qwen2Config.from_preset("tiny", num_hidden_layers=4, decode_unroll=layout == "layers", decode_bound=bound)
         graphdef, state = nnx.split(nnx.eval_shape(lambda: Qwen2(cfg, rngs=nnx.Rngs(0))))
 
         def run(state, cache, logits):
@@ -160,4 +171,19 @@ def test_filled_reads_hold_no_second_cache(layout, dtype):
         ma = jax.jit(run, donate_argnums=(1,)).lower(state, cache, logits).compile().memory_analysis()
         temp[bound] = ma.temp_size_in_bytes
     cache_bytes = 2 * np.prod(cache.k.shape) * jnp.dtype(dtype).itemsize
-    assert temp[True] < temp[False] + cache_bytes / 4, (temp, cache_bytes)
+    assert temp[True] < temp[False] + cache_bytes / 3, (temp, cache_bytes)
+
+
+def test_bounded_and_whole_capacity_decode_give_the_same_tokens():
+    """The model's decode with and without the bucketed reads, through the sampler (prompt rows of
+    ragged lengths, one empty): same greedy tokens, log-probs within float32 rounding."""
+    from ragen_jax.rollout import sampler
+
+    model = _model()
+    rng = np.random.default_rng(2)
+    toks = jnp.asarray(rng.integers(0, model.cfg.vocab_size, (4, 150)), jnp.int32)
+    valid = jnp.asarray(np.arange(150)[None] < np.array([150, 40, 0, 133])[:, None])
+    outs = [sampler.generate(with_config(model, decode_bound=b), toks, valid, jax.random.PRNGKey(0), max_new_tokens=12,
+                             cache_len=S, greedy=True, stop_ids=()) for b in (True, False)]
+    np.testing.assert_array_equal(outs[0].tokens, outs[1].tokens)
+    np.testing.assert_allclose(outs[0].logprobs, outs[1].logprobs, atol=1e-5)

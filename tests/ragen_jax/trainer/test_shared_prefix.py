@@ -109,3 +109,70 @@ def test_lora_adapter_gradients_equal_the_per_row_pass(setup):
         prog = StepPrograms(StepSettings.of(_config(0)), graph, None, None, None, shared_prefix=prefix)
         out[prefix] = jax.jit(prog.actor_value_and_grad)(trainable, b, frozen)
     _close(out[P], out[0], "LoRA actor loss, metrics, adapter gradients")
+
+
+# ------------------------------------------------------------------ each group's beginning run once
+N = 4  # rows per group: rows 0-3 and 4-7
+SHARED = (P + 9, P)  # group 0's rows share 9 tokens after the prompt prefix; in group 1 one row parts at once
+
+
+def _group_records():
+    tokens, valid, mask, rng = _records(1)
+    tokens = np.array(tokens)
+    tokens[:N, P:SHARED[0]] = tokens[0, P:SHARED[0]]
+    tokens[N:, P:P + 3] = tokens[N, P:P + 3]
+    tokens[N + 2, P] = (tokens[N, P] + 1) % VOCAB  # parts right after the prompt prefix
+    return jnp.asarray(tokens), valid, mask
+
+
+def test_group_split_is_read_from_the_rows():
+    from ragen_jax.trainer.group_prefix import GroupShape, split_groups
+
+    tokens, valid, _ = _group_records()
+    group = jnp.arange(ROWS, dtype=jnp.int32) // N
+    rows = split_groups(tokens, valid, group, 2, GroupShape(width=P + 12, tail=T - P))
+    assert bool(rows.fits)
+    # Hand-computed: group 0 shares P + 9 tokens (row 2 has P + 1 valid tokens: it shares P + 1).
+    assert rows.group_len.tolist() == [P + 1, SHARED[1]]
+    np.testing.assert_array_equal(np.asarray(rows.tail_ids[1, :3]), np.asarray(tokens[1, P + 1:P + 4]))
+    assert not bool(split_groups(tokens, valid, group, 2, GroupShape(width=P + 12, tail=10)).fits)
+
+
+@pytest.mark.parametrize("tail", [T - P, 10])  # 10: the rows do not fit, the prompt-prefix path runs
+def test_group_shared_scoring_equals_the_per_row_forward(setup, tail):
+    from ragen_jax.trainer.group_prefix import GroupShape
+
+    model, critic, _ = setup
+    tokens, valid, _ = _group_records()
+    groups = (jnp.arange(ROWS, dtype=jnp.int32) // N, 2, GroupShape(width=P + 12, tail=tail))
+    graph, params = nnx.split(model)
+    cgraph, cparams = nnx.split(critic)
+    def fn(g):
+        return jax.jit(lambda p: sequence_logprobs(graph, p, tokens, valid, temperature=0.7, prefix=P, groups=g))(params)
+
+    def values(g):
+        return jax.jit(lambda p: sequence_values(cgraph, p, tokens, valid, prefix=P, groups=g))(cparams)
+
+    _close(fn(groups), fn(None), "log-probs and entropies")
+    _close(values(groups), values(None), "values")
+
+
+@pytest.mark.parametrize("micro", [0, 4])
+def test_group_shared_update_equals_the_per_row_passes(setup, micro):
+    from ragen_jax.trainer.group_prefix import GroupShape
+
+    model, critic, b = setup
+    tokens, valid, mask = _group_records()
+    b = b.replace(tokens=tokens, valid=valid, mask=mask, group=jnp.arange(ROWS, dtype=jnp.int32) // N)
+    graph, params = nnx.split(model)
+    cgraph, cparams = nnx.split(critic)
+    cfg = _config(micro)
+    cfg.rollout.num_groups, cfg.rollout.group_size = ROWS // N, N
+    out = {}
+    for shape in (GroupShape(width=P + 12, tail=T - P), None):
+        prog = StepPrograms(StepSettings.of(cfg.validate()), graph, cgraph, None, None, shared_prefix=P,
+                            group_prefix=shape)
+        assert (prog._update_groups(b) is not None) == (shape is not None)
+        out[shape] = (jax.jit(prog.actor_value_and_grad)(params, b), jax.jit(prog.critic_value_and_grad)(cparams, b))
+    grouped, per_row = out.values()
+    _close(grouped, per_row, "actor and critic loss, metrics, gradients")
