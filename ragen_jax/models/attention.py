@@ -63,6 +63,10 @@ _CUDNN_DTYPES = ("bfloat16", "float16")
 # Consecutive `fill_buckets` sizes grow by at most this factor (and by at least one block): a call
 # reads at most 25% more slots than it needs, with ~13 buckets for a 3,600-slot cache.
 FILL_GROWTH = 1.25
+# Caches under this many slots are read whole: each bucket is one more attention branch per layer to
+# compile (decode programs compiled ~2x slower with 4 buckets at 512 slots), for at most a few hundred
+# slots saved per step.
+FILL_MIN_CAPACITY = 1024
 
 
 # ----------------------------------------------------------------------------- choice
@@ -152,10 +156,12 @@ def visible_mask(kv_valid: jax.Array | None, q_slot: jax.Array, s: int) -> jax.A
 
 
 # ----------------------------------------------------------------------------- filled reads
-def fill_buckets(capacity: int, block: int = DEFAULT_BLOCK) -> tuple[int, ...]:
+def fill_buckets(capacity: int, block: int = DEFAULT_BLOCK, min_capacity: int = FILL_MIN_CAPACITY) -> tuple[int, ...]:
     """The static slot counts `read_filled` chooses from for a cache of `capacity` slots: multiples of
     `block`, each at most `FILL_GROWTH` times (and at least one block more than) the previous, ending
-    with `capacity` itself."""
+    with `capacity` itself; `capacity` alone below `min_capacity`."""
+    if capacity < min_capacity:
+        return (capacity,)
     sizes, n = [], block
     while n < capacity:
         sizes.append(n)

@@ -485,7 +485,7 @@ class StepPrograms:
         logp, entropy = sequence_logprobs(self.actor_graph, full_params(params, frozen), mb.tokens, mb.valid,
                                           vocab=self.vocab, temperature=self.temperature,
                                           blocks=self._blocks(mb.turn_start), prefix=self.shared_prefix,
-                                          groups=self._update_groups(mb))
+                                          groups=self.micro_batch_groups(mb))
         pg_loss, pm = loss_lib.ppo_policy_loss(
             logp, mb.old_logp, mb.advantages, mb.mask, eps_low=lo.eps_low, eps_high=lo.eps_high,
             dual_clip=lo.dual_clip, agg_mode=lo.agg, norm=norm, tis_weights=mb.tis_weight)
@@ -505,13 +505,13 @@ class StepPrograms:
         share = jnp.sum(mb.mask.astype(jnp.float32)) / tok_norm
         v = sequence_values(self.critic_graph, full_params(params, critic_frozen(frozen)), mb.tokens, mb.valid,
                             vocab=self.vocab, blocks=self._blocks(mb.turn_start), prefix=self.shared_prefix,
-                            groups=self._update_groups(mb))
+                            groups=self.micro_batch_groups(mb))
         loss, m = loss_lib.value_loss(v, mb.values, mb.returns, mb.mask, clip=self.settings.loss.value_clip,
                                       agg_mode="token-mean", norm=tok_norm)
         return loss, {"critic/value_loss": m["vf_loss"], "critic/vf_clipfrac": m["vf_clipfrac"] * share,
                       "critic/vpred_mean": m["vpred_mean"] * share}
 
-    def _update_groups(self, mb: Batch):
+    def micro_batch_groups(self, mb: Batch):
         """A micro-batch's rows are drawn from the whole batch's `kept_groups` groups in random order."""
         return None if mb.group is None else self._groups(mb.group, mb.tokens.shape[0], self.kept_groups)
 

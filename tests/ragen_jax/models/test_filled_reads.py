@@ -22,7 +22,7 @@ from flax import nnx
 from hypothesis import given, settings, strategies as st
 
 from ragen_jax.models import KVCache, Qwen2, Qwen2Config, with_config
-from ragen_jax.models.attention import (FILL_GROWTH, cached_attention, fill_buckets, read_filled, visible_mask,
+from ragen_jax.models.attention import (FILL_GROWTH, FILL_MIN_CAPACITY, cached_attention, fill_buckets, read_filled, visible_mask,
                                         xla_attention)
 
 S = 300  # capacity: buckets 128, 256, 300 at block 128
@@ -32,7 +32,7 @@ TOL = {"float32": dict(rtol=1e-5, atol=1e-5), "bfloat16": dict(rtol=0, atol=4e-2
 @given(capacity=st.integers(1, 5000), block=st.sampled_from([16, 64, 128, 256]))
 @settings(max_examples=200, deadline=None)
 def test_fill_buckets_are_block_multiples_growing_by_at_most_the_factor(capacity, block):
-    sizes = fill_buckets(capacity, block)
+    sizes = fill_buckets(capacity, block, min_capacity=0)
     assert sizes[-1] == capacity and list(sizes) == sorted(set(sizes))
     for prev, n in zip(sizes, sizes[1:-1]):
         assert n % block == 0 and n - prev >= block
@@ -40,14 +40,14 @@ def test_fill_buckets_are_block_multiples_growing_by_at_most_the_factor(capacity
     assert all(n % block == 0 for n in sizes[:-1]) and (len(sizes) == 1 or sizes[0] == block)
 
 
-_chosen = jax.jit(lambda n: read_filled(lambda size: jnp.int32(size), needed=n, sizes=fill_buckets(S, 128),
+_chosen = jax.jit(lambda n: read_filled(lambda size: jnp.int32(size), needed=n, sizes=fill_buckets(S, 128, min_capacity=0),
                                         operands=()))
 
 
 @given(needed=st.integers(-3, 400))
 @settings(max_examples=100, deadline=None)
 def test_read_filled_runs_the_smallest_bucket_that_holds_the_need(needed):
-    sizes = fill_buckets(S, 128)
+    sizes = fill_buckets(S, 128, min_capacity=0)
     got = int(_chosen(jnp.int32(needed)))
     want = next((n for n in sizes if n >= needed), sizes[-1])
     assert got == want
@@ -91,7 +91,7 @@ def _truth(q, k, v, cache, end, valid):
 def test_cached_attention_equals_the_einsum_over_the_whole_cache(t, dtype, impl, heads_first):
     q, k, v, cache, poisoned, end, valid = _case(t, dtype)
     want = _truth(q, k, v, cache, end, valid)
-    sizes = fill_buckets(S, 128)
+    sizes = fill_buckets(S, 128, min_capacity=0)
 
     def run(c):
         ck, cv = (x.swapaxes(1, 2) for x in c) if heads_first else c
@@ -112,7 +112,7 @@ def test_a_full_cache_is_read_to_its_last_slot():
     q, k, v, cache, _, _, _ = _case(1, "float32")
     end = jnp.asarray([S - 1, 3, 0, 200, 299, 1], jnp.int32)  # rows 0 and 4 write the last slot
     valid = jnp.ones((6, 1), bool)
-    got = cached_attention(q, k, v, *cache, end, valid, sizes=fill_buckets(S, 128))
+    got = cached_attention(q, k, v, *cache, end, valid, sizes=fill_buckets(S, 128, min_capacity=0))
     np.testing.assert_allclose(got, _truth(q, k, v, cache, end, valid), **TOL["float32"])
 
 
@@ -184,6 +184,12 @@ def test_bounded_and_whole_capacity_decode_give_the_same_tokens():
     toks = jnp.asarray(rng.integers(0, model.cfg.vocab_size, (4, 150)), jnp.int32)
     valid = jnp.asarray(np.arange(150)[None] < np.array([150, 40, 0, 133])[:, None])
     outs = [sampler.generate(with_config(model, decode_bound=b), toks, valid, jax.random.PRNGKey(0), max_new_tokens=12,
-                             cache_len=S, greedy=True, stop_ids=()) for b in (True, False)]
+                             cache_len=FILL_MIN_CAPACITY + 76, greedy=True, stop_ids=()) for b in (True, False)]
     np.testing.assert_array_equal(outs[0].tokens, outs[1].tokens)
     np.testing.assert_allclose(outs[0].logprobs, outs[1].logprobs, atol=1e-5)
+
+
+def test_small_caches_are_read_whole():
+    """Under FILL_MIN_CAPACITY slots one bucket: the whole cache (no branch to compile per layer)."""
+    assert fill_buckets(FILL_MIN_CAPACITY - 1) == (FILL_MIN_CAPACITY - 1,)
+    assert len(fill_buckets(FILL_MIN_CAPACITY)) > 1

@@ -172,7 +172,7 @@ def test_group_shared_update_equals_the_per_row_passes(setup, micro):
     for shape in (GroupShape(width=P + 12, tail=T - P), None):
         prog = StepPrograms(StepSettings.of(cfg.validate()), graph, cgraph, None, None, shared_prefix=P,
                             group_prefix=shape)
-        assert (prog._update_groups(b) is not None) == (shape is not None)
+        assert (prog.micro_batch_groups(b) is not None) == (shape is not None)
         out[shape] = (jax.jit(prog.actor_value_and_grad)(params, b), jax.jit(prog.critic_value_and_grad)(cparams, b))
     grouped, per_row = out.values()
     _close(grouped, per_row, "actor and critic loss, metrics, gradients")
