@@ -43,6 +43,7 @@ import numpy as np
 
 import envs_py as npe
 from envs_jax import countdown as cd
+from ragen_jax.infra.machine import cpu_model
 
 ENVS = ("Bandit", "FrozenLake", "Sokoban", "LargerSokoban", "rubikscube", "SimpleSudoku", "game_2048", "Countdown")
 SOKOBAN_LIKE = ("Sokoban", "LargerSokoban")
@@ -321,7 +322,8 @@ def bench_resets(setup: Setup, batch: int, repeats: int = 3, numpy_max_rooms: in
 
 
 def machine() -> dict:
-    return dict(cpu_count=os.cpu_count(), platform=platform.platform(), processor=platform.processor(),
+    return dict(cpu_count=os.cpu_count(), cpu_model=cpu_model(), platform=platform.platform(),
+                processor=platform.processor(),
                 python=platform.python_version(), jax=jax.__version__, backend=jax.default_backend(),
                 devices=[str(d) for d in jax.devices()],
                 # A shared machine: the load says how much of the CPU this run really had.

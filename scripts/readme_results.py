@@ -115,11 +115,15 @@ def envs_section(d) -> list[str]:
         return []
     out = ["### Environment steps (`bench/envs.py`)", "",
            f"One step = {d['settings'].get('step_definition', 'step + render_ids + parse')}. Baseline: "
-           f"{d['settings'].get('numpy_step_definition', 'numpy implementation')}. {_machine(d.get('machine', {}))}.", "",
+           f"{d['settings'].get('numpy_step_definition', 'numpy implementation')}. {_machine(d.get('machine', {}))}; "
+           "per wall second and, in brackets, per CPU second of the process.", "",
            "| env | batch | jax steps/s | numpy steps/s | ratio |", "|---|---|---|---|---|"]
     for r in d.get("steps", []):
-        out.append(f"| {r['env']} | {r['batch']} | {r['jax_steps_per_s']:,.0f} | {r['numpy_steps_per_s']:,.0f} | "
-                   f"{r['ratio']:.1f}x |")
+        cpu = "jax_steps_per_cpu_s" in r
+        out.append(f"| {r['env']} | {r['batch']} | {r['jax_steps_per_s']:,.0f}"
+                   + (f" ({r['jax_steps_per_cpu_s']:,.0f})" if cpu else "") + f" | {r['numpy_steps_per_s']:,.0f}"
+                   + (f" ({r['numpy_steps_per_cpu_s']:,.0f})" if cpu else "") + f" | {r['ratio']:.1f}x"
+                   + (f" ({r['ratio_cpu']:.1f}x)" if cpu else "") + " |")
     resets = d.get("resets", [])
     if resets:
         out += ["", "| rooms generated | batch | jax rooms/s | host generator rooms/s |", "|---|---|---|---|"]

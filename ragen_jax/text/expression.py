@@ -18,8 +18,11 @@ in-graph reading against Python's `ast` evaluation of G on generated adversarial
 
 In-graph, per row: byte classes over the decoded buffer, digit runs (values saturated at
 NOT_A_NUMBER beyond 3 significant digits), tokens compacted by a prefix sum and one scatter, then a
-shunting-yard pass (a scan of 2 * MAX_TOKENS + 1 steps: each step consumes a token or pops one operator)
-that writes the postfix program, cancelling a unary minus that follows a unary minus.
+shunting-yard pass (a loop of at most 2 * MAX_TOKENS + 1 steps, each consuming a token or popping one
+operator, that stops when the row is done: under vmap when every row is, a few steps for real answers)
+that writes the postfix program, cancelling a unary minus that follows a unary minus. The parser reads
+the tokens from the answer's buffer and runs the shunting-yard once, after its choice of buffer size
+(`ExpressionParser.finish`, parse.py point 1).
 """
 
 from __future__ import annotations
@@ -154,8 +157,8 @@ def to_postfix(kind: jax.Array, value: jax.Array):
         psp = psp + jnp.where(write, 1, 0) - jnp.where(cancel, 1, 0)
         return prog, psp, err | (write & (psp > PROGRAM_LEN))
 
-    def step(c, _):
-        i, expect, ops, osp, prog, psp, err, done = c
+    def step(c):
+        n, i, expect, ops, osp, prog, psp, err, done = c
         live = ~err & ~done
         tk = jnp.where(i < L, kind[jnp.minimum(i, L - 1)], T_END)
         top = jnp.where(osp > 0, ops[jnp.maximum(osp - 1, 0)], 0)
@@ -180,11 +183,17 @@ def to_postfix(kind: jax.Array, value: jax.Array):
         osp = osp + jnp.where(pushing, 1, 0) - jnp.where(pop | close, 1, 0)
         i = i + jnp.where(e_num | pushing | close, 1, 0)
         expect = jnp.where(e_num, False, jnp.where(o_push, True, expect))
-        return (i, expect, ops, osp, prog, psp, err2 | e_err | o_err, done | finish), None
+        return (n + 1, i, expect, ops, osp, prog, psp, err2 | e_err | o_err, done | finish)
 
-    init = (jnp.int32(0), jnp.bool_(True), jnp.zeros((L,), jnp.int32), jnp.int32(0),
+    # Each step consumes a token or pops an operator, so 2 * L + 1 steps always suffice; the loop stops
+    # when the row is done (under vmap: when every row is), which for real answers is a few steps.
+    def going(c):
+        n, *_, err, done = c
+        return (n < 2 * L + 1) & ~err & ~done
+
+    init = (jnp.int32(0), jnp.int32(0), jnp.bool_(True), jnp.zeros((L,), jnp.int32), jnp.int32(0),
             jnp.full((PROGRAM_LEN,), PAD, jnp.int32), jnp.int32(0), jnp.bool_(False), jnp.bool_(False))
-    (_, _, _, _, prog, psp, err, done), _ = jax.lax.scan(step, init, None, length=2 * L + 1)
+    _, _, _, _, _, prog, psp, err, done = jax.lax.while_loop(going, step, init)
     prog = jnp.where(jnp.arange(PROGRAM_LEN) < psp, prog, PAD)
     return prog, done & ~err
 
@@ -210,12 +219,18 @@ class ExpressionParser(Parser):
                          emit_ids=emit_ids)
 
     def read_pieces(self, buf, starts, ends, kept, ok) -> Parsed:
+        """The first piece's tokens (`answer` holds them until `finish` writes the postfix program)."""
         k = self.max_actions_per_turn
         some = ok & (kept > 0)
-        answer = read_answer(buf, jnp.where(some, starts[0], 0), jnp.where(some, ends[0], 0))
+        kind, value, _, numbers, lexical_ok = tokens(buf, jnp.where(some, starts[0], 0), jnp.where(some, ends[0], 0))
         return Parsed(actions=jnp.where((jnp.arange(k) == 0) & some, 0, -1).astype(jnp.int32),
                       num_actions=some.astype(jnp.int32), format_ok=ok, has_invalid=jnp.bool_(False),
-                      answer=answer)
+                      answer=(kind, value, numbers, lexical_ok))
+
+    def finish(self, parsed: Parsed) -> Parsed:
+        kind, value, numbers, lexical_ok = parsed.answer
+        program, syntax_ok = to_postfix(kind, value)
+        return parsed.replace(answer=Answer(numbers=numbers, program=program, parsed=lexical_ok & syntax_ok))
 
     def parse_text(self, text: str) -> Parsed:
         k = self.max_actions_per_turn

@@ -9,11 +9,15 @@ The reference (behaviour spec section 3) does, on the decoded assistant text:
 
 `Parser.parse_text` is that code. `Parser.parse` computes the same thing on token ids inside jit:
 
-1. Decode: every id becomes its raw bytes (from `token_bytes_table`), scattered by cumulative
-   length into a per-row buffer of static size `len(ids) * Lmax`, Lmax being the longest token
-   actually present in the table (128 bytes for Qwen2.5), or the longest of the ids the caller
-   says can occur (`emit_ids`, e.g. a task vocabulary). This is an exact upper bound, so no
-   input is ever truncated. Ids outside the table (or at positions >= length) contribute nothing.
+1. The answer's span, then its bytes: an automaton over the ids (text/answer_span.py, tables built
+   once per tokenizer) finds the regex's match (point 3) and the answer's byte span [a, z) without
+   decoding a byte; only the answer is then decoded (from `token_bytes_table`) into a buffer of
+   `answer_budget` bytes (64) when it fits, under vmap when the batch's longest answer fits (one
+   branch runs for the whole batch, `_make_dispatch`), else into one of `len(ids) * Lmax` bytes, Lmax
+   being the longest token actually present in the table (128 bytes for Qwen2.5), or the longest of
+   the ids the caller says can occur (`emit_ids`, e.g. a task vocabulary): an exact bound, so no
+   input is ever truncated. Real answers ("Up || Left", "44 - 19 + 35") take the small buffer even
+   after a long think part. Ids outside the table (or at positions >= length) contribute nothing.
 2. Why bytes suffice although Python works on the text decoded with errors="replace": ASCII bytes
    are never swallowed by a U+FFFD replacement (they are not UTF-8 continuation bytes), so the
    ASCII tags and `|` sit at the same places; and every whitespace character (Python's `\\s` and
@@ -29,25 +33,26 @@ The reference (behaviour spec section 3) does, on the decoded assistant text:
    think parts can only start the answer later still, so there is no match at all. No-think mode:
    first `<answer>`, then the first `</answer>` after it.
 4. `split("||")` is left to right and non-overlapping: in a run of `|` the separators start at
-   even offsets from the run start (an odd run leaves one literal `|`). A piece's stripped extent
-   runs from its first to its last byte that is neither separator nor whitespace ("content"). A
-   content byte starts a non-empty piece iff the nearest non-whitespace byte before it is a
-   separator or lies before the answer; it ends one iff the nearest non-whitespace byte after it
-   is a separator or the `</answer>`. Counting piece starts ranks the non-empty pieces; the first
-   `max_actions_per_turn` are kept.
+   even offsets from the run start (an odd run leaves one literal `|`; the answer's runs end at its
+   edges, a tag's `>` and `<`). A piece's stripped extent runs from its first to its last byte that
+   is neither separator nor whitespace ("content"). A content byte starts a non-empty piece iff the
+   nearest non-whitespace byte before it is a separator or lies before the answer; it ends one iff
+   the nearest non-whitespace byte after it is a separator or lies after the answer. Counting piece
+   starts ranks the non-empty pieces; the first `max_actions_per_turn` are kept.
 5. Case-insensitive match: action names must be ASCII. The only non-ASCII character whose
    `.lower()` is ASCII is U+212A KELVIN SIGN (-> "k"); when some name contains a "k" the pieces
    are compared in a folded byte stream where that 3-byte character counts as "k".
 
-Cost: O(bytes) per row, with no data-dependent shapes and no host round trips; `parse` is
-vmappable. Per row: elementwise ops, three prefix max/min scans, two prefix sums, one scatter
-(the decode) and no gathers over the buffer (under vmap, gathers and scatters are the slow ops;
-the flags each step needs are packed into the low bits of the scanned positions). Measured on the
-shared 2-core CPU: 128 rows x 401 tokens (51,328-byte buffers) in about 0.4-0.8 s CPU time.
+Cost per row: one scan over the ids with one gather each (the span); the decode of the answer (one
+scatter of the token starts, one prefix max, one gather); over the answer's buffer elementwise ops,
+three prefix max/min scans, one prefix sum and no gathers (under vmap, gathers and scatters are the
+slow ops; the flag each step needs is packed into the low bit of the scanned positions). No host round
+trips, no data-dependent shapes. Measured: docs/environments.md and bench/results/envs*.json.
 """
 
 from __future__ import annotations
 
+import functools
 import re
 from typing import Any
 
@@ -56,9 +61,13 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from ragen_jax.text.answer_span import answer_span, token_automaton
 from ragen_jax.text.tokenizer import token_bytes_table
 
 ACTION_SEP = "||"
+# Bytes of answer read by the fast path (parse.py point 1): real answers ("Up || Left", "44 - 19 + 35")
+# are shorter; a longer one is read from the exact bound instead.
+ANSWER_BUDGET = 64
 
 # Python's str.isspace() characters (also what re's \s matches in str patterns), as UTF-8 (see
 # module docstring, point 2): ASCII 9-13, 28-32; U+0085, U+00A0 (C2 xx); U+1680 (E1 9A 80);
@@ -127,12 +136,6 @@ def whitespace_cover(buf: jax.Array) -> jax.Array:
     return w1 | w2 | w3 | shift(w2, 1) | shift(w3, 1) | shift(w3, 2)
 
 
-def _first(mask: jax.Array) -> jax.Array:
-    """Index of the first True, or len(mask) if none."""
-    n = mask.shape[0]
-    return jnp.min(jnp.where(mask, jnp.arange(n, dtype=jnp.int32), n))
-
-
 def shift(x, d: int, fill):  # x[i - d]
     return jnp.concatenate([jnp.full((d,), fill, x.dtype), x[: x.shape[0] - d]])
 
@@ -160,7 +163,8 @@ class Parser:
     (think mode) or `<answer>` (no-think mode) prefix: the caller puts the prefix ids in front of
     the sampled ids, so that the same bytes reach both. `parse(ids, length)` reads `ids[:length]`;
     `ids` may have any static length T (e.g. max_tokens = prefix + per-turn budget); its byte
-    buffer holds T * `token_max_bytes` bytes (see `max_bytes`).
+    buffer holds at most T * `token_max_bytes` bytes (see `max_bytes`), and as few as the text needs
+    (module docstring, point 1).
 
     `emit_ids` (optional): every id `parse` can receive, e.g. a task vocabulary's ids
     (`VocabMap.to_qwen`) together with the forced prefix's ids. `token_max_bytes` is then the longest
@@ -196,8 +200,8 @@ class Parser:
         )
         self._lookup = {n: i for i, n in enumerate(lowered)}
 
-        table, lengths = token_bytes_table(tokenizer)
-        lengths = np.asarray(lengths)
+        table, full_lengths = token_bytes_table(tokenizer)
+        lengths = np.asarray(full_lengths)
         self.vocab_size = int(lengths.shape[0])
         if emit_ids is not None:
             # Only these ids can reach `parse` (a model with its own small vocabulary plus the forced
@@ -225,6 +229,9 @@ class Parser:
             self._name_bytes[i, : len(n)] = np.frombuffer(n.encode(), np.uint8)
         self._name_lens = np.array([len(n) for n in lowered], np.int32)
         self._fold_kelvin = any("k" in n for n in lowered)
+        self._automaton = token_automaton(tokenizer, table, full_lengths, self.think)
+        self.answer_budget = ANSWER_BUDGET
+        self._dispatch = self._make_dispatch()
 
     @property
     def max_bytes(self) -> int:
@@ -254,85 +261,126 @@ class Parser:
         return Parsed(actions, np.int32(len(valid)), np.bool_(True), np.bool_(len(valid) < len(idx)))
 
     # ---- in-graph ------------------------------------------------------------------------------
-    def decode_bytes(self, ids: jax.Array, length: jax.Array) -> tuple[jax.Array, jax.Array]:
-        """ids int32 [T] -> (bytes uint8 [T * token_max_bytes], number of valid bytes). Jittable."""
+    def _token_lengths(self, ids, length):
         ids = jnp.asarray(ids).astype(jnp.int32)
         if ids.ndim != 1:
             raise ValueError(f"parse expects one row of ids [T] (vmap for batches), got shape {ids.shape}")
-        t, lm = ids.shape[0], self.token_max_bytes
-        n = t * lm
-        ok = (jnp.arange(t) < length) & (ids >= 0) & (ids < self.vocab_size)
+        ok = (jnp.arange(ids.shape[0]) < length) & (ids >= 0) & (ids < self.vocab_size)
         safe = jnp.where(ok, ids, 0)
-        tok_len = jnp.where(ok, jnp.asarray(self._lengths)[safe].astype(jnp.int32), 0)
+        return safe, jnp.where(ok, jnp.asarray(self._lengths)[safe].astype(jnp.int32), 0)
+
+    def decode_bytes(self, ids: jax.Array, length: jax.Array, size: int | None = None, begin=0, end=None
+                     ) -> tuple[jax.Array, jax.Array]:
+        """ids int32 [T] -> (bytes [begin, begin + size) of the text as uint8 [size], the text's length in
+        bytes). Bytes at or after `end` (default: the text's end) are 0. Jittable, one row.
+
+        `size` defaults to T * token_max_bytes, the exact bound. Cost O(size + T), not O(T * Lmax): each
+        byte position finds its token (the last non-empty one starting at or before it: one scatter of
+        the T starts, one prefix max) and reads its byte from the flat store (one gather)."""
+        safe, tok_len = self._token_lengths(ids, length)
+        t = safe.shape[0]
+        size = t * self.token_max_bytes if size is None else int(size)
         start = jnp.cumsum(tok_len) - tok_len
-        j = jnp.arange(lm, dtype=jnp.int32)
-        src = jnp.asarray(self._offsets)[safe][:, None] + j[None, :]
-        vals = jnp.asarray(self._flat)[src]
-        dst = jnp.where(j[None, :] < tok_len[:, None], start[:, None] + j[None, :], n)
-        buf = jnp.zeros((n,), jnp.uint8).at[dst.reshape(-1)].set(vals.reshape(-1), mode="drop")
-        return buf, jnp.sum(tok_len)
+        total = jnp.sum(tok_len)
+        end = total if end is None else jnp.minimum(end, total)
+        # Tokens starting before `begin` all land on slot 0, where the max keeps the last of them.
+        owner = jnp.zeros((size,), jnp.int32).at[jnp.where(tok_len > 0, jnp.maximum(start - begin, 0), size)].max(
+            jnp.arange(t, dtype=jnp.int32), mode="drop")
+        owner = jax.lax.cummax(owner)
+        pos = begin + jnp.arange(size, dtype=jnp.int32)
+        base = jnp.asarray(self._offsets)[safe] - start  # flat index of text byte p in token i: base[i] + p
+        src = jnp.clip(base[owner] + pos, 0, self._flat.shape[0] - 1)
+        return jnp.where(pos < end, jnp.asarray(self._flat)[src], jnp.uint8(0)), total
+
+    def answer_span(self, ids: jax.Array, length: jax.Array):
+        """(a, z, matched): the regex's answer is bytes [a, z) of the text (0, 0 when it does not match).
+        From the ids alone, with the tables of text/answer_span.py. Jittable, one row."""
+        safe, tok_len = self._token_lengths(ids, length)
+        return answer_span(*self._automaton, safe, tok_len)
+
+    def _read_window(self, ids, length, size: int, span) -> Parsed:
+        """The answer read from a buffer of `size` bytes (exact when it has at most `size` bytes), up to
+        `finish`."""
+        a, z, ok = span
+        buf, _ = self.decode_bytes(ids, length, size, a, z)
+        return self.read_pieces(buf, *self.answer_pieces(buf, z - a), ok)
+
+    def finish(self, parsed: Parsed) -> Parsed:
+        """What `read_pieces` left to do that no longer needs the byte buffer (a subclass's hook: it runs
+        once, after the choice of buffer size, instead of once per size in the compiled program)."""
+        return parsed
 
     def parse(self, ids: jax.Array, length: jax.Array) -> Parsed:
-        """ids int32 [T], length int32 scalar -> Parsed (jax arrays). Jittable and vmappable."""
-        buf, _ = self.decode_bytes(ids, length)
-        return self._parse_bytes(buf)
+        """ids int32 [T], length int32 scalar -> Parsed (jax arrays). Jittable and vmappable.
 
-    def _parse_bytes(self, buf: jax.Array) -> Parsed:
-        return self.read_pieces(buf, *self.pieces(buf))
+        The answer is read from `answer_budget` bytes when it fits (under vmap: when the batch's longest
+        answer fits), else from T * token_max_bytes, the exact bound (see `_make_dispatch`)."""
+        return self._dispatch(jnp.asarray(ids).astype(jnp.int32), jnp.asarray(length, jnp.int32))
 
-    def pieces(self, buf: jax.Array):
-        """(starts int32 [k], ends int32 [k], kept, ok): the stripped extents [start, end) of the first k
-        non-empty pieces of the regex's answer, how many there are (<= k) and whether the regex matched."""
-        n = buf.shape[0]
+    def _make_dispatch(self):
+        """`parse` as a `lax.cond` between the two buffer sizes. Under vmap (custom rule) the batch's longest
+        answer chooses, so the cond stays a branch: a plain vmap would turn it into a select that runs
+        both sizes for every row."""
+
+        def run(ids, length, batched: bool):
+            full = ids.shape[-1] * self.token_max_bytes
+            per_row = [functools.partial(self._read_window, size=w)
+                       for w in (self.answer_budget, full)[: 2 if full > self.answer_budget else 1]]
+            span_of, fns, finish = self.answer_span, per_row, self.finish
+            if batched:
+                span_of, fns, finish = jax.vmap(span_of), [jax.vmap(f) for f in per_row], jax.vmap(finish)
+            span = span_of(ids, length)
+            # The small buffer runs outside the cond: XLA:CPU runs a conditional's branch ~1.4x slower
+            # (measured), and it is the one real answers take; a longer answer discards its result.
+            out = fns[0](ids, length, span=span)
+            if len(fns) > 1:
+                small = out
+                out = jax.lax.cond(jnp.max(span[1] - span[0]) > self.answer_budget,
+                                   lambda: fns[1](ids, length, span=span), lambda: small)
+            return finish(out)
+
+        @jax.custom_batching.custom_vmap
+        def dispatch(ids, length):
+            return run(ids, length, False)
+
+        @dispatch.def_vmap
+        def batched(axis_size, in_batched, ids, length):
+            if not in_batched[0]:
+                ids = jnp.broadcast_to(ids, (axis_size,) + ids.shape)
+            if not in_batched[1]:
+                length = jnp.broadcast_to(length, (axis_size,))
+            out = run(ids, length, True)
+            return out, jax.tree.map(lambda _: True, out)
+
+        return dispatch
+
+    def answer_pieces(self, buf: jax.Array, n):
+        """(starts int32 [k], ends int32 [k], kept) of an answer held in buf[:n] (zeros after it): the
+        stripped extents [start, end) of its first k non-empty pieces and how many there are (<= k)."""
+        size = buf.shape[0]
         k = self.max_actions_per_turn
-        pos = jnp.arange(n, dtype=jnp.int32)
-
+        pos = jnp.arange(size, dtype=jnp.int32)
         solid = ~whitespace_cover(buf)
-        at_answer = occurs(buf, b"<answer>")
-
-        # "||" separators, left to right and non-overlapping: even offsets in a run of pipes.
-        # Computed on the whole buffer: runs inside the answer are bounded by its tags' > and <.
+        # "||" separators, left to right and non-overlapping: even offsets in a run of pipes (the
+        # answer's runs end at its edges: a tag's > and < outside, zeros after it here).
         pipe = buf == ord("|")
         run_start = jax.lax.cummax(jnp.where(pipe, -1, pos)) + 1
         sep = pipe & unshift(pipe, 1, False) & ((pos - run_start) % 2 == 0)
         sep_byte = sep | shift(sep, 1, False)
-
-        if self.think:
-            p = _first(occurs(buf, b"<think>"))
-            # The ">" of a "</think>" that starts at or after the end of the first "<think>".
-            close_end = shift(occurs(buf, b"</think>") & (pos >= p + 7), 7, False)
-        else:
-            close_end = jnp.zeros((n,), bool)
-        # Nearest solid (non-whitespace) byte before / after each i, with two flags packed in
-        # the low bits so that no gather is needed: bit 1 = it ends a qualifying "</think>",
-        # bit 0 = it is a separator byte. Gathers and scatters are the slow ops under vmap.
-        key = 4 * pos + 2 * close_end.astype(jnp.int32) + sep_byte.astype(jnp.int32)
+        # Nearest solid (non-whitespace) byte before / after each i, with "is a separator byte" packed in
+        # the low bit so that no gather is needed (gathers and scatters are the slow ops under vmap).
+        key = 2 * pos + sep_byte.astype(jnp.int32)
         prev_key = shift(jax.lax.cummax(jnp.where(solid, key, -1)), 1, -1)
-        next_key = unshift(jax.lax.cummin(jnp.where(solid, key, 4 * n), reverse=True), 1, 4 * n)
-        prev_pos, next_pos = prev_key >> 2, next_key >> 2  # -1 / n when there is none
-
-        # --- the regex match: answer = bytes [a, z) --------------------------------------------
-        if self.think:
-            # "<answer>" whose previous solid byte ends "</think>": only whitespace in between.
-            # The first such "<answer>" belongs to the first qualifying "</think>".
-            q = _first(at_answer & (prev_key >= 0) & ((prev_key & 2) != 0))
-        else:
-            q = _first(at_answer)
-        a = q + 8
-        z = _first(occurs(buf, b"</answer>") & (pos >= a))
-        ok = (q < n) & (z < n)
-        in_answer = ok & (pos >= a) & (pos < z)
-
-        # --- strip, drop empty pieces, keep the first k ------------------------------------------
-        content = in_answer & solid & ~sep_byte
-        first_of_piece = content & ((prev_pos < a) | ((prev_key & 1) != 0))
-        last_of_piece = content & ((next_pos >= z) | ((next_key & 1) != 0))
+        next_key = unshift(jax.lax.cummin(jnp.where(solid, key, 2 * size), reverse=True), 1, 2 * size)
+        content = (pos < n) & solid & ~sep_byte
+        first_of_piece = content & ((prev_key < 0) | ((prev_key & 1) != 0))
+        last_of_piece = content & (((next_key >> 1) >= n) | ((next_key & 1) != 0))
         rank = jnp.cumsum(first_of_piece.astype(jnp.int32)) - 1  # of the piece, at its bytes
         kept = jnp.minimum(rank[-1] + 1, k)  # number of kept (non-empty) pieces
         slots = jnp.arange(k, dtype=jnp.int32)[:, None]
-        starts = jnp.min(jnp.where(first_of_piece & (rank == slots), pos, n), axis=1)  # [k]
+        starts = jnp.min(jnp.where(first_of_piece & (rank == slots), pos, size), axis=1)  # [k]
         ends = jnp.max(jnp.where(last_of_piece & (rank == slots), pos + 1, 0), axis=1)
-        return starts, ends, kept, ok
+        return starts, ends, kept
 
     def read_pieces(self, buf, starts, ends, kept, ok) -> Parsed:
         """Compare each kept piece [starts, ends) of `buf` with every action name, case-insensitively

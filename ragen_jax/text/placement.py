@@ -19,9 +19,10 @@ allowed) and each other non-whitespace byte (ASCII letters lowered: no non-ASCII
 to a pattern character), each flagged with "whitespace before it". A pattern is then a fixed sequence
 of atoms with "whitespace required / forbidden / either" flags (`\\s+` / nothing / `\\s*`), matched at
 every atom by shifted comparisons. A match never crosses a piece's edge: the atoms next to a piece are
-`|`, `>` or `<`, which no pattern contains. Cost: elementwise ops, one prefix max scan, one prefix
-sum, two scatters (the atom stream), masked min / any reductions over [k, N], and 5 gathers per
-piece slot (prefix scans cost about 30x an elementwise op on the CPU: a [k, N] reduction is cheaper).
+`|` or the edges of the answer's buffer (its start, the zeros after it), which no pattern contains.
+Cost: elementwise ops, one prefix max scan, one prefix sum, two scatters (the atom stream), masked
+min / any reductions over [k, N], and 5 gathers per piece slot (prefix scans cost about 30x an
+elementwise op on the CPU: a [k, N] reduction is cheaper); N is the answer's buffer (parse.py point 1).
 """
 
 from __future__ import annotations

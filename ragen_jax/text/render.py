@@ -183,10 +183,15 @@ class StackedTable:
     sizes: np.ndarray    # int32 [S]
 
     def lookup(self, index):
-        """(ids [S, L], lengths [S]) of each slot's entry (indices clipped into range); jittable."""
+        """(ids [S, L], lengths [S], widths [S]) of each slot's entry (indices clipped into range), widths
+        being each slot's longest entry (static: `concat` writes no more of a slot); jittable."""
         index = jnp.clip(jnp.asarray(index, jnp.int32), 0, jnp.asarray(self.sizes) - 1)
         rows = jnp.asarray(self.offsets) + index
-        return jnp.asarray(self.ids)[rows], jnp.asarray(self.lengths)[rows]
+        return jnp.asarray(self.ids)[rows], jnp.asarray(self.lengths)[rows], self.widths
+
+    @property
+    def widths(self) -> np.ndarray:
+        return np.maximum.reduceat(self.lengths, self.offsets).astype(np.int32)
 
 
 def stack_tables(tables: Sequence[PieceTable], pad_id: int) -> StackedTable:
@@ -363,21 +368,24 @@ def check_cell_sets(cell_sets, height: int, width: int, num_symbols: int):
 def concat(pieces, total_len: int, pad_id: int):
     """Concatenate ragged pieces into a static buffer; jittable and vmappable.
 
-    pieces: sequence of (ids [n, L] or [L], lengths [n] or scalar); entries past their length are
-    dropped. Returns (ids int32 [total_len], length int32). Pieces are placed by running offsets
-    and scattered with mode="drop", so padding never overwrites real ids.
+    pieces: sequence of (ids [n, L] or [L], lengths [n] or scalar) or (ids [n, L], lengths [n], widths
+    [n]: static bounds on the lengths, e.g. a `StackedTable`'s); entries past their length are dropped.
+    Returns (ids int32 [total_len], length int32). Pieces are placed by running offsets and scattered
+    with mode="drop", so padding never overwrites real ids.
     """
     out = jnp.full((total_len,), pad_id, dtype=jnp.int32)
     offset = jnp.zeros((), jnp.int32)
-    for ids, lengths in pieces:
-        ids = jnp.asarray(ids, jnp.int32)
-        lengths = jnp.asarray(lengths, jnp.int32)
+    for piece in pieces:
+        ids, lengths = jnp.asarray(piece[0], jnp.int32), jnp.asarray(piece[1], jnp.int32)
         if ids.ndim == 1:
             ids, lengths = ids[None], lengths[None]
+        n, width = ids.shape
+        widths = np.asarray(piece[2]) if len(piece) > 2 else np.full((n,), width)
+        # Only each entry's first widths[e] ids can be real: scatter those alone (a static ragged list).
+        entry = np.repeat(np.arange(n), widths)
+        j = np.concatenate([np.arange(w) for w in widths]).astype(np.int32)
         starts = offset + jnp.cumsum(lengths) - lengths
-        j = jnp.arange(ids.shape[1], dtype=jnp.int32)
-        pos = starts[:, None] + j[None, :]
-        pos = jnp.where(j[None, :] < lengths[:, None], pos, total_len)  # out of bounds -> dropped
-        out = out.at[pos.reshape(-1)].set(ids.reshape(-1), mode="drop")
+        pos = jnp.where(j < lengths[entry], starts[entry] + j, total_len)  # out of bounds -> dropped
+        out = out.at[pos].set(ids[entry, j], mode="drop")
         offset = offset + jnp.sum(lengths)
     return out, offset

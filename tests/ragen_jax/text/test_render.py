@@ -315,3 +315,26 @@ def test_reward_cents_host_equals_device():
     device = np.asarray(jax.jit(reward_cents_jax)(r))
     assert np.array_equal(reward_cents(r), device)
     assert format_cents(int(reward_cents(np.float32(0.1) * 3 - np.float32(0.6)))) == "-0.3"
+
+
+def test_concat_equals_list_concatenation():
+    """`concat` (plain pieces, scalar pieces and a StackedTable lookup's static widths) equals joining
+    the pieces' real ids in Python, the buffer padded after them and truncated at its size."""
+    rng = np.random.default_rng(0)
+    tables = [render.PieceTable(*render.pad_table([list(rng.integers(1, 99, n)) for n in sizes], 0))
+              for sizes in ((0, 3, 1), (2,), (5, 0, 4, 1))]
+    stack = render.stack_tables(tables, 0)
+    assert list(stack.widths) == [3, 2, 5]
+    for case in range(8):
+        index = rng.integers(0, 5, 3)
+        plain = rng.integers(1, 99, (2, 4))
+        plain_len = rng.integers(0, 5, 2)
+        one = rng.integers(1, 99, 3)
+        pieces = [(plain, plain_len), (one, np.int32(case % 4)), stack.lookup(index)]
+        want = [int(x) for ids, n in zip(plain, plain_len) for x in ids[:n]] + [int(x) for x in one[:case % 4]]
+        for t, i in zip(tables, np.clip(index, 0, [len(t.lengths) - 1 for t in tables])):
+            want += [int(x) for x in t.ids[i, :t.lengths[i]]]
+        for total in (len(want), 20, max(len(want) - 2, 0)):
+            ids, n = render.concat(pieces, total, -1)
+            assert int(n) == len(want)
+            assert np.asarray(ids).tolist() == (want + [-1] * total)[:total], (case, total)
