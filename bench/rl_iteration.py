@@ -4,8 +4,9 @@ Two Trainers are built from the same config, the same initial weights and the sa
   before   rollout.shared_prefix=false, rollout.filled_reads=false: every row prefills its own copy
            of the prompt prefix, the trainer scores it once per row, and every decode step reads the
            cache's whole capacity (the work before issue 45)
-  after    the defaults: the prefix prefilled for one row and broadcast, scored once per batch, and
-           cached attention reading only the filled slots
+  after    the defaults: the prefix prefilled for one row and broadcast, each group's first
+           observation prefilled once, the prefix scored once per batch and each group's shared
+           beginning once (trainer/group_prefix.py), and cached attention reading only the filled slots
 Each runs one warm-up iteration (compilation; its seconds are reported as compile time), then
 `--iterations` iterations, the two interleaved iteration by iteration (the machine is shared: only
 ratios from one run compare). The Trainer's `sync_phases` times prepare and update apart. Rows:

@@ -332,7 +332,9 @@ def rl_iteration_section(d) -> list[str]:
     out = ["### One RL iteration before and after issue 45 (`bench/rl_iteration.py`)", "",
            "Two Trainers from the same config, weights and seeds: before = every row prefills and the trainer "
            "scores its own copy of the prompt prefix, every decode step reads the whole cache capacity "
-           "(`rollout.shared_prefix=false rollout.filled_reads=false`); after = the defaults. Iterations "
+           "(`rollout.shared_prefix=false rollout.filled_reads=false`); after = the defaults: the prompt prefix "
+           "prefilled once and broadcast, each group's first observation prefilled once, the trainer running the "
+           "prefix once per batch and each group's shared beginning once, decode reading the filled slots. Iterations "
            f"alternate between the two; median seconds per phase. {_machine(d.get('machine'))}.", "",
            "| config | iterations | rollout before / after (s) | prepare before / after (s) | update before / after (s) "
            "| iteration before / after (s) | speed-up (rollout, prepare, update, iteration) |",
