@@ -327,7 +327,7 @@ class StepPrograms:
     def _groups(self, group, rows: int, groups: int):
         """`sequence_logprobs`' `groups` for a call of `rows` rows holding at most `groups` groups, or
         None where sharing cannot pay (as many groups as rows, or no `group_prefix`)."""
-        if self.group_prefix is None or min(rows, groups) >= rows:
+        if self.group_prefix is None or groups >= rows:
             return None
         return group, groups, self.group_prefix
 
