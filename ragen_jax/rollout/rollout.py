@@ -234,8 +234,11 @@ class Rollout:
                                  state_keys=state_keys)
         # Rows of a group start from the same seed, so their first observation is the same ids: it is
         # prefilled once per group and copied (a model that can run tokens without writing its cache).
+        # One turn only: with more, choosing turn 1's copy or a later turn's computation is a conditional
+        # whose operand is the cache, and XLA held two more caches of temporaries for it (bench/memory.py,
+        # the reference config: rollout temporaries 6.97 -> 18.39 GB).
         self.share_first = (teacher is None and model is not None and config.shared_prefix and config.group_size > 1
-                            and callable(getattr(model, "extend", None)))
+                            and self.max_turns == 1 and callable(getattr(model, "extend", None)))
         run = self._run if max_traces is None else _limit_traces(self._run, max_traces)
         self._jitted = jax.jit(run)
 
@@ -407,7 +410,7 @@ class Rollout:
         if c.first is None:
             logits, cache = sampler.prefill(model, cache, seg.ids, valid)
         else:
-            new, logits = self._segment_kv(model, c, cache, seg.ids, valid)
+            new, logits = self._segment_kv(c, valid)
             cache = cache.append(new)
         return sampler.decode(
             model, cache, logits, key, max_new_tokens=self.max_new, budget=seg.budget, active=seg.active,
@@ -415,25 +418,13 @@ class Rollout:
             use_top_p=(cfg.top_p < 1.0) and not cfg.greedy, stop_ids=self.chat.stop, pad_id=self.chat.pad,
             stop_table=stop_table)
 
-    def _segment_kv(self, model, c: _Carry, cache, ids, valid):
-        """(NewKV, next-token logits) of the turn's segment: on turn 1 each group's, prefilled in
-        `_start`, copied to its rows; later, computed over the cache. The choice reads the cache and
-        the write comes after it (`KVCache.append`): a conditional whose branch wrote the cache in
-        place would make XLA copy the whole cache."""
+    def _segment_kv(self, c: _Carry, valid):
+        """(NewKV, next-token logits) of the (only) turn's segment: each group's, prefilled in `_start`,
+        copied to its rows."""
         n = self.config.group_size
-
-        def first_turn(_):
-            new, logits = c.first
-            return new.replace(k=jnp.repeat(new.k, n, axis=1), v=jnp.repeat(new.v, n, axis=1), valid=valid), \
-                jnp.repeat(logits, n, axis=0)
-
-        def later_turn(cache):
-            logits, new = sampler.extend(model, cache, ids, valid)
-            return new, logits
-
-        if self.max_turns == 1:
-            return first_turn(cache)
-        return jax.lax.cond(c.turn == 0, first_turn, later_turn, cache)
+        new, logits = c.first
+        return new.replace(k=jnp.repeat(new.k, n, axis=1), v=jnp.repeat(new.v, n, axis=1), valid=valid), \
+            jnp.repeat(logits, n, axis=0)
 
     def _teach(self, state, turn, key, active, budget) -> sampler.SampleOutput:
         keys = jax.random.split(key, self.config.batch_size)
