@@ -180,6 +180,30 @@ def read_filled(fn, *, needed: jax.Array, sizes: tuple[int, ...], operands: tupl
     return jax.lax.switch(idx, [functools.partial(fn, n) for n in sizes], *operands)
 
 
+def filled_read(q, cache_k, cache_v, *, q_slot, q_valid, sizes: tuple[int, ...], heads_first: bool = False,
+                implementation: str = "auto", block: int = DEFAULT_BLOCK) -> jax.Array:
+    """Attention of T new tokens ALREADY WRITTEN into a cache at their slots `q_slot` [B, T]: query t
+    sees the slots <= q_slot[b, t] (the cache rule). Reads only the smallest of `sizes` that holds the
+    largest slot of a used query (`q_valid`); the chunked kernel (long appends) skips the blocks past
+    its queries by itself and reads the whole cache. q [B, T, nH, D]; cache_k/v [B, S, nKV, D]
+    (`heads_first`: [B, nKV, S, D], the per-layer decode layout). -> [B, T, nH * D]."""
+    b, t, nh, d = q.shape
+    s = cache_k.shape[2 if heads_first else 1]
+    needed = jnp.max(jnp.where(q_valid, q_slot + 1, 0)).astype(jnp.int32)
+    if heads_first:
+        def part(n, ck, cv):
+            o, _ = _part(q, ck[:, :, :n], cv[:, :, :n], visible_mask(None, q_slot, n), heads_first=True)
+            return o.astype(q.dtype).reshape(b, t, nh * d)
+    else:
+        if resolve(implementation, t=t, s=s, self_layout=False, dtype=q.dtype, head_dim=d) == "chunked":
+            sizes = (s,)
+
+        def part(n, ck, cv):
+            return attention(q, ck[:, :n], cv[:, :n], None, q_slot=q_slot, q_valid=q_valid,
+                             implementation=implementation, block=block)
+    return read_filled(part, needed=needed, sizes=sizes, operands=(cache_k, cache_v))
+
+
 # ----------------------------------------------------------------------------- cache + new tokens
 def cached_attention(q, k, v, cache_k, cache_v, end, valid, *, sizes: tuple[int, ...] | None = None,
                      heads_first: bool = False, implementation: str = "auto", block: int = DEFAULT_BLOCK) -> jax.Array:

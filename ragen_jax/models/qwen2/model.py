@@ -46,7 +46,7 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx, struct
 
-from ragen_jax.models.attention import attention, cached_attention, fill_buckets
+from ragen_jax.models.attention import attention, cached_attention, fill_buckets, filled_read
 from ragen_jax.models.qwen2 import decode as decode_weights
 from ragen_jax.models.qwen2.config import REMAT_POLICIES, Qwen2Config
 
@@ -393,9 +393,11 @@ def _full_sequence_stack(cfg: Qwen2Config, layers, x, valid, prefix, return_kv: 
 
 
 def _cached_stack(cfg: Qwen2Config, layers, x, valid, cache, write: bool = True):
-    """`decoder_stack` with a cache: prefill or decode. Each layer's new tokens attend to the cache's
-    filled slots and to each other (`attention.cached_attention`, which only reads the cache), then
-    the layer's new keys/values are written (`write`) or returned: (x, `NewKV`) for `KVCache.append`."""
+    """`decoder_stack` with a cache: prefill or decode. `write` (the decode step, a turn's prefill):
+    each layer writes its new keys/values into the cache first and then reads the filled slots back
+    (`filled_read`). `write=False` (`Qwen2.extend`): the cache is only read, the new tokens attend to
+    its filled slots and to each other (`attention.cached_attention`), and (x, `NewKV`) is returned
+    for `KVCache.append`."""
     b, t, _ = x.shape
     s = cache.max_len
     n_new = jnp.sum(valid, axis=1, dtype=jnp.int32)
@@ -403,27 +405,33 @@ def _cached_stack(cfg: Qwen2Config, layers, x, valid, cache, write: bool = True)
     slot = _slots(pos, valid, s)
     rows = jnp.arange(b)[:, None]
     cos, sin = rope_cos_sin(pos, cfg)
-    # The cache part reads only the slots some row has filled, in static buckets (attention.py
-    # `read_filled`): decode cost follows the filled cache, not its capacity.
+    # Both orders read only the slots some row has filled, in static buckets (attention.py
+    # `read_filled`): decode cost follows the filled cache, not its capacity. Write-then-read where
+    # the cache is written in place: read-then-write made XLA:CPU copy every layer's keys/values in
+    # the token loop (12 capacity-sized copies against 4 at 2 layers; 1.8x the floor instead of 0.95x,
+    # docs/decode.md).
+    sizes = fill_buckets(s, cfg.attention_block) if cfg.decode_bound else (s,)
     attend = functools.partial(cached_attention, end=cache.end, valid=valid, implementation=cfg.attention,
-                               block=cfg.attention_block,
-                               sizes=fill_buckets(s, cfg.attention_block) if cfg.decode_bound else (s,))
+                               block=cfg.attention_block, sizes=sizes)
+    read = functools.partial(filled_read, q_slot=pos, q_valid=valid, sizes=sizes, implementation=cfg.attention,
+                             block=cfg.attention_block)
 
     if isinstance(cache, LayerKVCache):
         if not write:
             raise ValueError("a LayerKVCache is written in place by the decode loop; extend() takes a KVCache")
-        return _decode_layer_cache(cfg, layers, x, cache, rows, slot, cos, sin, n_new, attend)
+        return _decode_layer_cache(cfg, layers, x, cache, rows, slot, cos, sin, n_new, read)
 
     def layer(carry, xs):
         x, ck, cv = carry
         p, li = xs
         q, k, v = _attn_in(cfg, p, x, cos, sin)
-        # The cache as it was (the new tokens are not in it yet); the bucket is chosen around this read
-        # alone: a choice around a computation that also writes the cache would make XLA copy all of it.
-        out = attend(q, k, v, jax.lax.dynamic_index_in_dim(ck, li, axis=0, keepdims=False),
-                     jax.lax.dynamic_index_in_dim(cv, li, axis=0, keepdims=False))
-        if write:  # only the new rows, into the loop-carried stacked cache (in place)
+        if write:  # only the new rows, into the loop-carried stacked cache (in place), then read back
             ck, cv = _write_kv(ck, li, rows, slot, k), _write_kv(cv, li, rows, slot, v)
+            out = read(q, jax.lax.dynamic_index_in_dim(ck, li, axis=0, keepdims=False),
+                       jax.lax.dynamic_index_in_dim(cv, li, axis=0, keepdims=False))
+        else:  # the cache as it was: the bucket choice around this read alone holds no write
+            out = attend(q, k, v, jax.lax.dynamic_index_in_dim(ck, li, axis=0, keepdims=False),
+                         jax.lax.dynamic_index_in_dim(cv, li, axis=0, keepdims=False))
         return (_attn_out_mlp(cfg, p, x, out), ck, cv), (None if write else (k, v))
 
     # No remat here: the cached path is inference (remat would only keep per-layer cache copies alive).
@@ -456,10 +464,10 @@ def _slots(pos, valid, s: int):
     return jnp.where(valid & (pos >= 0) & (pos < s), pos, s)
 
 
-def _decode_layer_cache(cfg: Qwen2Config, layers, x, cache: LayerKVCache, rows, slot, cos, sin, n_new, attend):
+def _decode_layer_cache(cfg: Qwen2Config, layers, x, cache: LayerKVCache, rows, slot, cos, sin, n_new, read):
     """`decoder_stack` on a per-layer cache: the unrolled layers (hoisted weights, as for `KVCache`),
-    each attending to its own [B, nKV, S, D] buffer (`attend`: `cached_attention` of the call) and then
-    writing its new keys/values into it."""
+    each writing its new keys/values into its own [B, nKV, S, D] buffer and then reading its filled
+    slots back (`read`: `filled_read` of the call)."""
     if x.shape[1] != 1 or not unrolled_decode(cfg, cache):
         raise ValueError("a LayerKVCache is for single-token decode steps on the unrolled path; convert it "
                          "with stacked_layout(cache) for longer appends")
@@ -468,11 +476,10 @@ def _decode_layer_cache(cfg: Qwen2Config, layers, x, cache: LayerKVCache, rows, 
     for li in range(cfg.num_hidden_layers):
         p = jax.lax.optimization_barrier(decode_weights.layer_weights(layers, li, dt, cfg.matmul_dtype, cfg.decode_transposed))
         q, k, v = _attn_in(cfg, p, x, cos, sin)
-        out = attend(q, k, v, ks[li], vs[li], heads_first=True)
         # [B, 1, nKV, D] rows into [B, nKV, S, D] at each row's slot; slot S is dropped.
         ks[li] = ks[li].at[rows, :, slot].set(k.astype(ks[li].dtype), mode="drop")
         vs[li] = vs[li].at[rows, :, slot].set(v.astype(vs[li].dtype), mode="drop")
-        x = _attn_out_mlp(cfg, p, x, out)
+        x = _attn_out_mlp(cfg, p, x, read(q, ks[li], vs[li], heads_first=True))
     return x, LayerKVCache(k=tuple(ks), v=tuple(vs), end=cache.end + n_new)
 
 

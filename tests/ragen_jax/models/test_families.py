@@ -151,7 +151,9 @@ def test_transformers_loads_our_export_with_the_same_logits(tmp_path, name):
                     attention_mask=torch.tensor(ref["attention_mask"], dtype=torch.long),
                     position_ids=torch.tensor(ref["position_ids"], dtype=torch.long)).logits.float().numpy()
     valid = ref["attention_mask"].astype(bool)
-    np.testing.assert_allclose(logits[valid], ref["logits"][valid], rtol=0, atol=1e-6)
+    # The fixture's logits were computed by torch on another CPU: its kernels sum in another order
+    # per CPU (up to 7e-6 apart measured on an Intel Xeon), so 1e-5, the bound the exports are held to.
+    np.testing.assert_allclose(logits[valid], ref["logits"][valid], rtol=0, atol=1e-5)
 
 
 def test_missing_qk_norm_and_unsupported_model_type_are_named(tmp_path):

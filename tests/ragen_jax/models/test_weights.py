@@ -97,7 +97,9 @@ def test_transformers_loads_our_checkpoint_with_same_logits(tmp_path, variant, s
             position_ids=torch.tensor(ref["position_ids"], dtype=torch.long),
         ).logits.float().numpy()
     valid = ref["attention_mask"].astype(bool)
-    np.testing.assert_allclose(logits[valid], ref["logits"][valid], rtol=0, atol=1e-6)
+    # The fixture's logits were computed by torch on another CPU: its kernels sum in another order
+    # per CPU (up to 7e-6 apart measured on an Intel Xeon), so 1e-5, the bound the exports are held to.
+    np.testing.assert_allclose(logits[valid], ref["logits"][valid], rtol=0, atol=1e-5)
 
 
 @pytest.mark.parametrize("variant, shard", [("tied", None), ("untied", "60KB")])
