@@ -287,6 +287,26 @@ def test_passes_equal_one_pass_rollouts_of_their_groups(tiny_model, one_pass):
     _assert_sharded_equal(t8, got)
 
 
+def test_first_turn_prefilled_once_per_group_equals_every_row_prefilling_it(tok, tiny_model):
+    """One-turn episodes: each group's first observation is prefilled once and copied to its rows
+    (`Rollout.share_first`). Truth: every row prefilling the prefix and its observation itself
+    (`shared_prefix=False`): the same sampled tokens (temperature 1, so a changed logit shows), log-probs
+    within float32 rounding. FrozenLake with random maps: the groups' observations differ."""
+    te = _text_env(tok, "FrozenLake", max_turns=1, max_response_tokens=8)
+    params, key, seeds = nnx.state(tiny_model), jax.random.PRNGKey(7), np.arange(30, 34)
+    outs = {}
+    for shared in (True, False):
+        ro = Rollout(tiny_model, te, RolloutConfig(num_groups=4, group_size=3, max_context=512, temperature=1.0,
+                                                    shared_prefix=shared))
+        assert ro.share_first == shared
+        outs[shared] = jax.device_get(ro(params, key, seeds))
+    got, want = outs[True], outs[False]
+    prompts = {tuple(np.asarray(want.tokens[r])[~np.asarray(want.loss_mask[r])].tolist()) for r in range(0, 12, 3)}
+    assert len(prompts) > 1  # the groups' observations differ
+    chex.assert_trees_all_equal(got.replace(logprobs=None), want.replace(logprobs=None))
+    chex.assert_trees_all_close(got.logprobs, want.logprobs, atol=1e-5)
+
+
 def test_groups_per_pass_must_divide_the_groups(tok):
     with pytest.raises(ValueError, match="groups_per_pass must be 0 .* or a divisor of num_groups = 4, got 3"):
         RolloutConfig(num_groups=4, groups_per_pass=3)
