@@ -63,24 +63,23 @@ def _outputs(compiled):
                         compiled.out_info, compiled.output_shardings)
 
 
-def aot_compile(rollout, prepare_jit, update_jit, state: TrainState, ref, key, group_seeds, frozen=None):
+def aot_compile(rollout, prepare_jit, update_jit, state: TrainState, ref, key, group_seeds, frozen=None,
+                reuse: dict | None = None):
     """Compile the three programs of one iteration ahead of time for the shapes and shardings of
     `state`, `ref` and the LoRA base `frozen` (arrays, or ShapeDtypeStructs with shardings: nothing
     is allocated), each one's inputs being the previous one's outputs. Returns ({name: compiled}, {name: (program_memory,
     resident bytes per device)}), the resident bytes being the train state (and reference policy,
     and the trajectories during the update) that stay on the device while the program runs without
-    being among its arguments (the input of `check_memory_fits`)."""
+    being among its arguments (the input of `check_memory_fits`). `reuse`: {name: compiled} of
+    programs already compiled for these inputs (not compiled again)."""
+    reuse = reuse or {}
     st, ref, frozen = _abstract(state), _abstract(ref), _abstract(frozen)
-    compiled_rollout = rollout.lower(full_params(st.actor, frozen), key, group_seeds).compile()
+    compiled_rollout = reuse.get("rollout") or rollout.lower(full_params(st.actor, frozen), key, group_seeds).compile()
     traj = _outputs(compiled_rollout)
-    if frozen is None:  # the full-training programs take no frozen argument
-        prepare = prepare_jit.lower(st.actor, st.critic, ref, traj).compile()
-        batch = _outputs(prepare)[0]
-        update = update_jit.lower(st, batch).compile()
-    else:
-        prepare = prepare_jit.lower(st.actor, st.critic, ref, traj, frozen).compile()
-        batch = _outputs(prepare)[0]
-        update = update_jit.lower(st, batch, frozen).compile()
+    extra = () if frozen is None else (frozen,)  # the full-training programs take no frozen argument
+    prepare = reuse.get("prepare") or prepare_jit.lower(st.actor, st.critic, ref, traj, *extra).compile()
+    batch = _outputs(prepare)[0]
+    update = reuse.get("update") or update_jit.lower(st, batch, *extra).compile()
     ref_bytes = bytes_per_device(ref) if ref is not None else 0
     # The LoRA base is among every program's arguments (the rollout's actor = base + adapters, the
     # `frozen` argument of prepare and update): counted in their peaks, never as resident.

@@ -103,6 +103,7 @@ class Trainer(RunAssembly):
         # and with several processes compiled ahead so that all processes meet at a barrier before
         # the first collective; the iterations then run these executables (`self.compiled`).
         self.memory, self.compiled = None, None
+        self._tried: dict = {}  # the programs of the last compile try (`_compile`)
         self.remat = cfg.model.use_remat  # what the update runs with (model.remat=None: decided below)
         limit = device_memory_limit(cfg, self.mesh.devices.flat[0])
         if limit is not None or jax.process_count() > 1:
@@ -154,19 +155,23 @@ class Trainer(RunAssembly):
                 self.remat = False
                 self.note("model.remat unset: off (every program fits the device without it)")
             except ConfigError:  # too big without remat: the default programs (remat on), checked in turn
+                # Only the update differs: the rollout and prepare passes run no backward (no remat), so
+                # the programs compiled for the first try are kept.
+                done = {k: v for k, v in self._tried.items() if k != "update"}
                 self._build_programs(state, self.policy_graph, self.critic_graph)
-                self._compile(state, limit)
+                self._compile(state, limit, reuse=done)
                 self.note("model.remat unset: on (the update does not fit the device without it)")
         else:
             self._build_programs(state, self.policy_graph, self.critic_graph)
             self._compile(state, limit)
         barrier("ragen_jax.trainer.programs_compiled")
 
-    def _compile(self, state: TrainState, limit: int | None) -> None:
+    def _compile(self, state: TrainState, limit: int | None, reuse: dict | None = None) -> None:
         r = self.cfg.rollout
         seeds = jnp.asarray(group_seeds_for_iteration(0, r.num_groups, self.cfg.train.seed_base), jnp.int32)
         compiled, usage = aot_compile(self.rollout, self.prepare_jit, self.update_jit, state, self.ref,
-                                      jax.random.fold_in(state.key, 1), seeds, frozen=self.frozen)
+                                      jax.random.fold_in(state.key, 1), seeds, frozen=self.frozen, reuse=reuse)
+        self._tried = compiled  # kept for a second try (`_compile_ahead`) when a program does not fit
         if limit is not None:
             check_memory_fits(self.cfg, usage, limit)
         self.compiled, self.memory = compiled, usage

@@ -119,4 +119,7 @@ def test_remat_auto_is_decided_by_memory(tmp_path):
     assert max(on["update"], on["rollout"], on["prepare"]) < tight < off["update"]
     auto = trainer("auto_tight", f"--config.train.device_memory_gib={tight / GIB}")
     assert auto.remat is True and need(auto) == on
+    # The second try compiled only the update: the rollout and prepare programs (no backward, so no
+    # remat) of the first were kept, and their memory is the remat run's.
+    assert auto.programs.trace_counts["prepare"] == 0 and auto.programs.trace_counts["update"] == 1
     assert math.isfinite(auto.train()[0]["actor/pg_loss"])
