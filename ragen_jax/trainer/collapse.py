@@ -134,6 +134,13 @@ def sample_pairs(spans: dict, tokens: np.ndarray, group: np.ndarray, num_groups:
     return plan
 
 
+def _common_length(seqs: list) -> int:
+    """Length of the longest run of leading ids all `seqs` share."""
+    n = min(len(x) for x in seqs)
+    same = np.all([x[:n] == seqs[0][:n] for x in seqs], axis=0)
+    return int(n if same.all() else np.argmin(same))
+
+
 def build_rows(tokens: jax.Array, row, z_start, z_len, rep, x_len, width: int, pad_id: int):
     """[M * P, width] ids and valid mask of the rows [x_j | z_i | pad], gathered in-graph."""
     t = jnp.arange(width)[None, None, :]
@@ -149,8 +156,10 @@ def build_rows(tokens: jax.Array, row, z_start, z_len, rep, x_len, width: int, p
 
 
 def cross_logprobs(graphdef, params, tokens, plan: dict, *, width: int, block: int, pad_rows: int,
-                   pad_id: int, temperature: float = 1.0, vocab=None, sharding=None) -> jax.Array:
-    """log p(z_i | x_j) summed over z_i's tokens: [M, P] (jittable; `plan` arrays on the device)."""
+                   pad_id: int, temperature: float = 1.0, vocab=None, sharding=None, prefix: int = 0) -> jax.Array:
+    """log p(z_i | x_j) summed over z_i's tokens: [M, P] (jittable; `plan` arrays on the device).
+    `prefix`: how many leading tokens every prompt x_j shares (the prompt prefix): run through the
+    model once per block instead of once per row (`sequence_logprobs`' `prefix`)."""
     ids, valid = build_rows(tokens, plan["row"], plan["z_start"], plan["z_len"], plan["rep"], plan["x_len"], width,
                             pad_id)
     r = ids.shape[0]
@@ -159,7 +168,9 @@ def cross_logprobs(graphdef, params, tokens, plan: dict, *, width: int, block: i
         valid = jnp.concatenate([valid, jnp.zeros((pad_rows, width), bool)])
     if sharding is not None:
         ids, valid = jax.lax.with_sharding_constraint((ids, valid), (sharding, sharding))
-    fn = functools.partial(sequence_logprobs, graphdef, params, vocab=vocab, temperature=temperature, inference=True)
+    fn = functools.partial(sequence_logprobs, graphdef, params, vocab=vocab, temperature=temperature, inference=True,
+                           prefix=prefix)
+    # A block of padding rows only (the last) takes its own pad ids as the prefix: finite, never read.
     logp, _ = in_minibatches(lambda x, v: fn(x, v), ids.shape[0], block, ids, valid)
     # Target column c holds token c + 1: z's tokens are positions [x_len, x_len + z_len).
     m, p = plan["row"].shape[0], plan["rep"].shape[0]
@@ -187,6 +198,9 @@ class CollapseProbe:
         # Static widths: the first turn's prompt is the prefix plus one segment (at most); the
         # reasoning at most the turn's token budget.
         self.x_cap = max(len(e.prefix_ids) + e.max_segment_len for e in text_envs.values())
+        # Every prompt starts with its env's prompt prefix: the part all envs share is run once per
+        # block (the pairs' rows are ~80% prefix on Bandit with SmolLM2's chat template).
+        self.prefix = _common_length([np.asarray(e.prefix_ids) for e in text_envs.values()])
         self.z_cap = cfg.prompt.max_response_tokens
         self.width = min(self.x_cap + self.z_cap, cfg.rollout.max_context)
         a = cfg.batching
@@ -200,7 +214,7 @@ class CollapseProbe:
         sharding = batch_sharding(mesh, 2) if mesh is not None else None
         program = functools.partial(
             metrics_program, graphdef, width=self.width, block=self.block, pad_rows=self.pad_rows,
-            temperature=temperature, vocab=vocab, sharding=sharding, pad_id=chat_ids(tokenizer).pad)
+            temperature=temperature, vocab=vocab, sharding=sharding, pad_id=chat_ids(tokenizer).pad, prefix=self.prefix)
         # Traced on the mesh: the splash kernel's shard_map reads it (models/attention.py `partitioned`).
         self._program = jax.jit(on_mesh(program, mesh) if mesh is not None else program)
 

@@ -85,13 +85,17 @@ def _plan(m, p, rng):
     return tokens, plan
 
 
-def test_cross_logprobs_match_a_per_pair_computation():
+@pytest.mark.parametrize("prefix", [0, 2])
+def test_cross_logprobs_match_a_per_pair_computation(prefix):
+    """Truth: each pair [x_j | z_i] scored on its own. `prefix`: the prompts' shared first tokens run
+    once per block (the probe's prompt prefix)."""
     rng = np.random.default_rng(1)
     graph, params = nnx.split(Qwen2(Qwen2Config.from_preset("tiny").replace(vocab_size=V), rngs=nnx.Rngs(0)))
     m, p, width = 5, 3, 14
     tokens, plan = _plan(m, p, rng)
+    tokens[:, :prefix] = tokens[0, :prefix]  # every x_j (x_len >= 2) starts with the same `prefix` ids
     fn = jax.jit(lambda prm, tok, pl: C.cross_logprobs(graph, prm, tok, pl, width=width, block=4, pad_rows=1, pad_id=0,
-                                                       temperature=0.7))
+                                                       temperature=0.7, prefix=prefix))
     got = np.asarray(fn(params, jnp.asarray(tokens), {k: jnp.asarray(v) for k, v in plan.items()}))
     # Each pair on its own: [x | z] right-padded to one width (one compilation), log-probs of z summed.
     naive = jax.jit(lambda prm, seq, valid: sequence_logprobs(graph, prm, seq, valid, temperature=0.7)[0])
@@ -112,7 +116,7 @@ def _stub(kind, lag):
     fixed unigram distribution)."""
     unigram = jax.nn.log_softmax(jnp.linspace(0.0, 3.0, V))
 
-    def fn(graphdef, params, tokens, valid, chunk=128, vocab=None, temperature=1.0, inference=False):
+    def fn(graphdef, params, tokens, valid, chunk=128, vocab=None, temperature=1.0, inference=False, prefix=0):
         nxt = tokens[:, 1:]
         if kind == "ignore":
             return unigram[nxt], jnp.zeros(nxt.shape)
