@@ -408,7 +408,7 @@ def _cached_stack(cfg: Qwen2Config, layers, x, valid, cache, write: bool = True)
     # Both orders read only the slots some row has filled, in static buckets (attention.py
     # `read_filled`): decode cost follows the filled cache, not its capacity. Write-then-read where
     # the cache is written in place: read-then-write made XLA:CPU copy every layer's keys/values in
-    # the token loop (12 capacity-sized copies against 4 at 2 layers; 1.8x the floor instead of 0.95x,
+    # the token loop (12 capacity-sized copies against 4 at 2 layers; 1.79x the floor instead of 1.06x,
     # docs/decode.md).
     sizes = fill_buckets(s, cfg.attention_block) if cfg.decode_bound else (s,)
     attend = functools.partial(cached_attention, end=cache.end, valid=valid, implementation=cfg.attention,
