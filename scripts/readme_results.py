@@ -347,6 +347,25 @@ def rl_iteration_section(d) -> list[str]:
     return out + [""]
 
 
+def collapse_probe_section(d) -> list[str]:
+    rows = (d or {}).get("rows") or []
+    if not rows:
+        return []
+    out = ["### The RAGEN-2 collapse probe before and after sharing each prompt (`bench/collapse_probe.py`)", "",
+           "Every sampled reasoning scored under every group's prompt (M x P rows [x_j | z_i]) on one rollout "
+           "batch: before = every row through the model whole; after = the rows column-major in blocks of consecutive "
+           "rows, each block running each of its prompts once and every row only its reasoning. Compiled ahead "
+           f"(compile seconds apart), the sides interleaved, metrics equal. {_machine(d.get('machine'))}.", "",
+           "| config | pairs x prompts | row width | block | compile before / after (s) | probe before / after (s) "
+           "| speed-up |", "|---|---|---|---|---|---|---|"]
+    for r in rows:
+        c = r.get("compile_s") or {}
+        out.append(f"| {r['tag']} | {r['pairs']} x {r['prompts']} | {r['width']} | {r['block']} | "
+                   f"{c.get('before', float('nan')):.1f} / {c.get('after', float('nan')):.1f} | "
+                   f"{r['before_s']:.1f} / {r['after_s']:.1f} | {r['ratio']:.1f}x |")
+    return out + [""]
+
+
 def _fmt(v, spec: str, suffix: str = "") -> str:
     return "-" if v is None else f"{v:{spec}}{suffix}"
 
@@ -614,6 +633,7 @@ def render(root: Path = ROOT) -> str:
     lines += rollout_section(_load(res / "rollout.json"))
     lines += decode_fill_section(_load(res / "decode_fill.json"))
     lines += rl_iteration_section(_load(res / "rl_iteration.json"))
+    lines += collapse_probe_section(_load(res / "collapse_probe.json"))
     lines += memory_section(_load(res / "memory.json"))
     lines += train_step_section(_load(res / "train_step.json"))
     lines += sft_step_section(_load(res / "sft_step.json"))

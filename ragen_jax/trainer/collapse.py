@@ -45,7 +45,8 @@ from ragen_jax.algorithms.collapse import collapse_metrics
 from ragen_jax.models.qwen2.sharding import batch_sharding, on_mesh
 from ragen_jax.text.tokenizer import chat_ids
 from ragen_jax.text.tokenizer import token_bytes_table
-from ragen_jax.trainer.step import effective_micro_batch, in_minibatches, sequence_logprobs
+from ragen_jax.trainer.group_prefix import GroupShape
+from ragen_jax.trainer.step import effective_micro_batch, in_consecutive_blocks, sequence_logprobs
 
 CLOSE_THINK = b"</think>"
 _PIECES: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
@@ -142,42 +143,61 @@ def _common_length(seqs: list) -> int:
 
 
 def build_rows(tokens: jax.Array, row, z_start, z_len, rep, x_len, width: int, pad_id: int):
-    """[M * P, width] ids and valid mask of the rows [x_j | z_i | pad], gathered in-graph."""
+    """[P * M, width] ids and valid mask of the rows [x_j | z_i | pad], gathered in-graph, column-major
+    (row j * M + i): the M rows of a prompt x_j are consecutive, so a block of rows holds few prompts."""
     t = jnp.arange(width)[None, None, :]
-    xl, zl = x_len[None, :, None], z_len[:, None, None]
+    xl, zl = x_len[:, None, None], z_len[None, :, None]
     in_x = t < xl
     valid = t < xl + zl
-    src_row = jnp.where(in_x, rep[None, :, None], row[:, None, None])
-    src_col = jnp.where(in_x, t, z_start[:, None, None] + t - xl)
+    src_row = jnp.where(in_x, rep[:, None, None], row[None, :, None])
+    src_col = jnp.where(in_x, t, z_start[None, :, None] + t - xl)
     src_col = jnp.clip(jnp.where(valid, src_col, 0), 0, tokens.shape[1] - 1)
     ids = jnp.where(valid, tokens[src_row, src_col], pad_id)
     m, p = row.shape[0], rep.shape[0]
-    return ids.reshape(m * p, width), valid.reshape(m * p, width)
+    return ids.reshape(p * m, width), valid.reshape(p * m, width)
+
+
+def prompts_per_block(m: int, p: int, block: int, pad_rows: int) -> int:
+    """The most prompts (columns) any block of `block` consecutive rows holds: P x M column-major rows,
+    then `pad_rows` copies of the last row (static: bounds the grouped pass's shape)."""
+    col = np.concatenate([np.arange(p * m) // m, np.full(pad_rows, p - 1)])
+    return max(len(np.unique(col[s:s + block])) for s in range(0, len(col), block))
 
 
 def cross_logprobs(graphdef, params, tokens, plan: dict, *, width: int, block: int, pad_rows: int,
-                   pad_id: int, temperature: float = 1.0, vocab=None, sharding=None, prefix: int = 0) -> jax.Array:
+                   pad_id: int, temperature: float = 1.0, vocab=None, sharding=None, prefix: int = 0,
+                   tail: int = 0) -> jax.Array:
     """log p(z_i | x_j) summed over z_i's tokens: [M, P] (jittable; `plan` arrays on the device).
-    `prefix`: how many leading tokens every prompt x_j shares (the prompt prefix): run through the
-    model once per block instead of once per row (`sequence_logprobs`' `prefix`)."""
+    `tail` > 0: the most tokens of any z_i (its row past the prompt); each block runs each of its
+    prompts x_j once and only the rows' z_i after it (`sequence_logprobs`' `groups`), the numbers of
+    scoring every row whole. `prefix`: how many leading tokens every prompt x_j shares (the prompt
+    prefix): the path of a block whose rows do not fit `tail` runs that once per block instead."""
     ids, valid = build_rows(tokens, plan["row"], plan["z_start"], plan["z_len"], plan["rep"], plan["x_len"], width,
                             pad_id)
     r = ids.shape[0]
-    if pad_rows:
-        ids = jnp.concatenate([ids, jnp.full((pad_rows, width), pad_id, ids.dtype)])
-        valid = jnp.concatenate([valid, jnp.zeros((pad_rows, width), bool)])
+    m, p = plan["row"].shape[0], plan["rep"].shape[0]
+    col = jnp.arange(r, dtype=jnp.int32) // m
+    if pad_rows:  # copies of the last row: its prompt's block stays one that fits; never read
+        ids = jnp.concatenate([ids, jnp.broadcast_to(ids[-1:], (pad_rows, width))])
+        valid = jnp.concatenate([valid, jnp.broadcast_to(valid[-1:], (pad_rows, width))])
+        col = jnp.concatenate([col, jnp.full((pad_rows,), p - 1, jnp.int32)])
     if sharding is not None:
         ids, valid = jax.lax.with_sharding_constraint((ids, valid), (sharding, sharding))
-    fn = functools.partial(sequence_logprobs, graphdef, params, vocab=vocab, temperature=temperature, inference=True,
-                           prefix=prefix)
-    # A block of padding rows only (the last) takes its own pad ids as the prefix: finite, never read.
-    logp, _ = in_minibatches(lambda x, v: fn(x, v), ids.shape[0], block, ids, valid)
+    shape = GroupShape(width=width, tail=tail) if tail else None
+    per_block = prompts_per_block(m, p, block, pad_rows)
+
+    def fn(x, v, g):
+        groups = None if shape is None else (g, per_block, shape)
+        return sequence_logprobs(graphdef, params, x, v, vocab=vocab, temperature=temperature, inference=True,
+                                 prefix=prefix, groups=groups)
+
+    logp, _ = in_consecutive_blocks(fn, ids.shape[0], block, ids, valid, col)
+    logp = logp[:r].reshape(p, m, width - 1).swapaxes(0, 1)
     # Target column c holds token c + 1: z's tokens are positions [x_len, x_len + z_len).
-    m, p = plan["row"].shape[0], plan["rep"].shape[0]
     c = jnp.arange(width - 1)[None, None, :] + 1
     xl, zl = plan["x_len"][None, :, None], plan["z_len"][:, None, None]
     target = (c >= xl) & (c < xl + zl)
-    return jnp.sum(jnp.where(target, logp[:r].reshape(m, p, width - 1), 0.0), axis=-1)
+    return jnp.sum(jnp.where(target, logp, 0.0), axis=-1)
 
 
 def metrics_program(graphdef, params, tokens, plan, **kw):
@@ -189,7 +209,9 @@ def metrics_program(graphdef, params, tokens, plan, **kw):
 class CollapseProbe:
     """The diagnostics of one run: `due(step)`, then `probe(actor, traj, host_traj, step)` -> metrics."""
 
-    def __init__(self, cfg, graphdef, tokenizer, text_envs, *, vocab=None, mesh=None):
+    def __init__(self, cfg, graphdef, tokenizer, text_envs, *, vocab=None, mesh=None, share_prompts: bool = True):
+        """`share_prompts=False`: every pair's row scored whole (the work before each block ran its
+        prompts once; bench/collapse_probe.py compares the two)."""
         self.cfg = cfg
         self.every = cfg.train.collapse_every
         self.m = min(cfg.train.collapse_samples, cfg.rollout.num_groups * cfg.rollout.group_size)
@@ -203,6 +225,10 @@ class CollapseProbe:
         self.prefix = _common_length([np.asarray(e.prefix_ids) for e in text_envs.values()])
         self.z_cap = cfg.prompt.max_response_tokens
         self.width = min(self.x_cap + self.z_cap, cfg.rollout.max_context)
+        # Each prompt runs once per block and each row only its reasoning (z_cap tokens at most): on
+        # Bandit with SmolLM2 the rows are ~90% prompt. Off with several processes, as the trainer's
+        # group-shared scoring (`group_prefix.group_shape_of`).
+        self.tail = self.z_cap if share_prompts and jax.process_count() == 1 else 0
         a = cfg.batching
         rows = self.m * self.p
         self.block = min(effective_micro_batch(a.mini_batch_size, a.micro_batch_size), rows)
@@ -214,9 +240,10 @@ class CollapseProbe:
         sharding = batch_sharding(mesh, 2) if mesh is not None else None
         program = functools.partial(
             metrics_program, graphdef, width=self.width, block=self.block, pad_rows=self.pad_rows,
-            temperature=temperature, vocab=vocab, sharding=sharding, pad_id=chat_ids(tokenizer).pad, prefix=self.prefix)
+            temperature=temperature, vocab=vocab, sharding=sharding, pad_id=chat_ids(tokenizer).pad, prefix=self.prefix,
+            tail=self.tail)
         # Traced on the mesh: the splash kernel's shard_map reads it (models/attention.py `partitioned`).
-        self._program = jax.jit(on_mesh(program, mesh) if mesh is not None else program)
+        self.program = jax.jit(on_mesh(program, mesh) if mesh is not None else program)
 
     def due(self, step: int) -> bool:
         """RAGEN: step 1, then every `collapse_every` steps (steps count from 1)."""
@@ -235,13 +262,17 @@ class CollapseProbe:
                 "collapse/first_turn_num_valid": float(spans["first_valid"].sum())}
         return plan, host
 
+    def device_plan(self, plan: dict) -> dict:
+        """The pass's inputs on the device(s) (replicated over the mesh)."""
+        put = (lambda x: jax.device_put(x, NamedSharding(self.mesh, PartitionSpec()))) if self.mesh is not None \
+            else jnp.asarray
+        return {k: put(v) for k, v in plan.items()}
+
     def probe(self, actor, traj, host_traj, step: int) -> dict:
         plan, metrics = self.plan(host_traj, step)
         if plan["col_valid"].sum() < 2:
             return metrics
-        put = (lambda x: jax.device_put(x, NamedSharding(self.mesh, PartitionSpec()))) if self.mesh is not None \
-            else jnp.asarray
-        out = self._program(actor, traj.tokens, {k: put(v) for k, v in plan.items()})
+        out = self.program(actor, traj.tokens, self.device_plan(plan))
         metrics.update({k: float(v) for k, v in jax.device_get(out).items()})
         return metrics
 

@@ -29,6 +29,7 @@ from typing import Any
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 import optax
 from flax import nnx, struct
 
@@ -206,11 +207,30 @@ def join_rows(tree):
 
 
 def in_minibatches(fn, n_rows: int, mb: int, *arrays):
-    """Apply `fn` to row blocks of `mb` (bounds activation memory of the no-grad passes)."""
+    """Apply `fn` to row blocks of `mb` (bounds activation memory of the no-grad passes); the blocks
+    are strided (`split_rows`)."""
     if mb >= n_rows:
         return fn(*arrays)
     out = jax.lax.map(lambda xs: fn(*xs), split_rows(tuple(arrays), n_rows // mb))
     return join_rows(out)
+
+
+def consecutive_block_order(n_rows: int, mb: int) -> np.ndarray:
+    """The row order under which `split_rows`' strided blocks of `mb` rows are the consecutive blocks
+    [0, mb), [mb, 2 mb), ... of the original order: block j of `arrays[order]` is rows j*mb .. j*mb+mb-1."""
+    n = max(n_rows // mb, 1)
+    return np.arange(n_rows).reshape(n, n_rows // n).T.reshape(-1)
+
+
+def in_consecutive_blocks(fn, n_rows: int, mb: int, *arrays):
+    """`in_minibatches` over blocks of consecutive rows: what a group-major batch needs for a block to
+    hold few whole groups (group-shared scoring). The rows are permuted in and out (device-side
+    gathers); the strided split then still spreads every block over the batch devices."""
+    if mb >= n_rows:
+        return fn(*arrays)
+    order = consecutive_block_order(n_rows, mb)
+    out = in_minibatches(fn, n_rows, mb, *(jnp.take(a, order, axis=0) for a in arrays))
+    return jax.tree.map(lambda a: jnp.take(a, np.argsort(order), axis=0), out)
 
 
 def loss_norms(mask: jax.Array) -> tuple[jax.Array, jax.Array]:
@@ -340,7 +360,7 @@ class StepPrograms:
     def _per_rows(self, fn, total: int, block: int):
         """`fn(tokens, valid, blocks=..., prefix=..., groups=...)` as a function of row arrays (tokens,
         valid, turn_start, group) in blocks of `block` of `total` group-major rows, the form
-        `in_minibatches` splits."""
+        `in_consecutive_blocks` splits."""
         groups = self._contiguous_groups(min(block, total), total)
         return lambda x, v, ts, g: fn(x, v, blocks=self._blocks(ts), prefix=self.shared_prefix,
                                       groups=self._groups(g, x.shape[0], groups))
@@ -368,8 +388,8 @@ class StepPrograms:
         if spec.input_name == "entropy":
             b, t_all = traj.tokens.shape
             valid_all = jnp.arange(t_all)[None, :] < traj.length[:, None]
-            all_logp, all_ent = in_minibatches(self._per_rows(logp_fn, b, micro), b, min(micro, b), traj.tokens,
-                                                valid_all, ts_all, jnp.arange(b, dtype=jnp.int32) // n)
+            all_logp, all_ent = in_consecutive_blocks(self._per_rows(logp_fn, b, micro), b, min(micro, b),
+                                                      traj.tokens, valid_all, ts_all, jnp.arange(b, dtype=jnp.int32) // n)
             m_all = traj.loss_mask[:, 1:].astype(jnp.float32)
             inputs["entropy"] = jnp.sum(all_ent * m_all, -1) / jnp.maximum(jnp.sum(m_all, -1), 1.0)
         f = filter_lib.filter_by_spec(spec, inputs, n)
@@ -383,19 +403,19 @@ class StepPrograms:
         rows = (t.tokens, valid, ts, group)
 
         if all_logp is None:
-            old_logp, _ = in_minibatches(self._per_rows(logp_fn, k, mb), k, mb, *rows)
+            old_logp, _ = in_consecutive_blocks(self._per_rows(logp_fn, k, mb), k, mb, *rows)
         else:
             old_logp = jnp.take(all_logp, f.rows, axis=0)
         ref_logp = jnp.zeros_like(old_logp)
         if self.use_ref:
             ref_fn = functools.partial(sequence_logprobs, self.actor_graph, full_params(ref, frozen), vocab=self.vocab,
                                        temperature=self.temperature, inference=True)
-            ref_logp, _ = in_minibatches(self._per_rows(ref_fn, k, mb), k, mb, *rows)
+            ref_logp, _ = in_consecutive_blocks(self._per_rows(ref_fn, k, mb), k, mb, *rows)
         values = jnp.zeros_like(old_logp)
         if self.has_critic:
             val_fn = functools.partial(sequence_values, self.critic_graph, full_params(critic, critic_frozen(frozen)),
                                        vocab=self.vocab, inference=True)
-            values = in_minibatches(self._per_rows(val_fn, k, mb), k, mb, *rows)
+            values = in_consecutive_blocks(self._per_rows(val_fn, k, mb), k, mb, *rows)
         values = jnp.where(mask, values, 0.0)
 
         tis_weight, metrics = self._importance_weights(t, mask, old_logp)
@@ -609,5 +629,5 @@ def check_batch_fits_mesh(cfg: Config, n_batch_shards: int) -> None:
 
 
 __all__ = ["Batch", "GIB", "StepPrograms", "StepSettings", "TrainState", "accumulated_value_and_grad", "check_batch_fits_mesh", "critic_frozen",
-           "effective_micro_batch", "full_params", "in_minibatches", "join_rows", "loss_norms", "prefixed_forward", "sequence_logprobs",
+           "consecutive_block_order", "effective_micro_batch", "full_params", "in_consecutive_blocks", "in_minibatches", "join_rows", "loss_norms", "prefixed_forward", "sequence_logprobs",
            "sequence_values", "split_rows"]

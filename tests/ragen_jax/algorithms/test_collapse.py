@@ -85,20 +85,40 @@ def _plan(m, p, rng):
     return tokens, plan
 
 
-@pytest.mark.parametrize("prefix", [0, 2])
-def test_cross_logprobs_match_a_per_pair_computation(prefix):
+@pytest.mark.parametrize("prefix,tail,block,pad_rows", [(0, 0, 4, 1), (2, 0, 4, 1), (0, 6, 4, 1), (2, 6, 7, 6),
+                                                        (0, 3, 4, 1), (0, 6, 16, 0)])
+def test_cross_logprobs_match_a_per_pair_computation(prefix, tail, block, pad_rows, monkeypatch):
     """Truth: each pair [x_j | z_i] scored on its own. `prefix`: the prompts' shared first tokens run
-    once per block (the probe's prompt prefix)."""
+    once per block (the probe's prompt prefix). `tail`: each block runs each of its prompts once and
+    the rows only their reasonings (blocks straddling prompts, padding rows): every block fits the
+    grouped shape; tail 3 < the longest reasoning (5): some blocks do not and take the per-row path."""
+    from ragen_jax.trainer.group_prefix import split_groups
+
+    fits = []
+    real = C.sequence_logprobs
+
+    def spy(graphdef, params, x, v, **kw):  # records whether each block took the grouped path
+        if kw.get("groups") is not None:
+            jax.debug.callback(lambda f: fits.append(bool(f)), split_groups(x, v, *kw["groups"]).fits)
+        return real(graphdef, params, x, v, **kw)
+
+    monkeypatch.setattr(C, "sequence_logprobs", spy)
     rng = np.random.default_rng(1)
     graph, params = nnx.split(Qwen2(Qwen2Config.from_preset("tiny").replace(vocab_size=V), rngs=nnx.Rngs(0)))
     m, p, width = 5, 3, 14
     tokens, plan = _plan(m, p, rng)
     tokens[:, :prefix] = tokens[0, :prefix]  # every x_j (x_len >= 2) starts with the same `prefix` ids
-    fn = jax.jit(lambda prm, tok, pl: C.cross_logprobs(graph, prm, tok, pl, width=width, block=4, pad_rows=1, pad_id=0,
-                                                       temperature=0.7, prefix=prefix))
+    fn = jax.jit(lambda prm, tok, pl: C.cross_logprobs(graph, prm, tok, pl, width=width, block=block,
+                                                       pad_rows=pad_rows, pad_id=0, temperature=0.7, prefix=prefix,
+                                                       tail=tail))
     got = np.asarray(fn(params, jnp.asarray(tokens), {k: jnp.asarray(v) for k, v in plan.items()}))
+    n_blocks = -(-(m * p + pad_rows) // block)
+    if tail:
+        assert len(fits) == n_blocks and (all(fits) if tail >= plan["z_len"].max() else not all(fits)), fits
+    else:
+        assert fits == []
     # Each pair on its own: [x | z] right-padded to one width (one compilation), log-probs of z summed.
-    naive = jax.jit(lambda prm, seq, valid: sequence_logprobs(graph, prm, seq, valid, temperature=0.7)[0])
+    naive = jax.jit(lambda prm, seq, valid: real(graph, prm, seq, valid, temperature=0.7)[0])
     for i in range(m):
         for j in range(p):
             x = tokens[plan["rep"][j], :plan["x_len"][j]]
@@ -110,13 +130,36 @@ def test_cross_logprobs_match_a_per_pair_computation(prefix):
             assert got[i, j] == pytest.approx(want, abs=2e-4), (i, j)
 
 
+def test_probe_blocks_share_each_prompt():
+    """Column-major rows: a block of 4 of 5 x 3 pairs (+1 padding row) holds at most 2 prompts, and
+    with tail 6 every block fits the grouped shape, each prompt's tokens counted once per block."""
+    from ragen_jax.trainer.group_prefix import GroupShape, split_groups
+    assert C.prompts_per_block(5, 3, 4, 1) == 2 and C.prompts_per_block(5, 3, 5, 0) == 1
+    assert C.prompts_per_block(5, 3, 7, 6) == 2 and C.prompts_per_block(2, 4, 8, 0) == 4
+    tokens, plan = _plan(5, 3, np.random.default_rng(1))
+    ids, valid = C.build_rows(jnp.asarray(tokens), *(jnp.asarray(plan[k]) for k in
+                                                      ("row", "z_start", "z_len", "rep", "x_len")), 14, 0)
+    ids, valid = np.asarray(ids), np.asarray(valid)
+    for r in range(15):  # column-major: row j * M + i is [x_j | z_i]
+        j, i = divmod(r, 5)
+        x = tokens[plan["rep"][j], :plan["x_len"][j]]
+        z = tokens[plan["row"][i], plan["z_start"][i]:plan["z_start"][i] + plan["z_len"][i]]
+        assert ids[r, :valid[r].sum()].tolist() == np.concatenate([x, z]).tolist() and valid[r, :len(x) + len(z)].all()
+    col = np.arange(15) // 5
+    for s in range(0, 15, 4):
+        g = split_groups(jnp.asarray(ids[s:s + 4]), jnp.asarray(valid[s:s + 4]), jnp.asarray(col[s:s + 4]), 2,
+                         GroupShape(width=14, tail=6))
+        assert bool(g.fits) and np.all(np.asarray(g.start) >= plan["x_len"][col[s:s + 4]])
+
+
 def _stub(kind, lag):
     """A log-prob function of a policy that copies the token `lag` positions back ("copy": log 0.9
     when the next token equals it, log 0.1/(V-1) otherwise) or ignores the context ("ignore": a
     fixed unigram distribution)."""
     unigram = jax.nn.log_softmax(jnp.linspace(0.0, 3.0, V))
 
-    def fn(graphdef, params, tokens, valid, chunk=128, vocab=None, temperature=1.0, inference=False, prefix=0):
+    def fn(graphdef, params, tokens, valid, chunk=128, vocab=None, temperature=1.0, inference=False, prefix=0,
+           groups=None):
         nxt = tokens[:, 1:]
         if kind == "ignore":
             return unigram[nxt], jnp.zeros(nxt.shape)

@@ -19,8 +19,8 @@ from ragen_jax.models import Qwen2, Qwen2Config, critic_from_policy
 from ragen_jax.experiment.config import Config, ConfigError, load_config
 from ragen_jax.trainer.optim import make_optimizer
 from ragen_jax.trainer.sft import SFTTrainer, sft_loss
-from ragen_jax.trainer.step import (Batch, StepPrograms, StepSettings, TrainState, accumulated_value_and_grad, join_rows,
-                                    sequence_logprobs, sequence_values, split_rows)
+from ragen_jax.trainer.step import (Batch, StepPrograms, StepSettings, TrainState, accumulated_value_and_grad,
+                                    in_consecutive_blocks, join_rows, sequence_logprobs, sequence_values, split_rows)
 
 ROWS, T, VOCAB = 8, 24, 97
 RTOL, ATOL = 2e-5, 1e-6  # float32 sums in another order
@@ -160,6 +160,18 @@ def test_split_rows_is_strided_and_join_rows_inverts_it():
     assert blocks.shape == (4, 3, 3)
     np.testing.assert_array_equal(blocks[1][:, 0], [3, 15, 27])  # rows 1, 5, 9
     np.testing.assert_array_equal(join_rows(blocks), x)
+
+
+@pytest.mark.parametrize("rows,mb", [(12, 4), (12, 3), (12, 12), (12, 20), (8, 1)])
+def test_consecutive_blocks_hold_consecutive_rows_in_the_original_order(rows, mb):
+    # Each row learns its block's smallest and largest row index (a block-wise reduction), and its own.
+    x = jnp.arange(rows, dtype=jnp.int32)
+    lo, hi, own = jax.jit(lambda a: in_consecutive_blocks(
+        lambda b: (jnp.broadcast_to(b.min(), b.shape), jnp.broadcast_to(b.max(), b.shape), b), rows, mb, a))(x)
+    want_lo = (np.arange(rows) // min(mb, rows)) * min(mb, rows)
+    np.testing.assert_array_equal(lo, want_lo)
+    np.testing.assert_array_equal(hi, want_lo + min(mb, rows) - 1)
+    np.testing.assert_array_equal(own, np.arange(rows))
 
 
 def test_accumulation_sums_values_and_gradients():
