@@ -6,9 +6,11 @@ in one process (the machines are shared: compare the ratio, not the seconds acro
 
   plain           every demo padded to the longest, each row runs its whole conversation
   shared_prefix   the prompt prefix all demos share is run once per batch (`sft.shared_prefix`)
-  prefix+buckets  ... and batches drawn from one length bucket, padded to its width (the default)
+  prefix+buckets  ... and batches drawn from one length bucket, padded to its width
+  +head at targets ... and the vocabulary head only at the assistant's tokens (`sft.head_at_targets`;
+                  the default)
 
-  + huge pages     prefix+buckets again, in a child process whose glibc malloc uses transparent
+  + huge pages     the default again, in a child process whose glibc malloc uses transparent
                   huge pages (GLIBC_TUNABLES=glibc.malloc.hugetlb=1, what the launchers set:
                   ragen_jax/runtime.py); only where the kernel's THP mode is "madvise", glibc >= 2.35
 
@@ -41,9 +43,10 @@ from bench.common import machine, write_result
 
 RESULTS = Path(__file__).resolve().parent / "results" / "sft_step.json"
 VARIANTS = {
-    "plain": ["sft.shared_prefix=false", "sft.length_bucket=0"],
-    "shared_prefix": ["sft.length_bucket=0"],
-    "prefix+buckets": [],
+    "plain": ["sft.shared_prefix=false", "sft.length_bucket=0", "sft.head_at_targets=false"],
+    "shared_prefix": ["sft.length_bucket=0", "sft.head_at_targets=false"],
+    "prefix+buckets": ["sft.head_at_targets=false"],
+    "+head at targets": [],
 }
 
 
@@ -133,8 +136,8 @@ def main(argv=None) -> int:
     if env is None:
         print("malloc huge pages: not applicable here (THP mode, glibc or platform); row skipped")
         return 0
-    row = {"variant": "prefix+buckets, huge pages",
-           **bench_in_child(a.config, "prefix+buckets", a.demos, a.steps, env, a.overrides)}
+    row = {"variant": "+head at targets, huge pages",
+           **bench_in_child(a.config, "+head at targets", a.demos, a.steps, env, a.overrides)}
     row["speedup_vs_plain"] = result["rows"][0]["median_s_per_step"] / row["median_s_per_step"]
     result["rows"].append(row)
     print(f"{row['variant']:>15}: {row['median_s_per_step']:.3f} s/step ({row['speedup_vs_plain']:.2f}x plain), "

@@ -92,6 +92,7 @@ class Demos:
     length: np.ndarray  # [N] int32
     prefix_len: int = struct.field(pytree_node=False, default=0)
     width: np.ndarray | None = None  # [N] int32, multiples of sft.length_bucket (or all T - prefix_len)
+    max_targets: int = struct.field(pytree_node=False, default=0)  # the most loss-carrying targets of a demo
 
     @property
     def num(self) -> int:
@@ -178,19 +179,24 @@ def _chunk_logp_hit(logits_fn, h, y):
     return picked - jax.nn.logsumexp(z, axis=-1), picked >= jnp.max(z, axis=-1)
 
 
-def token_logprobs_and_hits(graphdef, params, tokens, valid, chunk: int = 128, vocab=None, prefix=None):
+def token_logprobs_and_hits(graphdef, params, tokens, valid, chunk: int = 128, vocab=None, prefix=None,
+                            columns=None):
     """`sequence_logprobs` (same alignment: column t is about token t+1) plus whether each target is
     the argmax, for the token-accuracy metric at no extra logits pass. Like
     `losses.token_logprobs_and_entropy`, the time axis is walked in checkpointed chunks so neither
     pass holds [B, T, V] logits. `vocab`: the VocabMap of a small-vocabulary model (tokens stay Qwen ids).
-    `prefix` [P] (Qwen ids): tokens that precede every row, run through the model once."""
+    `prefix` [P] (Qwen ids): tokens that precede every row, run through the model once.
+    `columns` [B, K] int32: only those target columns of each row, [B, K] (the head runs K times a row)."""
     model = nnx.merge(graphdef, params)
     ids = tokens if vocab is None else vocab.model_ids(tokens)
     shared = None
     if prefix is not None:
         shared = model.prefix_kv(prefix if vocab is None else vocab.model_ids(prefix))
     hidden, _ = model(ids, valid, None, prefix=shared)
-    return loss_lib.map_time_chunks(lambda h, y: _chunk_logp_hit(model.logits, h, y), hidden[:, :-1], ids[:, 1:], chunk)
+    h, y = hidden[:, :-1], ids[:, 1:]
+    if columns is not None:
+        h, y = jnp.take_along_axis(h, columns[..., None], axis=1), jnp.take_along_axis(y, columns, axis=1)
+    return loss_lib.map_time_chunks(lambda h, y: _chunk_logp_hit(model.logits, h, y), h, y, chunk)
 
 
 def sft_target_mask(loss_mask, length):
@@ -199,16 +205,23 @@ def sft_target_mask(loss_mask, length):
     return (loss_mask[:, 1:] & valid[:, 1:]).astype(jnp.float32)
 
 
-def sft_loss(graphdef, params, prefix, tokens, loss_mask, length, vocab=None, norm=None):
+def sft_loss(graphdef, params, prefix, tokens, loss_mask, length, vocab=None, norm=None, max_targets: int = 0):
     """(token-mean NLL over the assistant's tokens, metrics). tokens/loss_mask [B, T], length [B]
     (the rows after `prefix`, a [P] sequence shared by all rows, or None; see `shared_prefix_length`
     for why the row's first token carries no loss). An all-zero mask gives loss 0 (and zero
     gradients), not a division by zero. `norm`: the token count to divide by instead of this batch's
-    (the whole batch's, when these rows are one micro-batch of it: the loss and metrics then add up)."""
+    (the whole batch's, when these rows are one micro-batch of it: the loss and metrics then add up).
+    `max_targets` K > 0: no row has more than K loss-carrying targets; the head runs only at those
+    (`sft.head_at_targets`), the same loss."""
     t = tokens.shape[1]
     valid = jnp.arange(t)[None, :] < length[:, None]
     mask = sft_target_mask(loss_mask, length)
-    logp, hit = token_logprobs_and_hits(graphdef, params, tokens, valid, vocab=vocab, prefix=prefix)
+    columns = None
+    if 0 < max_targets < t - 1:
+        # Each row's target columns first, in order (a stable sort of "carries no loss"), then padding.
+        columns = jnp.argsort(mask == 0, axis=1, stable=True)[:, :max_targets].astype(jnp.int32)
+        mask = jnp.take_along_axis(mask, columns, axis=1)
+    logp, hit = token_logprobs_and_hits(graphdef, params, tokens, valid, vocab=vocab, prefix=prefix, columns=columns)
     n = jnp.maximum(jnp.sum(mask), 1.0) if norm is None else norm
     loss = -jnp.sum(logp * mask) / n
     return loss, {"sft/token_accuracy": jnp.sum(hit * mask) / n, "sft/tokens": jnp.sum(mask)}
@@ -351,7 +364,10 @@ class SFTTrainer(RunAssembly):
         loss_mask = np.pad(loss_mask, ((0, 0), (0, max(0, t - loss_mask.shape[1]))))[:, :t]
         p = shared_prefix_length(tokens, loss_mask, length) if s.shared_prefix else 0
         width = length_buckets(length - p, s.length_bucket, t - p, s.batch_size)
-        self.demos = Demos(tokens=tokens, loss_mask=loss_mask, length=length, prefix_len=p, width=width)
+        # Targets carry loss at column c when token c + 1 is the assistant's (`sft_target_mask`).
+        targets = int((loss_mask[:, 1:] & (np.arange(1, t)[None, :] < length[:, None])).sum(axis=1).max())
+        self.demos = Demos(tokens=tokens, loss_mask=loss_mask, length=length, prefix_len=p, width=width,
+                           max_targets=-(-max(targets, 1) // 8) * 8)
         self._epoch_batches, self._prefix_dev = {}, None
         b = s.batch_size
         self._steps_per_epoch = sum(int(n) // b for n in np.unique(width, return_counts=True)[1])
@@ -367,7 +383,8 @@ class SFTTrainer(RunAssembly):
         norm = jnp.maximum(jnp.sum(sft_target_mask(loss_mask, length)), 1.0)  # the whole batch's tokens
 
         def loss_fn(p, rows):
-            return sft_loss(self.policy_graph, full_params(p, frozen), prefix, *rows, self.vocab, norm=norm)
+            return sft_loss(self.policy_graph, full_params(p, frozen), prefix, *rows, self.vocab, norm=norm,
+                            max_targets=self.max_targets)
 
         n_micro = tokens.shape[0] // self.micro_batch
         (loss, m), grads = accumulated_value_and_grad(loss_fn, state.params, (tokens, loss_mask, length), n_micro)
@@ -401,6 +418,11 @@ class SFTTrainer(RunAssembly):
     def params(self):
         """The policy's whole parameter state (with LoRA: the frozen base and the current adapters)."""
         return full_params(self.state.params, self.frozen)
+
+    @property
+    def max_targets(self) -> int:
+        """`sft_loss`' max_targets for the compiled step (0: the head at every position)."""
+        return self.demos.max_targets if self.cfg.sft.head_at_targets and self.demos is not None else 0
 
     def steps_per_epoch(self) -> int:
         """Full batches per epoch: each width's demos // sft.batch_size, summed (see `bucketed_batches`)."""

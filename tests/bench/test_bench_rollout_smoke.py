@@ -109,11 +109,11 @@ def test_sft_step_bench_quick(tmp_path):
     from ragen_jax.runtime import hugepage_env
 
     # The huge-pages row only where it applies (THP "madvise", glibc >= 2.35), from a child process.
-    huge = ["prefix+buckets, huge pages"] if hugepage_env({}) is not None else []
-    assert list(rows) == ["plain", "shared_prefix", "prefix+buckets", *huge]
+    huge = ["+head at targets, huge pages"] if hugepage_env({}) is not None else []
+    assert list(rows) == ["plain", "shared_prefix", "prefix+buckets", "+head at targets", *huge]
     for name in huge:
         assert "glibc.malloc.hugetlb=1" in rows[name]["glibc_tunables"]
-        assert rows[name]["widths"] == rows["prefix+buckets"]["widths"]
+        assert rows[name]["widths"] == rows["+head at targets"]["widths"]
     for r in rows.values():
         _measured(r, ("median_s_per_step", "demo_tok_s", "speedup_vs_plain"))
         _positive(r, ("mean_demo_tokens",))

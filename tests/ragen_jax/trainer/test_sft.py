@@ -125,8 +125,9 @@ def test_fixed_batch_is_overfitted(run):
     assert tr.trace_count == traces
 
 
-def test_shared_prefix_and_buckets_give_the_full_sequence_loss_and_gradients(tmp_path):
-    # Truth: the same demos run as whole sequences, padded to the longest (prefix and buckets off).
+def test_shared_prefix_buckets_and_head_at_targets_give_the_full_sequence_loss_and_gradients(tmp_path):
+    # Truth: the same demos run as whole sequences, padded to the longest (prefix and buckets off),
+    # the head at every position.
     # Full-history conversations: 1-turn and 2-turn demos of different lengths (the demo config's
     # single-turn rows would all fall into one bucket).
     cfg = load_config("demo_cpu.py", ["sft.num_demos=96", "sft.batch_size=8", "prompt.context_window_mode=full",
@@ -138,15 +139,26 @@ def test_shared_prefix_and_buckets_give_the_full_sequence_loss_and_gradients(tmp
     assert len(widths) >= 2 and widths.max() < d.tokens.shape[1] - d.prefix_len  # 1-turn and 2-turn demos
     loss_full = jax.jit(jax.value_and_grad(lambda p, *b: sft_loss(tr.policy_graph, p, None, *b, vocab=tr.vocab)[0]))
     loss_shared = jax.jit(jax.value_and_grad(lambda p, *b: sft_loss(tr.policy_graph, p, *b, vocab=tr.vocab)[0]))
+    # The step's loss: the head only at each row's loss-carrying targets (at most d.max_targets).
+    assert tr.max_targets == d.max_targets and 0 < d.max_targets < widths.min() - 1
+    loss_targets = jax.jit(jax.value_and_grad(
+        lambda p, *b: sft_loss(tr.policy_graph, p, *b, vocab=tr.vocab, max_targets=tr.max_targets), has_aux=True))
     for w in widths:
         idx = np.flatnonzero(d.width == w)[:8]
         prefix, tokens, mask, length = tr.put_batch(idx)
         assert tokens.shape[1] == w and int(jnp.max(length)) <= w
         la, ga = loss_full(tr.state.params, d.tokens[idx], d.loss_mask[idx], d.length[idx])
         lb, gb = loss_shared(tr.state.params, prefix, tokens, mask, length)
+        (lc, mc), gc = loss_targets(tr.state.params, prefix, tokens, mask, length)
+        _, m_full = sft_loss(tr.policy_graph, tr.state.params, None, d.tokens[idx], d.loss_mask[idx], d.length[idx],
+                             vocab=tr.vocab)
         np.testing.assert_allclose(la, lb, rtol=1e-5)
-        for x, y in zip(jax.tree.leaves(ga), jax.tree.leaves(gb)):
-            np.testing.assert_allclose(x, y, rtol=1e-3, atol=1e-6)
+        np.testing.assert_allclose(la, lc, rtol=1e-5)
+        for k in ("sft/token_accuracy", "sft/tokens"):
+            np.testing.assert_allclose(m_full[k], mc[k], rtol=1e-6)
+        for g in (gb, gc):
+            for x, y in zip(jax.tree.leaves(ga), jax.tree.leaves(g)):
+                np.testing.assert_allclose(x, y, rtol=1e-3, atol=1e-6)
 
 
 @settings(max_examples=150, deadline=None)
