@@ -20,7 +20,7 @@ steps over the epoch's own batch order. The loss of a batch is the same in every
 time and minor page faults per step (getrusage over the timed steps) show the allocator's cost.
 
 Usage: python -m bench.sft_step [--config demo_cpu.py] [--demos 512] [--steps 24] [--quick]
-       [--out bench/results/sft_step.json] [section.key=value ...]
+       [--variants NAME ...] [--no-hugepages] [--out bench/results/sft_step.json] [section.key=value ...]
 """
 
 from __future__ import annotations
@@ -107,6 +107,9 @@ def main(argv=None) -> int:
     ap.add_argument("--demos", type=int, default=512, help="demonstrations generated (before filtering)")
     ap.add_argument("--steps", type=int, default=24, help="timed optimizer steps per variant")
     ap.add_argument("--quick", action="store_true", help="64 demos, 3 steps: checks that it runs")
+    ap.add_argument("--variants", nargs="+", choices=list(VARIANTS), default=list(VARIANTS),
+                    help="which variants (default: all); speed-ups are relative to the first")
+    ap.add_argument("--no-hugepages", action="store_true", help="leave out the huge-pages child row")
     ap.add_argument("--out", default=str(RESULTS))
     ap.add_argument("--child", choices=list(VARIANTS), help=argparse.SUPPRESS)  # internal: one row as JSON
     ap.add_argument("overrides", nargs="*", help="config overrides section.key=value for every variant, "
@@ -122,7 +125,8 @@ def main(argv=None) -> int:
     result = {"benchmark": "sft_step", "config": a.config, "machine": m,
               "runs": [{"machine": m, "settings": {"demos": a.demos, "steps": a.steps, "overrides": a.overrides}}], "rows": []}
     with tempfile.TemporaryDirectory() as tmp:
-        for name, over in VARIANTS.items():
+        for name in a.variants:
+            over = VARIANTS[name]
             row = {"variant": name, **bench_variant(a.config, [*over, *a.overrides], a.demos, a.steps, Path(tmp) / name)}
             base = result["rows"][0] if result["rows"] else row
             row["speedup_vs_plain"] = base["median_s_per_step"] / row["median_s_per_step"]
@@ -133,8 +137,9 @@ def main(argv=None) -> int:
     from ragen_jax.runtime import hugepage_env
 
     env = hugepage_env({k: v for k, v in os.environ.items() if k != "GLIBC_TUNABLES"})
-    if env is None:
-        print("malloc huge pages: not applicable here (THP mode, glibc or platform); row skipped")
+    if env is None or a.no_hugepages:
+        if env is None:
+            print("malloc huge pages: not applicable here (THP mode, glibc or platform); row skipped")
         return 0
     row = {"variant": "+head at targets, huge pages",
            **bench_in_child(a.config, "+head at targets", a.demos, a.steps, env, a.overrides)}
