@@ -23,7 +23,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from bench.common import machine, write_result
+from bench.common import read_result, write_result
 
 RESULTS = Path(__file__).resolve().parent / "results" / "collapse_probe.json"
 SIDES = {"before": False, "after": True}  # share_prompts
@@ -39,8 +39,6 @@ def main(argv=None) -> int:
     ap.add_argument("overrides", nargs="*")
     a = ap.parse_args(argv)
 
-    import json
-
     import jax
     import numpy as np
 
@@ -51,8 +49,7 @@ def main(argv=None) -> int:
     from ragen_jax.trainer.rl import Trainer
 
     out = Path(a.out)
-    result = json.loads(out.read_text()) if out.exists() else {"rows": []}
-    result["machine"] = machine()
+    result = read_result(out)
     tag = a.tag or Path(a.config).stem
     over = list(a.overrides) + ["train.save_every=1000000", "train.val_every=0", "train.log_samples=0"]
     if a.init_from:
@@ -85,7 +82,7 @@ def main(argv=None) -> int:
                 print(side, i, runs[side][-1], "s", flush=True)
     for k in metrics["after"]:
         a_, b_ = metrics["before"][k], metrics["after"][k]
-        if not np.isclose(a_, b_, rtol=1e-3, atol=1e-4):
+        if not np.isclose(a_, b_, rtol=1e-3, atol=1e-4, equal_nan=True):
             print(f"metrics differ: {k} before {a_} after {b_}", file=sys.stderr)
             return 1
     pr = probes["after"]

@@ -28,6 +28,14 @@ def machine() -> dict:
     }
 
 
+def read_result(path) -> dict:
+    """The result file's rows so far (a rerun replaces its own rows by tag), with this machine."""
+    out = Path(path)
+    result = json.loads(out.read_text()) if out.exists() else {"rows": []}
+    result["machine"] = machine()
+    return result
+
+
 def write_result(result: dict, path) -> None:
     """Write the JSON result (called after every row, so a run cut short keeps its rows)."""
     result["machine"]["loadavg_end"] = list(os.getloadavg())

@@ -28,7 +28,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from bench.common import machine, write_result
+from bench.common import read_result, write_result
 
 RESULTS = Path(__file__).resolve().parent / "results" / "rl_iteration.json"
 SIDES = {"before": {"rollout.shared_prefix": "false", "rollout.filled_reads": "false"}, "after": {}}
@@ -62,9 +62,7 @@ def main(argv=None) -> int:
     ap.add_argument("overrides", nargs="*")
     a = ap.parse_args(argv)
     out = Path(a.out)
-    import json
-    result = json.loads(out.read_text()) if out.exists() else {"rows": []}
-    result["machine"] = machine()
+    result = read_result(out)
     tag = a.tag or Path(a.config).stem
     with tempfile.TemporaryDirectory() as tmp:
         trainers, compile_s = {}, {}

@@ -140,3 +140,15 @@ def test_rollout_variants_are_timed_side_by_side():
         assert len(row[f"variant_{v}"]["s_per_rollout"]) == 2
     assert row["variant_scan"]["same_tokens_as_current_frac"] == 1.0
     assert 0.0 <= row["variant_bf16"]["same_tokens_as_current_frac"] <= 1.0
+
+
+def test_collapse_probe_bench_rows(tmp_path):
+    from bench import collapse_probe
+
+    out = tmp_path / "probe.json"
+    assert collapse_probe.main(["--config", "demo_cpu_bandit.py", "--out", str(out), "--tag", "t"]) == 0
+    (row,) = json.loads(out.read_text())["rows"]
+    assert row["tag"] == "t" and (row["pairs"], row["prompts"]) == (64, 8)
+    _measured(row, ("before_s", "after_s", "ratio"))
+    # The two sides computed the same numbers (the bench returns 1 otherwise).
+    assert row["metrics_before"].keys() == row["metrics_after"].keys() and row["metrics_after"]
