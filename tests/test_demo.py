@@ -149,6 +149,38 @@ def test_configs_and_bad_arguments(capsys):
                     "frozen_lake": ["train.iterations=4"]}
 
 
+@pytest.mark.parametrize("stage", ["SFT", "RL"])
+def test_a_preempted_stage_ends_the_demo_with_exit_75(tmp_path, monkeypatch, stage, capsys):
+    """SIGTERM during a stage's training: the trainer saves its checkpoint and returns with
+    `interrupted` set; the demo must stop there (exit 75), not evaluate the unfinished stage or go on."""
+    from types import SimpleNamespace
+
+    from ragen_jax.infra.preemption import PREEMPTED_EXIT
+
+    built, evaluated = [], []
+
+    def fake(kind):
+        class Fake:
+            def __init__(self, cfg, workdir, quiet=False):
+                built.append(kind)
+                self.interrupted = "SIGTERM" if kind == stage else None
+                self.state = SimpleNamespace(params=None, actor=None)
+
+            def train(self):
+                return []
+        return Fake
+
+    monkeypatch.setattr(demo, "SFTTrainer", fake("SFT"))
+    monkeypatch.setattr(demo, "Trainer", fake("RL"))
+    monkeypatch.setattr(demo, "StageEvaluator", lambda *a, **k: (lambda params: evaluated.append(1) or {}))
+    rc = demo.main(["--workdir", str(tmp_path / "d"), "--skip-sokoban", "--skip-frozen-lake", "--eval-samples", "0"])
+    assert rc == PREEMPTED_EXIT
+    assert built == (["SFT"] if stage == "SFT" else ["SFT", "RL"])
+    assert len(evaluated) == (0 if stage == "SFT" else 1)  # only finished stages are evaluated
+    assert not (tmp_path / "d" / "eval.json").exists()
+    assert f"{stage} stopped by SIGTERM" in capsys.readouterr().err
+
+
 def test_pretrained_model_configs():
     """--model smollm2: every family's config starts from the packaged SmolLM2 file with the full
     vocabulary, and a missing package is one sentence with the install command (exit 2)."""

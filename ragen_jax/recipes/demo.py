@@ -31,6 +31,8 @@ the same command resumes finished stages instantly (their runs are complete) and
 Config overrides: --bandit.section.key=value / --sokoban.section.key=value /
 --frozen_lake.section.key=value (applied to both stages of that env). --publish DIR copies eval.json, demo_summary.json and the curves into DIR (the
 committed docs/demo_results/ that scripts/readme_results.py reads). Errors: one line on stderr, exit 2.
+SIGTERM / SIGINT during a stage's training: that trainer saves its checkpoint and the demo exits 75
+(`infra.preemption`) before evaluating the stage; the same command resumes it.
 """
 
 from __future__ import annotations
@@ -51,6 +53,7 @@ from absl import logging as absl_logging
 
 from ragen_jax.experiment.config import ConfigError, load_config
 from ragen_jax.infra.distributed import RunDirBusy, RunLock
+from ragen_jax.infra.preemption import PREEMPTED_EXIT
 from ragen_jax.evaluation.suite import evaluate, format_table, write_eval_json
 from ragen_jax.infra.logger import plot_curves, read_metrics
 from ragen_jax.infra.machine import cpu_model
@@ -213,6 +216,17 @@ def stage_configs(config_name: str, base_overrides, user_overrides, workdir: str
     return sft_cfg, rl_cfg
 
 
+class StagePreempted(Exception):
+    """A stage's trainer stopped on SIGTERM / SIGINT after saving its checkpoint: the demo ends there
+    (exit PREEMPTED_EXIT) instead of evaluating an unfinished stage and starting the next one."""
+
+
+def stop_if_interrupted(trainer, family: str, stage: str, run_dir: str) -> None:
+    if trainer.interrupted:
+        raise StagePreempted(f"{family}: {stage} stopped by {trainer.interrupted}, checkpoint saved in {run_dir}; "
+                             "rerun the same command to resume")
+
+
 def run_family(family: str, config_name: str, envs, quick_over, user_over, args, timings: dict,
                results: dict, curves: list, results_k: dict | None = None) -> None:
     """SFT then RL for one family; after each stage its evaluation (k = 1, and with args.eval_samples
@@ -227,6 +241,7 @@ def run_family(family: str, config_name: str, envs, quick_over, user_over, args,
     t0, c0 = time.perf_counter(), time.process_time()
     sft = SFTTrainer(sft_cfg, os.path.join(root, "sft"), quiet=args.quiet)
     hist = sft.train()
+    stop_if_interrupted(sft, family, "SFT", os.path.join(root, "sft"))
     timings[f"{family}/sft"] = {"train_s": time.perf_counter() - t0, "train_cpu_s": time.process_time() - c0}
     if hist:
         last = [h for h in hist if "sft/loss" in h]
@@ -268,6 +283,7 @@ def run_family(family: str, config_name: str, envs, quick_over, user_over, args,
     t0, c0 = time.perf_counter(), time.process_time()
     rl = Trainer(rl_cfg, os.path.join(root, "rl"), quiet=args.quiet)
     rl.train()
+    stop_if_interrupted(rl, family, "RL", os.path.join(root, "rl"))
     timings[f"{family}/rl"] = {"train_s": time.perf_counter() - t0, "train_cpu_s": time.process_time() - c0}
     evaluate_and_plot("rl", rl.state.actor, RL_CURVES, time.perf_counter(), time.process_time())
 
@@ -446,6 +462,9 @@ def main(argv=None) -> int:
     except ConfigError as e:
         print(f"error: {' '.join(str(e).split())}", file=sys.stderr)
         return 2
+    except StagePreempted as e:
+        log(str(e))
+        return PREEMPTED_EXIT
     except Exception as e:
         if type(e).__name__ == "CheckpointError":
             print(f"error: {' '.join(str(e).split())}", file=sys.stderr)
