@@ -366,6 +366,25 @@ def collapse_probe_section(d) -> list[str]:
     return out + [""]
 
 
+def evaluation_section(d) -> list[str]:
+    rows = (d or {}).get("rows") or []
+    if not rows:
+        return []
+    out = ["### The evaluation before and after prefilling each distinct first observation once (`bench/evaluation.py`)",
+           "", "One rollout per initial state, temperature 0.5, the same key on both sides: before = every state "
+           "prefills its own first observation; after = each distinct one once (`rollout.distinct_first`). Compiled "
+           f"ahead (compile seconds apart), the sides interleaved. {_machine(d.get('machine'))}.", "",
+           "| policy | env | states | texts at most | compile before / after (s) | evaluation before / after (s) "
+           "| speed-up | success before / after | states that differ |", "|---|---|---|---|---|---|---|---|---|"]
+    for r in rows:
+        c = r.get("compile_s") or {}
+        out.append(f"| {r['tag']} | {r['env']} | {r['states']} | {r['distinct_first_observations']} | "
+                   f"{c.get('before', float('nan')):.1f} / {c.get('after', float('nan')):.1f} | "
+                   f"{r['before_s']:.1f} / {r['after_s']:.1f} | {r['ratio']:.1f}x | "
+                   f"{r['success_before']:.3f} / {r['success_after']:.3f} | {r['states_that_differ']} |")
+    return out + [""]
+
+
 def _fmt(v, spec: str, suffix: str = "") -> str:
     return "-" if v is None else f"{v:{spec}}{suffix}"
 
@@ -634,6 +653,7 @@ def render(root: Path = ROOT) -> str:
     lines += decode_fill_section(_load(res / "decode_fill.json"))
     lines += rl_iteration_section(_load(res / "rl_iteration.json"))
     lines += collapse_probe_section(_load(res / "collapse_probe.json"))
+    lines += evaluation_section(_load(res / "evaluation.json"))
     lines += memory_section(_load(res / "memory.json"))
     lines += train_step_section(_load(res / "train_step.json"))
     lines += sft_step_section(_load(res / "sft_step.json"))

@@ -237,8 +237,13 @@ class Rollout:
         # One turn only: with more, choosing turn 1's copy or a later turn's computation is a conditional
         # whose operand is the cache, and XLA held two more caches of temporaries for it (bench/memory.py,
         # the reference config: rollout temporaries 6.97 -> 18.39 GB).
-        self.share_first = (teacher is None and model is not None and config.shared_prefix and config.group_size > 1
-                            and self.max_turns == 1 and callable(getattr(model, "extend", None)))
+        # Different seeds can render the same first observation (Bandit: 24 texts): then each distinct one
+        # is prefilled once. `first_rows` is how many the program makes room for, from the env's count.
+        bound = text_env.distinct_first_segments if config.distinct_first else None
+        self.first_rows = config.num_groups if bound is None else max(1, min(config.num_groups, bound))
+        self.share_first = (teacher is None and model is not None and config.shared_prefix and self.max_turns == 1
+                            and (config.group_size > 1 or self.first_rows < config.num_groups)
+                            and callable(getattr(model, "extend", None)))
         run = self._run if max_traces is None else _limit_traces(self._run, max_traces)
         self._jitted = jax.jit(run)
 
@@ -344,14 +349,34 @@ class Rollout:
         return carry.replace(first=self._first_turn(model, carry)) if self.share_first else carry
 
     def _first_turn(self, model, c: _Carry):
-        """Turn 1's segment prefilled once per group, behind the prefix: (NewKV [L, P, S, ...], next-token
-        logits [P, V]) of each group's first row (a group's rows render the same ids: same seed, same
-        state), for `_answer` to copy to every row of the group."""
-        n = self.config.group_size
+        """Turn 1's segment prefilled once per group, or once per distinct segment when fewer than P
+        (`first_rows`), behind the prefix: (NewKV [L, P, S, ...], next-token logits [P, V]) of each
+        group's first row (a group's rows render the same ids: same seed, same state), for `_answer`
+        to copy to every row of the group."""
+        n, p, u = self.config.group_size, self.config.num_groups, self.first_rows
         seg = jax.tree.map(lambda x: x[::n], self._segment(c))
-        valid = jnp.arange(seg.ids.shape[1])[None, :] < seg.length[:, None]
-        logits, new = sampler.extend(model, self._prefix_cache(model, self.config.num_groups), seg.ids, valid)
-        return new, logits
+
+        def prefill(ids, length):
+            valid = jnp.arange(ids.shape[1])[None, :] < length[:, None]
+            logits, new = sampler.extend(model, self._prefix_cache(model, ids.shape[0]), ids, valid)
+            return new, logits
+
+        if u == p:
+            return prefill(seg.ids, seg.length)
+        # The distinct segments (ids and length as one row) in u rows, u being at least how many texts
+        # turn 1 can render at all (`TextEnv.distinct_first_segments`, counted from the very tables
+        # the segments are assembled from), so none is ever left out; rows past the count copy the first.
+        # Found by comparing all pairs ([P, P] equal rows): a sort over S + 1 keys (`jnp.unique(axis=0)`)
+        # is a variadic sort of ~200 operands, which accelerators compile poorly.
+        rows = jnp.concatenate([seg.ids, seg.length[:, None]], axis=1)
+        first = jnp.argmax(jnp.all(rows[:, None, :] == rows[None, :, :], axis=-1), axis=1)  # first equal row
+        own = first == jnp.arange(p)
+        slot = jnp.cumsum(own) - 1  # each distinct row's place among them, in order of first appearance
+        inv = slot[first]
+        uniq = jnp.zeros((u, rows.shape[1]), rows.dtype).at[jnp.where(own, slot, u)].set(rows, mode="drop")
+        uniq = jnp.where((jnp.arange(u) < jnp.sum(own))[:, None], uniq, rows[0])
+        new, logits = prefill(uniq[:, :-1], uniq[:, -1])
+        return new.replace(k=new.k[:, inv], v=new.v[:, inv], valid=new.valid[inv]), logits[inv]
 
     def _prefix_cache(self, model, rows: int | None = None):
         """The cache (B rows, or `rows`) holding the prompt prefix every row shares: prefilled for ONE

@@ -53,6 +53,10 @@ class RolloutConfig:
     # capacity every step, the work before both existed (benchmarks run the two side by side).
     shared_prefix: bool = True
     filled_reads: bool = True
+    # One-turn episodes: each DISTINCT first observation among the groups is prefilled once (found at
+    # run time; Bandit's 256 evaluation states show 24 texts). False: once per group (still shared by
+    # the group's rows when shared_prefix is on).
+    distinct_first: bool = True
 
     def __post_init__(self):
         self.validate()

@@ -229,6 +229,12 @@ class MixedTextEnv:
         """int32 [P]: the member index of each group."""
         return np.repeat(np.arange(len(self.groups), dtype=np.int32), self.groups)
 
+    @property
+    def distinct_first_segments(self) -> int | None:
+        """At most how many different turn-1 segments the members render together (None: uncountable)."""
+        counts = [te.distinct_first_segments for te in self.members]
+        return None if None in counts else sum(counts)
+
     def env_of_row(self, batch: int) -> np.ndarray:
         """int32 [batch]: the member index of each row (batch = P x group_size)."""
         if batch % self.num_groups:

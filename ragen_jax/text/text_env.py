@@ -39,6 +39,7 @@ are kept as sampled (the reference re-renders them; we never re-tokenize).
 from __future__ import annotations
 
 import dataclasses
+import math
 import weakref
 from typing import Optional
 
@@ -342,6 +343,23 @@ class TextEnv:
     def first_turn_text(self, state) -> str:
         """The whole prompt of turn 1 (prefix + segment), with all actions left."""
         return self.prefix_text + self.render_text(state, 1, self.max_actions_per_episode, 0.0, True)
+
+    @property
+    def distinct_first_segments(self) -> int | None:
+        """At most how many different turn-1 segments start states render, or None when it is not
+        countable (a coordinate block). A turn-1 segment has no reward line and fixed turn line; the
+        rest is one entry of each grid row's, slot's and extra line's table and of the action-count
+        tail's: the product of their sizes is a bound by construction, whatever the env's reset does
+        (BanditPairs: 24 texts x 2 tails for its 12 name pairs, whatever the number of seeds). The
+        rollout prefills each distinct first observation once (rollout.py `first_rows`)."""
+        if self._coords is not None:
+            return None
+        count = len(self._tails.lengths)
+        if self._grid is not None:
+            count *= math.prod(len(cell) for row in self.cell_symbols for cell in row)
+        for table in self._slots + self._extra:
+            count *= len(table.lengths)
+        return count
 
     # ---- parsing -----------------------------------------------------------------------------
     @property

@@ -3,6 +3,8 @@ solutions, garbage answers), the slow host loop of ragen_jax/rollout/host_loop.p
 
 from __future__ import annotations
 
+import dataclasses
+
 import chex
 import jax
 import jax.numpy as jnp
@@ -305,6 +307,54 @@ def test_first_turn_prefilled_once_per_group_equals_every_row_prefilling_it(tok,
     assert len(prompts) > 1  # the groups' observations differ
     chex.assert_trees_all_equal(got.replace(logprobs=None), want.replace(logprobs=None))
     chex.assert_trees_all_close(got.logprobs, want.logprobs, atol=1e-5)
+
+
+def test_each_distinct_first_observation_prefilled_once_equals_every_row_prefilling_it(tok, tiny_model,
+                                                                                         monkeypatch):
+    """One-turn episodes whose seeds render few texts (BanditPairs: 12 name pairs x 2 orders): each
+    distinct first observation is prefilled once and copied to its groups, found at run time. Truth:
+    every row prefilling the prefix and its observation itself (`shared_prefix=False`): the same sampled
+    tokens, log-probs within float32 rounding. A spy records the batch of every prefill that RAN."""
+    from ragen_jax.rollout import sampler
+
+    te = _text_env(tok, "BanditPairs", max_turns=1, max_response_tokens=8)
+    ran, extend = [], sampler.extend
+
+    def spy(model, cache, tokens, valid):
+        jax.debug.callback(lambda: ran.append(tokens.shape[0]))
+        return extend(model, cache, tokens, valid)
+
+    monkeypatch.setattr(sampler, "extend", spy)
+    params, key, seeds = nnx.state(tiny_model), jax.random.PRNGKey(5), np.arange(40, 104)
+    cfg = RolloutConfig(num_groups=64, group_size=1, max_context=512, temperature=1.0)
+    want = jax.device_get(Rollout(tiny_model, te, dataclasses.replace(cfg, shared_prefix=False))(params, key, seeds))
+    prompts = [tuple(np.asarray(want.tokens[r])[~np.asarray(want.loss_mask[r])].tolist()) for r in range(64)]
+    assert 1 < len(set(prompts)) < 48  # seeds share texts; fewer than the room made for them
+    ro = Rollout(tiny_model, te, cfg)
+    assert ro.share_first and ro.first_rows == te.distinct_first_segments == 48
+    got = jax.device_get(ro(params, key, seeds))
+    assert ran == [48]  # one prefill of 48 rows, not 64
+    chex.assert_trees_all_equal(got.replace(logprobs=None), want.replace(logprobs=None))
+    chex.assert_trees_all_close(got.logprobs, want.logprobs, atol=1e-5)
+    off = Rollout(tiny_model, te, dataclasses.replace(cfg, distinct_first=False))
+    assert off.first_rows == 64 and not off.share_first  # one row per group: nothing to share
+
+
+@pytest.mark.parametrize("name,texts", [("Bandit", 2), ("BanditPairs", 24), ("BanditPairsTest", 16),
+                                        ("FrozenLake", None)])
+def test_distinct_first_segments_bounds_what_start_states_render(tok, name, texts):
+    """The count the rollout makes room for is never below the distinct turn-1 segments of 600 start
+    states (rendered in-graph, counted on the host); for the Bandits the texts are their arm orders x
+    name pairs."""
+    te = _text_env(tok, name, max_turns=1)
+    seeds = jnp.arange(600)
+    ids, length = jax.jit(lambda s: jax.vmap(te.render_ids, in_axes=(0, None, None, None, None))(
+        te.reset_rows(s), 1, te.max_actions_per_episode, 0.0, True))(seeds)
+    distinct = {tuple(np.asarray(i)[:n].tolist()) for i, n in zip(ids, length)}
+    assert len(distinct) <= te.distinct_first_segments
+    if texts is not None:
+        assert len(distinct) == texts
+        assert te.distinct_first_segments == 2 * texts  # x the two action-count tails (0 or 1 left)
 
 
 def test_groups_per_pass_must_divide_the_groups(tok):
