@@ -8,6 +8,8 @@ iterations, validation every 3, logged samples) is the truth. Each trial starts 
 a fresh directory, sends the signal after a uniformly random delay within the reference run's wall
 time (or, for `--in-checkpoint` trials, the moment an orbax checkpoint directory is being written,
 at a random checkpoint), waits for the process to end, then runs the same command again to the end.
+A launch that finished before its moment came is not a trial: the moment is drawn again within that
+launch's own time (up to 5 times; `redrawn`), so every trial stops a live run (`stopped_a_live_run`).
 A trial passes when:
 - SIGTERM: the first launch exited 75 (stopped with a checkpoint) or 0 (it had finished), or was
   ended by the signal before its handler existed (no work yet);
@@ -16,7 +18,7 @@ A trial passes when:
   row was lost or written twice;
 - TensorBoard's events, read as TensorBoard reads them (a SessionLog START at step s purges the earlier
   events from s on), hold each (tag, step) of the reference exactly once, with the same values.
-`--trial-seconds` in the output: signal -> exit of the first launch (SIGTERM: the iteration in
+`signal_to_exit_s` in the output: signal -> exit of the first launch (SIGTERM: the iteration in
 flight finishes and its checkpoint is written).
 """
 
@@ -128,18 +130,28 @@ def trial(i: int, args, ref: Path, ref_seconds: float, env: dict, base: Path) ->
     rng = random.Random(args.seed * 100_003 + i)  # per trial, so that --parallel draws the same moments
     sig = signal.SIGTERM if args.signal == "TERM" else signal.SIGKILL
     in_ckpt = i < args.in_checkpoint
-    t_start = time.monotonic()
-    p = launch(wd, env)
-    if in_ckpt:
-        nth = rng.randint(1, 3)
-        hit = wait_for_checkpoint_write(wd, nth, p, 600)
-        delay = time.monotonic() - t_start
-    else:
-        hit, delay = False, rng.uniform(0, ref_seconds)
-        try:
-            p.wait(timeout=delay)
-        except subprocess.TimeoutExpired:
-            pass
+    span, redrawn = ref_seconds, 0
+    while True:
+        t_start = time.monotonic()
+        p = launch(wd, env)
+        if in_ckpt:
+            nth = rng.randint(1, 3)
+            hit = wait_for_checkpoint_write(wd, nth, p, 600)
+            delay = time.monotonic() - t_start
+        else:
+            hit, delay = False, rng.uniform(0, span)
+            try:
+                p.wait(timeout=delay)
+            except subprocess.TimeoutExpired:
+                pass
+        # A launch that ended before its moment came was not interrupted: draw again within the time it took
+        # (the reference time is measured once, on a machine whose load changes), so every trial stops a live run.
+        if in_ckpt or p.poll() is None or redrawn >= 5:
+            break
+        span, redrawn = time.monotonic() - t_start, redrawn + 1
+        p.wait()
+        p.stderr.read()
+        shutil.rmtree(wd, ignore_errors=True)
     t_sig = time.monotonic()
     if p.poll() is None:
         p.send_signal(sig)
@@ -152,7 +164,7 @@ def trial(i: int, args, ref: Path, ref_seconds: float, env: dict, base: Path) ->
     ok_rc1 = rc1 in ((PREEMPTED_EXIT, 0, -signal.SIGTERM) if sig == signal.SIGTERM else (-signal.SIGKILL, 0))
     problem = None if ok_rc1 and rc2 == 0 else f"exit {rc1} then {rc2}: {(err1 + err2)[-600:]}"
     problem = problem or compare(wd, ref)
-    out = {"trial": i, "signal_after_s": round(delay, 2), "in_checkpoint_write": hit, "first_exit": rc1,
+    out = {"trial": i, "signal_after_s": round(delay, 2), "redrawn": redrawn, "in_checkpoint_write": hit, "first_exit": rc1,
            "signal_to_exit_s": round(stop_s, 2), "resumed_exit": rc2, "ok": problem is None, "problem": problem}
     print(json.dumps(out), flush=True)
     shutil.rmtree(wd, ignore_errors=True)
@@ -187,6 +199,7 @@ def main() -> None:
     with ThreadPoolExecutor(args.parallel) as pool:
         results = list(pool.map(lambda i: trial(i, args, ref, ref_seconds, env, base), range(args.trials)))
     summary = {"signal": args.signal, "trials": len(results), "passed": sum(r["ok"] for r in results),
+               "stopped_a_live_run": sum(r["first_exit"] != 0 for r in results),
                "in_checkpoint_write": sum(r["in_checkpoint_write"] for r in results),
                "reference_run_s": round(ref_seconds, 1), "max_signal_to_exit_s": max(r["signal_to_exit_s"] for r in results),
                "parallel": args.parallel, "cpu": _cpu(), "results": results}

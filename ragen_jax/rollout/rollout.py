@@ -119,8 +119,9 @@ class _Carry:
     response_length: jax.Array  # [B] int32: sampled tokens over all turns
     truncated: jax.Array  # [B] bool: ended because the next turn would not fit in T
     state_key: jax.Array | None = None  # [B, K, D] int32: each turn's observation key (`state_keys=True`)
-    # Each group's first observation prefilled once (`Rollout._first_turn`): (NewKV [L, P, S, ...],
-    # next-token logits [P, V]) that turn 1 copies to the group's rows instead of prefilling them.
+    # Each distinct first observation prefilled once (`Rollout._first_turn`): (NewKV [L, U, S, ...],
+    # next-token logits [U, V], each group's row of them [P]) that turn 1 copies to the group's rows
+    # instead of prefilling them.
     first: Any = None
 
 
@@ -350,9 +351,9 @@ class Rollout:
 
     def _first_turn(self, model, c: _Carry):
         """Turn 1's segment prefilled once per group, or once per distinct segment when fewer than P
-        (`first_rows`), behind the prefix: (NewKV [L, P, S, ...], next-token logits [P, V]) of each
-        group's first row (a group's rows render the same ids: same seed, same state), for `_answer`
-        to copy to every row of the group."""
+        (`first_rows` = U), behind the prefix: (NewKV [L, U, S, ...], next-token logits [U, V], each
+        group's row of them [P]) (a group's rows render the same ids: same seed, same state), for
+        `_answer` to copy to every row of the group. Only the U rows are held until then."""
         n, p, u = self.config.group_size, self.config.num_groups, self.first_rows
         seg = jax.tree.map(lambda x: x[::n], self._segment(c))
 
@@ -362,7 +363,7 @@ class Rollout:
             return new, logits
 
         if u == p:
-            return prefill(seg.ids, seg.length)
+            return *prefill(seg.ids, seg.length), jnp.arange(p, dtype=jnp.int32)
         # The distinct segments (ids and length as one row) in u rows, u being at least how many texts
         # turn 1 can render at all (`TextEnv.distinct_first_segments`, counted from the very tables
         # the segments are assembled from), so none is ever left out; rows past the count copy the first.
@@ -375,8 +376,7 @@ class Rollout:
         inv = slot[first]
         uniq = jnp.zeros((u, rows.shape[1]), rows.dtype).at[jnp.where(own, slot, u)].set(rows, mode="drop")
         uniq = jnp.where((jnp.arange(u) < jnp.sum(own))[:, None], uniq, rows[0])
-        new, logits = prefill(uniq[:, :-1], uniq[:, -1])
-        return new.replace(k=new.k[:, inv], v=new.v[:, inv], valid=new.valid[inv]), logits[inv]
+        return *prefill(uniq[:, :-1], uniq[:, -1]), inv.astype(jnp.int32)
 
     def _prefix_cache(self, model, rows: int | None = None):
         """The cache (B rows, or `rows`) holding the prompt prefix every row shares: prefilled for ONE
@@ -445,11 +445,10 @@ class Rollout:
 
     def _segment_kv(self, c: _Carry, valid):
         """(NewKV, next-token logits) of the (only) turn's segment: each group's, prefilled in `_start`,
-        copied to its rows."""
-        n = self.config.group_size
-        new, logits = c.first
-        return new.replace(k=jnp.repeat(new.k, n, axis=1), v=jnp.repeat(new.v, n, axis=1), valid=valid), \
-            jnp.repeat(logits, n, axis=0)
+        copied to its rows (one gather from the distinct rows)."""
+        new, logits, of_group = c.first
+        row = jnp.repeat(of_group, self.config.group_size)
+        return new.replace(k=new.k[:, row], v=new.v[:, row], valid=valid), logits[row]
 
     def _teach(self, state, turn, key, active, budget) -> sampler.SampleOutput:
         keys = jax.random.split(key, self.config.batch_size)
