@@ -238,7 +238,7 @@ class Rollout:
         # One turn only: with more, choosing turn 1's copy or a later turn's computation is a conditional
         # whose operand is the cache, and XLA held two more caches of temporaries for it (bench/memory.py,
         # the reference config: rollout temporaries 6.97 -> 18.39 GB).
-        # Different seeds can render the same first observation (Bandit: 24 texts): then each distinct one
+        # Different seeds can render the same first observation (Bandit: 2 texts): then each distinct one
         # is prefilled once. `first_rows` is how many the program makes room for, from the env's count.
         bound = text_env.distinct_first_segments if config.distinct_first else None
         self.first_rows = config.num_groups if bound is None else max(1, min(config.num_groups, bound))

@@ -54,7 +54,7 @@ class RolloutConfig:
     shared_prefix: bool = True
     filled_reads: bool = True
     # One-turn episodes: each DISTINCT first observation among the groups is prefilled once (found at
-    # run time; Bandit's 256 evaluation states show 24 texts). False: once per group (still shared by
+    # run time; Bandit's 256 evaluation states show 2 texts, BanditPairs' 24). False: once per group (still shared by
     # the group's rows when shared_prefix is on).
     distinct_first: bool = True
 
