@@ -366,6 +366,11 @@ class SFTConfig:
     # loss, the assistant's tokens (a static count: the most any demo has), not at every position:
     # SmolLM2's head is ~20% of a token's forward and Bandit's demos are ~10% assistant tokens.
     head_at_targets: bool = True
+    # group_prompts: demos with the same prompt (everything before the first assistant token) are
+    # grouped, and each batch runs each distinct prompt once and every row only its answer, when
+    # that is cheaper than every row's padded forward (decided once, from all demos). Bandit's demos
+    # show one of 2 prompts of ~217 tokens before ~22 answer tokens; Sokoban's rooms differ per demo.
+    group_prompts: bool = True
 
     def validate(self):
         positive("sft.num_demos", self.num_demos)

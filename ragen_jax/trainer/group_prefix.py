@@ -113,6 +113,18 @@ def next_token_inputs(rows: GroupedRows, g_hidden, hidden):
     return jnp.concatenate([last, hidden[:, :-1]], axis=1)
 
 
+def hidden_at(rows: GroupedRows, g_hidden, hidden, pos):
+    """Hidden states [R, K, H] of each row at its positions `pos` [R, K] (whole-row coordinates):
+    from its group's beginning before the row's `start`, from its own tail from there on. Positions
+    past both are clipped to real ones: the caller masks them."""
+    g, w, h = g_hidden.shape
+    start = rows.start[:, None]
+    # A flat gather: no [R, W, H] copy of the group beginnings (nor its scatter in the gradient).
+    from_group = g_hidden.reshape(g * w, h)[rows.row_group[:, None] * w + jnp.clip(pos, 0, w - 1)]
+    from_tail = jnp.take_along_axis(hidden, jnp.clip(pos - start, 0, hidden.shape[1] - 1)[..., None], axis=1)
+    return jnp.where((pos < start)[..., None], from_group, from_tail)
+
+
 def assemble(rows: GroupedRows, per_group, per_row, width: int, shift: int):
     """Row-aligned columns [R, width] from per-group columns [G, Wg] and per-row tail columns [R, tail]:
     column c is the group's column c while c < start - shift, else the tail's column c - (start - shift)
@@ -126,4 +138,4 @@ def assemble(rows: GroupedRows, per_group, per_row, width: int, shift: int):
     return jnp.where(c < split, g, jnp.where(j < per_row.shape[1], tail, 0.0)).astype(per_row.dtype)
 
 
-__all__ = ["GroupShape", "GroupedRows", "assemble", "group_shape", "group_shape_of", "grouped_hidden", "next_token_inputs", "split_groups"]
+__all__ = ["GroupShape", "GroupedRows", "assemble", "group_shape", "group_shape_of", "grouped_hidden", "hidden_at", "next_token_inputs", "split_groups"]

@@ -23,7 +23,9 @@
    prefix every demo shares (system prompt + instructions) is run once per batch, not per row
    (`sft.shared_prefix`), and each batch comes from one length bucket and is padded only to its
    width (`sft.length_bucket`; the last partial batch of each bucket is dropped: one static shape,
-   one compilation, per bucket).
+   one compilation, per bucket). Where demos share more than that prefix (Bandit's 246 demos show one
+   of 2 prompts: ~217 tokens before a ~22-token answer), each batch runs each distinct prompt once
+   and every row only its answer (`sft.group_prompts`, `prompt_groups`; trainer/group_prefix.py).
 4. Orbax checkpoints every `sft.save_every` steps; rerunning the same command resumes (demos and
    the epoch permutations are deterministic functions of the config, so they are regenerated
    rather than stored). The final parameters are exported with `save_policy`.
@@ -35,7 +37,6 @@
 from __future__ import annotations
 
 import dataclasses
-import functools
 import json
 import time
 from fractions import Fraction
@@ -60,6 +61,7 @@ from ragen_jax.infra.preemption import STOP
 from ragen_jax.experiment.assembly import RunAssembly
 from ragen_jax.experiment.config import Config, ConfigError
 from ragen_jax.evaluation.suite import log_validation, validate_run
+from ragen_jax.trainer.group_prefix import GroupShape, grouped_hidden, hidden_at, split_groups
 from ragen_jax.trainer.optim import make_optimizer
 from ragen_jax.trainer.step import accumulated_value_and_grad, effective_micro_batch, full_params
 from ragen_jax.trainer.turn_blocks import TurnBlocks
@@ -93,6 +95,9 @@ class Demos:
     prefix_len: int = struct.field(pytree_node=False, default=0)
     width: np.ndarray | None = None  # [N] int32, multiples of sft.length_bucket (or all T - prefix_len)
     max_targets: int = struct.field(pytree_node=False, default=0)  # the most loss-carrying targets of a demo
+    group: np.ndarray | None = None  # [N] int32: each demo's prompt (`prompt_groups`), when batches share them
+    # The static bounds of the grouped forward and the most distinct prompts any batch holds.
+    grouping: tuple[int, GroupShape] | None = struct.field(pytree_node=False, default=None)
 
     @property
     def num(self) -> int:
@@ -110,6 +115,31 @@ def shared_prefix_length(tokens: np.ndarray, loss_mask: np.ndarray, length: np.n
     if any_loss.any():
         p = min(p, int(np.argmax(any_loss)) - 1)
     return max(0, min(p, int(length.min()) - 1))
+
+
+def prompt_groups(tokens: np.ndarray, loss_mask: np.ndarray, length: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """(group [N] int32, prompt length [N]): demos with the same tokens before their first assistant
+    token (the whole row when it has none) are one group, numbered in order of first appearance."""
+    first = np.where(loss_mask.any(axis=1), np.argmax(loss_mask, axis=1), length).astype(np.int32)
+    keys: dict[bytes, int] = {}
+    group = np.array([keys.setdefault(tokens[i, :first[i]].tobytes(), len(keys)) for i in range(len(first))],
+                     np.int32)
+    return group, first
+
+
+def prompt_grouping(tokens, loss_mask, length, rows_per_pass: int, padded_cost: float):
+    """(group [N], (most groups in a pass, `GroupShape`)) of demos whose passes are cheaper with each
+    distinct prompt run once, or None. A pass of `rows_per_pass` rows then runs at most min(rows,
+    prompts) beginnings of `width` tokens and every row's `tail` tokens after its prompt, against
+    `padded_cost` tokens per pass without. Both bounds hold for every demo, so every pass fits."""
+    group, first = prompt_groups(tokens, loss_mask, length)
+    t = tokens.shape[1]
+    shape = GroupShape(width=min(t, -(-int(first.max()) // 8) * 8),
+                       tail=min(t, -(-int((length - first).max(initial=1)) // 8) * 8))
+    g = min(rows_per_pass, int(group.max()) + 1)
+    if g * shape.width + rows_per_pass * shape.tail >= padded_cost:
+        return None
+    return group, (g, shape)
 
 
 def unfold_turn_rows(tokens, loss_mask, length, turn_start, prefix_len: int, width: int, pad_id: int):
@@ -180,22 +210,40 @@ def _chunk_logp_hit(logits_fn, h, y):
 
 
 def token_logprobs_and_hits(graphdef, params, tokens, valid, chunk: int = 128, vocab=None, prefix=None,
-                            columns=None):
+                            columns=None, group=None, grouping=None):
     """`sequence_logprobs` (same alignment: column t is about token t+1) plus whether each target is
     the argmax, for the token-accuracy metric at no extra logits pass. Like
     `losses.token_logprobs_and_entropy`, the time axis is walked in checkpointed chunks so neither
     pass holds [B, T, V] logits. `vocab`: the VocabMap of a small-vocabulary model (tokens stay Qwen ids).
     `prefix` [P] (Qwen ids): tokens that precede every row, run through the model once.
-    `columns` [B, K] int32: only those target columns of each row, [B, K] (the head runs K times a row)."""
+    `columns` [B, K] int32: only those target columns of each row, [B, K] (the head runs K times a row).
+    `group` [B] int32 with `grouping` (at most how many groups, `GroupShape`): rows of a group share
+    their beginning (`prompt_grouping`), which runs once per group (trainer/group_prefix.py); the
+    rows must fit the shape (`prompt_grouping` sizes it for every demo)."""
     model = nnx.merge(graphdef, params)
     ids = tokens if vocab is None else vocab.model_ids(tokens)
-    shared = None
-    if prefix is not None:
-        shared = model.prefix_kv(prefix if vocab is None else vocab.model_ids(prefix))
-    hidden, _ = model(ids, valid, None, prefix=shared)
-    h, y = hidden[:, :-1], ids[:, 1:]
+    y = ids[:, 1:]
+    if group is not None:
+        b, t = ids.shape
+        cols = jnp.broadcast_to(jnp.arange(t - 1, dtype=jnp.int32), (b, t - 1)) if columns is None else columns
+        p = 0 if prefix is None else prefix.shape[0]
+        if p:  # the whole rows: each group's beginning holds the shared prefix once
+            pre = prefix if vocab is None else vocab.model_ids(prefix)
+            ids = jnp.concatenate([jnp.broadcast_to(pre, (b, p)), ids], axis=1)
+            valid = jnp.concatenate([jnp.ones((b, p), bool), valid], axis=1)
+        rows = split_groups(ids, valid, group, *grouping)
+        g_hidden, hidden = grouped_hidden(model.model, rows)
+        h = hidden_at(rows, g_hidden, hidden, cols + p)
+    else:
+        shared = None
+        if prefix is not None:
+            shared = model.prefix_kv(prefix if vocab is None else vocab.model_ids(prefix))
+        hidden, _ = model(ids, valid, None, prefix=shared)
+        h = hidden[:, :-1]
+        if columns is not None:
+            h = jnp.take_along_axis(h, columns[..., None], axis=1)
     if columns is not None:
-        h, y = jnp.take_along_axis(h, columns[..., None], axis=1), jnp.take_along_axis(y, columns, axis=1)
+        y = jnp.take_along_axis(y, columns, axis=1)
     return loss_lib.map_time_chunks(lambda h, y: _chunk_logp_hit(model.logits, h, y), h, y, chunk)
 
 
@@ -205,14 +253,16 @@ def sft_target_mask(loss_mask, length):
     return (loss_mask[:, 1:] & valid[:, 1:]).astype(jnp.float32)
 
 
-def sft_loss(graphdef, params, prefix, tokens, loss_mask, length, vocab=None, norm=None, max_targets: int = 0):
+def sft_loss(graphdef, params, prefix, tokens, loss_mask, length, vocab=None, norm=None, max_targets: int = 0,
+             group=None, grouping=None):
     """(token-mean NLL over the assistant's tokens, metrics). tokens/loss_mask [B, T], length [B]
     (the rows after `prefix`, a [P] sequence shared by all rows, or None; see `shared_prefix_length`
     for why the row's first token carries no loss). An all-zero mask gives loss 0 (and zero
     gradients), not a division by zero. `norm`: the token count to divide by instead of this batch's
     (the whole batch's, when these rows are one micro-batch of it: the loss and metrics then add up).
     `max_targets` K > 0: no row has more than K loss-carrying targets; the head runs only at those
-    (`sft.head_at_targets`), the same loss."""
+    (`sft.head_at_targets`), the same loss. `group`, `grouping`: each distinct prompt of the rows runs
+    once (`token_logprobs_and_hits`), the same loss."""
     t = tokens.shape[1]
     valid = jnp.arange(t)[None, :] < length[:, None]
     mask = sft_target_mask(loss_mask, length)
@@ -221,7 +271,8 @@ def sft_loss(graphdef, params, prefix, tokens, loss_mask, length, vocab=None, no
         # Each row's target columns first, in order (a stable sort of "carries no loss"), then padding.
         columns = jnp.argsort(mask == 0, axis=1, stable=True)[:, :max_targets].astype(jnp.int32)
         mask = jnp.take_along_axis(mask, columns, axis=1)
-    logp, hit = token_logprobs_and_hits(graphdef, params, tokens, valid, vocab=vocab, prefix=prefix, columns=columns)
+    logp, hit = token_logprobs_and_hits(graphdef, params, tokens, valid, vocab=vocab, prefix=prefix, columns=columns,
+                                        group=group, grouping=grouping)
     n = jnp.maximum(jnp.sum(mask), 1.0) if norm is None else norm
     loss = -jnp.sum(logp * mask) / n
     return loss, {"sft/token_accuracy": jnp.sum(hit * mask) / n, "sft/tokens": jnp.sum(mask)}
@@ -289,8 +340,7 @@ class SFTTrainer(RunAssembly):
         # Traced on the mesh: the splash kernel's shard_map reads it (models/attention.py `partitioned`).
         self.step_fn = jax.jit(on_mesh(self.step_body, self.mesh), out_shardings=(state_shardings, None),
                                donate_argnums=(0,))
-        self.loss_fn = jax.jit(on_mesh(functools.partial(sft_loss, self.policy_graph, vocab=self.vocab),
-                                       self.mesh))
+        self.loss_fn = jax.jit(on_mesh(self._batch_loss, self.mesh))
         self.validates = cfg.train.val_every > 0
         self.restore_or_start(state)
         self.demos: Demos | None = None
@@ -366,32 +416,47 @@ class SFTTrainer(RunAssembly):
         width = length_buckets(length - p, s.length_bucket, t - p, s.batch_size)
         # Targets carry loss at column c when token c + 1 is the assistant's (`sft_target_mask`).
         targets = int((loss_mask[:, 1:] & (np.arange(1, t)[None, :] < length[:, None])).sum(axis=1).max())
+        # Tokens a pass runs without prompt groups: the rows after the prefix, padded to their bucket.
+        padded = self.micro_batch * float(np.mean(width)) + p
+        grouped = prompt_grouping(tokens, loss_mask, length, self.micro_batch, padded) if s.group_prompts else None
+        if jax.process_count() > 1:  # as the RL update (`group_shape_of`): multi-host keeps the prefix path
+            grouped = None
         self.demos = Demos(tokens=tokens, loss_mask=loss_mask, length=length, prefix_len=p, width=width,
-                           max_targets=-(-max(targets, 1) // 8) * 8)
+                           max_targets=-(-max(targets, 1) // 8) * 8, group=None if grouped is None else grouped[0],
+                           grouping=None if grouped is None else grouped[1])
         self._epoch_batches, self._prefix_dev = {}, None
         b = s.batch_size
         self._steps_per_epoch = sum(int(n) // b for n in np.unique(width, return_counts=True)[1])
         stats["demo/max_length"] = float(length.max())
         stats["demo/shared_prefix"] = float(p)
         stats["demo/num_widths"] = float(len(np.unique(width)))
+        stats["demo/prompt_groups"] = 0.0 if grouped is None else float(grouped[0].max() + 1)
         self.demo_stats = stats
         return self.demos
 
     # -- the compiled step -----------------------------------------------------------------------
-    def step_body(self, state: SFTState, prefix, tokens, loss_mask, length, frozen=None):
+    def step_body(self, state: SFTState, prefix, tokens, loss_mask, length, frozen=None, group=None):
+        """One optimizer step; `group` [B]: the rows' prompt groups (`put_group`), or None."""
         self.trace_count += 1  # runs only while tracing: counts compilations (one per batch width)
         norm = jnp.maximum(jnp.sum(sft_target_mask(loss_mask, length)), 1.0)  # the whole batch's tokens
+        grouping = self.grouping if group is not None else None
 
         def loss_fn(p, rows):
-            return sft_loss(self.policy_graph, full_params(p, frozen), prefix, *rows, self.vocab, norm=norm,
-                            max_targets=self.max_targets)
+            tokens, loss_mask, length, *g = rows
+            return sft_loss(self.policy_graph, full_params(p, frozen), prefix, tokens, loss_mask, length, self.vocab,
+                            norm=norm, max_targets=self.max_targets, group=g[0] if g else None, grouping=grouping)
 
         n_micro = tokens.shape[0] // self.micro_batch
-        (loss, m), grads = accumulated_value_and_grad(loss_fn, state.params, (tokens, loss_mask, length), n_micro)
+        rows = (tokens, loss_mask, length) if group is None else (tokens, loss_mask, length, group)
+        (loss, m), grads = accumulated_value_and_grad(loss_fn, state.params, rows, n_micro)
         updates, opt_state = self.tx.update(grads, state.opt_state, state.params)
         params = optax.apply_updates(state.params, updates)
         m = {**m, "sft/loss": loss, "sft/grad_norm": optax.global_norm(grads)}
         return state.replace(step=state.step + 1, params=params, opt_state=opt_state), m
+
+    def _batch_loss(self, params, prefix, tokens, loss_mask, length, group=None):
+        return sft_loss(self.policy_graph, params, prefix, tokens, loss_mask, length, self.vocab, group=group,
+                        grouping=self.grouping if group is not None else None)
 
     def put_batch(self, idx):
         """Device arrays (prefix [P] or None, tokens [B, W], loss_mask [B, W], length [B]) of demo rows
@@ -404,14 +469,26 @@ class SFTTrainer(RunAssembly):
             self._prefix_dev = jax.device_put(d.tokens[0, :p], NamedSharding(self.mesh, PartitionSpec()))
         return (self._prefix_dev, *(jax.device_put(x, self.batch_sharding) for x in rows))
 
+    def put_group(self, idx):
+        """The prompt groups [B] of demo rows `idx` on the devices, or None without prompt groups."""
+        d = self.demos
+        return None if d.group is None else jax.device_put(d.group[np.asarray(idx)], self.batch_sharding)
+
+    @property
+    def grouping(self):
+        """The demos' (most groups in a pass, `GroupShape`), or None; read when the step is traced."""
+        return None if self.demos is None else self.demos.grouping
+
     def train_step(self, idx) -> dict:
         """One optimizer step on demo rows `idx` (length sft.batch_size); returns host metrics."""
-        self.state, m = self.step_fn(self.state, *self.put_batch(np.asarray(idx)), *self.frozen_args)
+        idx = np.asarray(idx)
+        self.state, m = self.step_fn(self.state, *self.put_batch(idx), *self.frozen_args, group=self.put_group(idx))
         return {k: float(v) for k, v in host_copy(m).items()}
 
     def loss(self, idx) -> tuple[float, dict]:
         """The SFT loss and metrics of demo rows `idx` at the current parameters (no update)."""
-        loss, m = self.loss_fn(self.params, *self.put_batch(np.asarray(idx)))
+        idx = np.asarray(idx)
+        loss, m = self.loss_fn(self.params, *self.put_batch(idx), group=self.put_group(idx))
         return float(loss), {k: float(v) for k, v in host_copy(m).items()}
 
     @property
@@ -513,5 +590,6 @@ class SFTTrainer(RunAssembly):
         return history
 
 
-__all__ = ["Demos", "SFTState", "SFTTrainer", "bucketed_batches", "length_buckets", "shared_prefix_length", "sft_loss",
+__all__ = ["Demos", "SFTState", "SFTTrainer", "bucketed_batches", "length_buckets", "prompt_groups", "prompt_grouping",
+           "shared_prefix_length", "sft_loss",
            "token_logprobs_and_hits"]

@@ -19,7 +19,8 @@ from flax import nnx
 from ragen_jax.experiment.config import ConfigError, load_config
 from hypothesis import given, settings, strategies as st
 
-from ragen_jax.trainer.sft import SFTTrainer, bucketed_batches, length_buckets, shared_prefix_length, sft_loss
+from ragen_jax.trainer.sft import (SFTTrainer, bucketed_batches, length_buckets, prompt_groups,
+                                  shared_prefix_length, sft_loss)
 from ragen_jax.trainer.rl import Trainer
 
 ROOT = Path(__file__).resolve().parents[3]
@@ -268,10 +269,17 @@ def test_bandit_demos_are_balanced_to_exactly_the_high_arm_probability(high, p):
         assert keep[idx].tolist() == sorted(keep[idx].tolist(), reverse=True)
 
 
-def test_bandit_warm_start_keeps_a_balanced_subset(tmp_path):
-    cfg = load_config("demo_cpu_bandit.py", ["sft.num_demos=64", "sft.batch_size=8", "sft.epochs=1"])
-    tr = SFTTrainer(cfg, tmp_path / "b", quiet=True)
-    demos = tr.make_demos()
+@pytest.fixture(scope="module")
+def bandit_sft(tmp_path_factory):
+    # Micro-batches of 4: the prompt-groups test also covers a step accumulated over two passes.
+    cfg = load_config("demo_cpu_bandit.py", ["sft.num_demos=64", "sft.batch_size=8", "sft.epochs=1",
+                                             "sft.micro_batch_size=4"])
+    tr = SFTTrainer(cfg, tmp_path_factory.mktemp("bandit_sft"), quiet=True)
+    return tr, tr.make_demos()
+
+
+def test_bandit_warm_start_keeps_a_balanced_subset(bandit_sft):
+    tr, demos = bandit_sft
     assert tr.demo_stats["demo/num_kept"] == len(demos.length)
     # Which arm each kept demo pulled, read back from its tokens with the tokenizer (independent of
     # the rollout's success flag that the balancing used).
@@ -284,3 +292,57 @@ def test_bandit_warm_start_keeps_a_balanced_subset(tmp_path):
         high_names.add(te.action_names[HIGH])
     n_high = sum(a in high_names for a in answers)
     assert 2 * n_high == len(answers) and len(answers) >= 16
+
+
+def test_prompt_groups_give_the_per_row_loss_and_gradients(bandit_sft):
+    tr, d = bandit_sft
+    # Bandit's demos show one of 2 prompts (the arms in either order), ~215 tokens before a ~20-token
+    # answer: the trainer groups them. The groups, read back as text with the tokenizer: demos share
+    # a group exactly when everything before their answer is the same text.
+    assert d.grouping is not None and tr.demo_stats["demo/prompt_groups"] == 2
+    first = np.argmax(d.loss_mask, axis=1)
+    prompts = [tr.tokenizer.decode(t[:f].tolist()) for t, f in zip(d.tokens, first)]
+    assert len(set(prompts)) == 2
+    assert all((d.group[i] == d.group[j]) == (prompts[i] == prompts[j]) for i in range(d.num) for j in range(i))
+    # Truth: each row's whole sequence through the model (no shared prefix, no groups, the head at
+    # every position), one pass.
+    loss_full = jax.jit(jax.value_and_grad(lambda p, *b: sft_loss(tr.policy_graph, p, None, *b, vocab=tr.vocab),
+                                           has_aux=True))
+    loss_grouped = jax.jit(jax.value_and_grad(
+        lambda p, *b, group: sft_loss(tr.policy_graph, p, *b, vocab=tr.vocab, max_targets=tr.max_targets,
+                                      group=group, grouping=tr.grouping), has_aux=True))
+    step = jax.jit(tr.step_body)  # the trainer's step: two micro-batches of 4 rows, each grouped
+    traces = tr.trace_count
+    for k in range(2):
+        idx = tr.batch_indices(k)
+        (la, ma), ga = loss_full(tr.state.params, d.tokens[idx], d.loss_mask[idx], d.length[idx])
+        (lb, mb), gb = loss_grouped(tr.state.params, *tr.put_batch(idx), group=tr.put_group(idx))
+        np.testing.assert_allclose(la, lb, rtol=1e-5)
+        for key in ("sft/token_accuracy", "sft/tokens"):
+            np.testing.assert_allclose(ma[key], mb[key], rtol=1e-6)
+        for x, y in zip(jax.tree.leaves(ga), jax.tree.leaves(gb)):
+            np.testing.assert_allclose(x, y, rtol=1e-3, atol=1e-6)
+        _, m = step(tr.state, *tr.put_batch(idx), group=tr.put_group(idx))
+        gnorm = np.sqrt(sum(float(jnp.sum(x * x)) for x in jax.tree.leaves(ga)))
+        np.testing.assert_allclose(m["sft/loss"], la, rtol=1e-5)
+        np.testing.assert_allclose(m["sft/grad_norm"], gnorm, rtol=1e-4)
+    assert tr.trace_count == traces + 1  # both batches: one compiled step
+
+
+@settings(max_examples=100, deadline=None)
+@given(rows=st.integers(1, 12), t=st.integers(1, 10), data=st.data())
+def test_prompt_groups_match_the_prompts_before_the_first_assistant_token(rows, t, data):
+    rng = np.random.default_rng(data.draw(st.integers(0, 2**31)))
+    tokens = rng.integers(0, 2, (rows, t))
+    loss_mask = rng.random((rows, t)) < data.draw(st.sampled_from([0.0, 0.2, 0.6]))
+    length = rng.integers(1, t + 1, rows)
+    group, first = prompt_groups(tokens, loss_mask, length)
+    prompts = []
+    for r in range(rows):  # plain Python: the tokens before the row's first assistant token
+        f = next((c for c in range(t) if loss_mask[r, c]), int(length[r]))
+        assert first[r] == f
+        prompts.append(tuple(tokens[r, :f].tolist()))
+    for i in range(rows):
+        for j in range(rows):
+            assert (group[i] == group[j]) == (prompts[i] == prompts[j])
+    assert sorted(set(group.tolist())) == list(range(len(set(prompts))))
