@@ -244,7 +244,9 @@ def sft_step_section(d) -> list[str]:
     if not d or not d.get("rows"):
         return []
     r0 = d["rows"][0]
-    out = ["### SFT step (`bench/sft_step.py`)", "",
+    config = d.get("config", "demo_cpu.py")
+    title = "SFT step" if config == "demo_cpu.py" else f"SFT step, `{config}`"
+    out = [f"### {title} (`bench/sft_step.py`)", "",
            f"One warm-start optimizer step of `configs/{d.get('config', 'demo_cpu.py')}` on {r0['demos']} real "
            f"demonstrations (batch {r0['batch_size']}, mean {r0['mean_demo_tokens']:.0f} tokens, padded to "
            f"{r0['padded_length']}), the variants side by side in one run; {_loads(d)}.", "",
@@ -256,8 +258,13 @@ def sft_step_section(d) -> list[str]:
         out.append(f"| {r['variant']} | {r['shared_prefix_tokens']} | {widths} | {r['median_s_per_step']:.3f} | "
                    f"{r['demo_tok_s']:,.0f} | {'-' if kern is None else f'{kern:.3f}'} | "
                    f"{'-' if faults is None else f'{faults:,.0f}'} | {r['speedup_vs_plain']:.2f}x |")
-    out += ["", "The huge-pages row runs in a child process with `GLIBC_TUNABLES=glibc.malloc.hugetlb=1`, "
-            "which the launchers set for themselves (`ragen_jax/runtime.py`)."]
+    if any("huge pages" in r["variant"] for r in d["rows"]):
+        out += ["", "The huge-pages row runs in a child process with `GLIBC_TUNABLES=glibc.malloc.hugetlb=1`, "
+                "which the launchers set for themselves (`ragen_jax/runtime.py`)."]
+    groups = max((r.get("prompt_groups", 0) for r in d["rows"]), default=0)
+    if groups:
+        out += ["", f"With prompt groups (`sft.group_prompts`) the demonstrations show {groups} distinct prompts: "
+                "each batch runs each of them once and every row only its answer."]
     return out + [""]
 
 
@@ -657,6 +664,7 @@ def render(root: Path = ROOT) -> str:
     lines += memory_section(_load(res / "memory.json"))
     lines += train_step_section(_load(res / "train_step.json"))
     lines += sft_step_section(_load(res / "sft_step.json"))
+    lines += sft_step_section(_load(res / "sft_step_smollm2_bandit.json"))
     lines += turn_blocks_section(_load(res / "turn_blocks.json"))
     lines += gpu_section([_load(f) for f in sorted(res.glob("gpu_*.json"))])
     lines += gpu_runs_section(res)

@@ -109,11 +109,13 @@ def test_sft_step_bench_quick(tmp_path):
     from ragen_jax.runtime import hugepage_env
 
     # The huge-pages row only where it applies (THP "madvise", glibc >= 2.35), from a child process.
-    huge = ["+head at targets, huge pages"] if hugepage_env({}) is not None else []
-    assert list(rows) == ["plain", "shared_prefix", "prefix+buckets", "+head at targets", *huge]
+    huge = ["+prompt groups, huge pages"] if hugepage_env({}) is not None else []
+    assert list(rows) == ["plain", "shared_prefix", "prefix+buckets", "+head at targets", "+prompt groups", *huge]
     for name in huge:
         assert "glibc.malloc.hugetlb=1" in rows[name]["glibc_tunables"]
-        assert rows[name]["widths"] == rows["+head at targets"]["widths"]
+        assert rows[name]["widths"] == rows["+prompt groups"]["widths"]
+    # Sokoban's rooms differ per demo: no prompt is shared, so the trainer keeps the per-row forward.
+    assert all(r["prompt_groups"] == 0 for r in rows.values())
     for r in rows.values():
         _measured(r, ("median_s_per_step", "demo_tok_s", "speedup_vs_plain"))
         _positive(r, ("mean_demo_tokens",))
