@@ -474,6 +474,12 @@ class SFTTrainer(RunAssembly):
         d = self.demos
         return None if d.group is None else jax.device_put(d.group[np.asarray(idx)], self.batch_sharding)
 
+    def _group_kw(self, idx) -> dict:
+        # Passed only when there are groups: a call with group=None would be a second cache entry
+        # (a retrace) beside the positional calls that mean the same program.
+        group = self.put_group(idx)
+        return {} if group is None else {"group": group}
+
     @property
     def grouping(self):
         """The demos' (most groups in a pass, `GroupShape`), or None; read when the step is traced."""
@@ -482,13 +488,13 @@ class SFTTrainer(RunAssembly):
     def train_step(self, idx) -> dict:
         """One optimizer step on demo rows `idx` (length sft.batch_size); returns host metrics."""
         idx = np.asarray(idx)
-        self.state, m = self.step_fn(self.state, *self.put_batch(idx), *self.frozen_args, group=self.put_group(idx))
+        self.state, m = self.step_fn(self.state, *self.put_batch(idx), *self.frozen_args, **self._group_kw(idx))
         return {k: float(v) for k, v in host_copy(m).items()}
 
     def loss(self, idx) -> tuple[float, dict]:
         """The SFT loss and metrics of demo rows `idx` at the current parameters (no update)."""
         idx = np.asarray(idx)
-        loss, m = self.loss_fn(self.params, *self.put_batch(idx), group=self.put_group(idx))
+        loss, m = self.loss_fn(self.params, *self.put_batch(idx), **self._group_kw(idx))
         return float(loss), {k: float(v) for k, v in host_copy(m).items()}
 
     @property
