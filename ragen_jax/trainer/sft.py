@@ -416,11 +416,12 @@ class SFTTrainer(RunAssembly):
         width = length_buckets(length - p, s.length_bucket, t - p, s.batch_size)
         # Targets carry loss at column c when token c + 1 is the assistant's (`sft_target_mask`).
         targets = int((loss_mask[:, 1:] & (np.arange(1, t)[None, :] < length[:, None])).sum(axis=1).max())
-        # Tokens a pass runs without prompt groups: the rows after the prefix, padded to their bucket.
-        padded = self.micro_batch * float(np.mean(width)) + p
-        grouped = prompt_grouping(tokens, loss_mask, length, self.micro_batch, padded) if s.group_prompts else None
-        if jax.process_count() > 1:  # as the RL update (`group_shape_of`): multi-host keeps the prefix path
-            grouped = None
+        grouped = None
+        # Multi-host keeps the prefix path, as the RL update does (`group_shape_of`).
+        if s.group_prompts and jax.process_count() == 1:
+            # Tokens a pass runs without prompt groups: the rows after the prefix, padded to their bucket.
+            padded = self.micro_batch * float(np.mean(width)) + p
+            grouped = prompt_grouping(tokens, loss_mask, length, self.micro_batch, padded)
         self.demos = Demos(tokens=tokens, loss_mask=loss_mask, length=length, prefix_len=p, width=width,
                            max_targets=-(-max(targets, 1) // 8) * 8, group=None if grouped is None else grouped[0],
                            grouping=None if grouped is None else grouped[1])
