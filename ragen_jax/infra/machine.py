@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 
 def cpu_model() -> str:
     """The CPU's model name from Linux /proc/cpuinfo ("" where it cannot be read)."""
@@ -12,4 +14,27 @@ def cpu_model() -> str:
         return ""
 
 
-__all__ = ["cpu_model"]
+def cpu_class(cpuinfo: str | None = None) -> str:
+    """"<model name> (family F, model M)" from Linux /proc/cpuinfo ("" where it cannot be read).
+
+    The model name alone is not enough: KVM guests report "AMD EPYC" for several generations, whose
+    instruction sets (and so XLA's kernels and the demo's numbers) differ."""
+    if cpuinfo is None:
+        try:
+            cpuinfo = Path("/proc/cpuinfo").read_text()
+        except OSError:
+            return ""
+    fields = {}
+    for line in cpuinfo.splitlines():
+        if ":" in line:
+            k, v = (s.strip() for s in line.split(":", 1))
+            fields.setdefault(k, v)
+        elif not line.strip() and fields:
+            break  # the first processor's block is enough
+    name = fields.get("model name", "")
+    if "cpu family" in fields and "model" in fields:
+        return f"{name} (family {fields['cpu family']}, model {fields['model']})".strip()
+    return name
+
+
+__all__ = ["cpu_class", "cpu_model"]

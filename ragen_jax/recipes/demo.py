@@ -56,10 +56,11 @@ from ragen_jax.infra.distributed import RunDirBusy, RunLock
 from ragen_jax.infra.preemption import PREEMPTED_EXIT
 from ragen_jax.evaluation.suite import evaluate, format_table, write_eval_json
 from ragen_jax.infra.logger import plot_curves, read_metrics
-from ragen_jax.infra.machine import cpu_model
+from ragen_jax.infra.machine import cpu_class, cpu_model
 from ragen_jax.evaluation.paired import bootstrap_interval, format_paired, paired_change, paired_rates
 from ragen_jax.trainer.rl import Trainer
 from ragen_jax.trainer.sft import SFTTrainer
+from ragen_jax.recipes import draws
 
 BANDIT_CONFIG = "demo_cpu_bandit.py"
 SOKOBAN_CONFIG = "demo_cpu.py"
@@ -127,6 +128,10 @@ def parse_args(argv=None):
     p.add_argument("--eval-samples", type=int, default=EVAL_SAMPLES,
                    help=f"rollouts per state of the k-sample evaluation of each family's gain env (default "
                         f"{EVAL_SAMPLES}); 0: only the one-rollout evaluation")
+    p.add_argument("--seed", type=int, default=0,
+                   help="the draw: train.seed of every stage (the model's initialisation, the warm start's batch "
+                        "order, the RL stage's sampling keys); the demonstrations and the evaluation states and "
+                        "key stay fixed, so draws differ only in the recipe's own randomness (default 0)")
     p.add_argument("--quiet", action="store_true", help="no progress bars (stage lines are still printed)")
     p.add_argument("--publish", metavar="DIR", default=None,
                    help="after a successful run, copy eval.json, demo_summary.json and curves_*.png into DIR "
@@ -142,6 +147,8 @@ def parse_args(argv=None):
                     "--bandit.section.key=value or --frozen_lake.section.key=value")
     if args.eval_states is not None and args.eval_states < 1:
         p.error(f"--eval-states must be a positive integer, got {args.eval_states}")
+    if args.seed < 0:
+        p.error(f"--seed must be a whole number >= 0, got {args.seed}")
     if args.eval_samples < 0:
         p.error(f"--eval-samples must be a whole number >= 0 (0: no k-sample evaluation), got {args.eval_samples}")
     if args.publish is not None and Path(args.publish).resolve() == Path(args.workdir).resolve():
@@ -208,6 +215,12 @@ class StageEvaluator:
                         vocab=t.vocab)
 
 
+def base_overrides(args, quick_over) -> tuple:
+    """The overrides the demo itself applies to a family's configs (user overrides come after them):
+    --quick's shrunken counts and the draw's seed."""
+    return (*(quick_over if args.quick else ()), f"train.seed={args.seed}")
+
+
 def stage_configs(config_name: str, base_overrides, user_overrides, workdir: str):
     """(SFT config, RL config): the same file and overrides; RL starts from the SFT export."""
     over = list(base_overrides) + list(user_overrides)
@@ -232,7 +245,7 @@ def run_family(family: str, config_name: str, envs, quick_over, user_over, args,
     """SFT then RL for one family; after each stage its evaluation (k = 1, and with args.eval_samples
     rollouts per state into `results_k`), timings and curves."""
     root = os.path.join(os.path.abspath(args.workdir), family)
-    sft_cfg, rl_cfg = stage_configs(config_name, quick_over if args.quick else (), user_over, root)
+    sft_cfg, rl_cfg = stage_configs(config_name, base_overrides(args, quick_over), user_over, root)
     n_states = args.eval_states or (QUICK_EVAL_STATES if args.quick else EVAL_STATES)
     results_k = {} if results_k is None else results_k
 
@@ -393,12 +406,15 @@ def print_report(results: dict, summary: dict, n_states: int) -> None:
         print("\n== targets ==")
         for label, t in summary["targets"].items():
             print(format_target(label, t))
+    if summary.get("landing") and any(": RL gain" in label for label in summary["targets"]):
+        print("\n== where this run lands (docs/demo.md, \"Draws\") ==")
+        print("\n".join(summary["landing"]))
 
 
 def write_outputs(args, over, results: dict, results_k: dict, timings: dict, curves: list, total: float):
     """eval.json (the one-rollout results, and the k-sample ones under "k_sample") and demo_summary.json."""
     n_states = args.eval_states or (QUICK_EVAL_STATES if args.quick else EVAL_STATES)
-    settings = dict(quick=args.quick, model=args.model, num_states=n_states, seed_start=EVAL_SEED_START,
+    settings = dict(quick=args.quick, model=args.model, seed=args.seed, num_states=n_states, seed_start=EVAL_SEED_START,
                     temperature=EVAL_TEMPERATURE, rollouts_per_state=1, overrides=over,
                     device=str(jax.devices()[0].platform))
     extra = {}
@@ -408,6 +424,7 @@ def write_outputs(args, over, results: dict, results_k: dict, timings: dict, cur
     eval_path = write_eval_json(results, os.path.join(args.workdir, "eval.json"), settings, extra=extra)
     summary = {
         "quick": args.quick,
+        "seed": args.seed,
         # Wall seconds, and this process's CPU seconds (all threads): on a shared, loaded machine
         # the CPU seconds are the better measure of what an idle box would need.
         "stages": {k: {**v, "total_s": v["train_s"] + v["eval_s"] + v.get("eval_k_s", 0.0)}
@@ -417,9 +434,13 @@ def write_outputs(args, over, results: dict, results_k: dict, timings: dict, cur
         "peak_rss_mb": peak_rss_mb(),
         "cpu_count": os.cpu_count(),
         "cpu_model": cpu_model(),
+        "cpu_class": cpu_class(),
         "targets": check_targets(results, results_k),
         "curves": [os.path.basename(c) for c in curves],
     }
+    published = draws.load_published()
+    summary["landing"] = draws.landing_lines(published, summary["targets"], summary["cpu_class"],
+                                             comparable=bool(published) and draws.comparable(published, settings))
     with open(os.path.join(args.workdir, "demo_summary.json"), "w") as f:
         json.dump(summary, f, indent=2)
     return eval_path, summary
