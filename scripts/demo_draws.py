@@ -41,6 +41,9 @@ def parse(argv=None):
     g = p.add_mutually_exclusive_group(required=True)
     g.add_argument("--draws", type=int, help="seeds 0 .. N-1")
     g.add_argument("--seeds", help="comma-separated seeds, e.g. 0,3,7")
+    p.add_argument("--parallel", type=int, default=1,
+                   help="draws run at once (default 1: one after another, so each draw's times are its own; "
+                        "more share the cores, and the record says so); each draw's output goes to seed<S>.log")
     p.add_argument("--publish", metavar="DIR", default=None,
                    help="write draws.json and the lowest seed's outputs into DIR (docs/demo_results for the README)")
     argv = list(sys.argv[1:] if argv is None else argv)
@@ -57,6 +60,8 @@ def parse(argv=None):
             p.error(f"--seeds must be comma-separated whole numbers, got {args.seeds!r}")
         if not seeds or seeds[0] < 0:
             p.error(f"--seeds must name at least one seed >= 0, got {args.seeds!r}")
+    if args.parallel < 1:
+        p.error(f"--parallel must be a positive number of draws at once, got {args.parallel}")
     for flag in ("--workdir", "--seed", "--publish"):
         if any(a == flag or a.startswith(flag + "=") for a in demo_args):
             p.error(f"{flag} after -- is set by this script per draw; remove it")
@@ -79,21 +84,39 @@ def commit() -> str:
     return head + ("+changes" if git("status", "--porcelain", "--untracked-files=no") else "")
 
 
-def run_draws(workdir: Path, seeds: list[int], demo_args: list[str]) -> int:
-    for i, seed in enumerate(seeds):
-        d = workdir / f"seed{seed}"
-        if finished(d, seed):
-            print(f"[draws] seed {seed}: finished earlier in {d}, read as it is", flush=True)
+def run_draws(workdir: Path, seeds: list[int], demo_args: list[str], parallel: int = 1) -> int:
+    """Run every unfinished draw, `parallel` at a time (their output in seed<S>.log when more than one);
+    the first non-zero exit code, after every started draw has ended."""
+    todo = [s for s in seeds if not finished(workdir / f"seed{s}", s)]
+    for s in sorted(set(seeds) - set(todo)):
+        print(f"[draws] seed {s}: finished earlier in {workdir / f'seed{s}'}, read as it is", flush=True)
+    running, rc = {}, 0
+    while todo or running:
+        while todo and len(running) < parallel and rc == 0:
+            seed = todo.pop(0)
+            cmd = [sys.executable, str(DEMO), "--workdir", str(workdir / f"seed{seed}"), "--seed", str(seed), *demo_args]
+            out = open(workdir / f"seed{seed}.log", "w") if parallel > 1 else None
+            print(f"[draws] seed {seed}: {shlex.join(cmd)}" + (f" > {out.name}" if out else ""), flush=True)
+            proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT if out else None)
+            running[seed] = (proc, time.perf_counter(), out)
+        if rc and not running:
+            break
+        if not running:
             continue
-        cmd = [sys.executable, str(DEMO), "--workdir", str(d), "--seed", str(seed), *demo_args]
-        print(f"[draws] {i + 1}/{len(seeds)}: {shlex.join(cmd)}", flush=True)
-        t0 = time.perf_counter()
-        rc = subprocess.run(cmd).returncode
-        if rc != 0:
-            print(f"[draws] seed {seed} ended with exit {rc}; rerun the same command to resume it", file=sys.stderr)
-            return rc
-        print(f"[draws] seed {seed} done in {time.perf_counter() - t0:.0f} s", flush=True)
-    return 0
+        time.sleep(1.0)
+        for seed, (proc, t0, out) in list(running.items()):
+            if proc.poll() is None:
+                continue
+            del running[seed]
+            if out:
+                out.close()
+            if proc.returncode != 0:
+                rc = rc or proc.returncode
+                print(f"[draws] seed {seed} ended with exit {proc.returncode}; rerun the same command to resume it",
+                      file=sys.stderr, flush=True)
+            else:
+                print(f"[draws] seed {seed} done in {time.perf_counter() - t0:.0f} s", flush=True)
+    return rc
 
 
 def print_summary(doc: dict) -> None:
@@ -115,14 +138,16 @@ def main(argv=None) -> int:
     args, seeds, demo_args = parse(argv)
     workdir = Path(args.workdir)
     workdir.mkdir(parents=True, exist_ok=True)
-    rc = run_draws(workdir, seeds, demo_args)
+    rc = run_draws(workdir, seeds, demo_args, args.parallel)
     if rc != 0:
         return rc
     records = [draw_record(workdir / f"seed{s}") for s in seeds]
     cmd = "python scripts/demo_draws.py " + (f"--draws {len(seeds)}" if seeds == list(range(len(seeds)))
                                              else "--seeds " + ",".join(map(str, seeds)))
+    cmd += f" --parallel {args.parallel}" if args.parallel > 1 else ""
     cmd += (" -- " + shlex.join(demo_args)) if demo_args else ""
     doc = publication(records, {"cpu_class": cpu_class(), "cpu_count": os.cpu_count()}, commit(), cmd)
+    doc["parallel"] = args.parallel  # draws that shared the machine: their times are not a draw's alone
     (workdir / "draws.json").write_text(json.dumps(doc, indent=2) + "\n")
     print_summary(doc)
     if args.publish:

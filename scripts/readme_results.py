@@ -736,6 +736,8 @@ def draws_section(doc: dict | None) -> list[str]:
     m, costs = doc.get("machine") or {}, doc.get("costs") or {}
     t = costs.get("total_s") or {}
     when = f", {t['median'] / 60:.0f} min per draw (median; {t['min'] / 60:.0f}-{t['max'] / 60:.0f})" if t else ""
+    if doc.get("parallel", 1) > 1 and t:
+        when += f" with {doc['parallel']} draws at a time sharing the cores"
     out = [f"The tiny demo's draws: {len(doc.get('draws', []))} runs of `launch/demo.py --seed S` (S = "
            f"{', '.join(str(r['seed']) for r in doc.get('draws', []))}) at commit {doc.get('commit', '?')}, alone on a "
            f"{m.get('cpu_count', '?')}-core {m.get('cpu_class') or 'CPU'}{when} (`{doc.get('command', DRAWS_CMD)}`; "

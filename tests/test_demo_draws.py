@@ -188,6 +188,11 @@ with open(Path(a.workdir).parent / "calls.txt", "a") as f:
     assert doc["families"]["sokoban"]["significant"] == 2
     assert sorted(p.name for p in pub.iterdir()) == ["demo_summary.json", "draws.json", "eval.json"]
     assert json.loads((pub / "demo_summary.json").read_text())["seed"] == 0
+    # Two at a time: both remaining draws run, each with its own log, and the record says so.
+    assert demo_draws.main(["--seeds", "0,2", "--workdir", str(tmp_path / "p"), "--parallel", "2"]) == 0
+    doc = json.loads((tmp_path / "p" / "draws.json").read_text())
+    assert doc["parallel"] == 2 and doc["command"] == "python scripts/demo_draws.py --seeds 0,2 --parallel 2"
+    assert sorted(p.name for p in (tmp_path / "p").glob("seed*.log")) == ["seed0.log", "seed2.log"]
 
 
 @pytest.mark.parametrize("argv, msg", [
