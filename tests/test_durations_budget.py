@@ -71,8 +71,8 @@ def test_the_check_finds_exactly_the_uncovered_files(tmp_path):
     durations = {
         "tests/test_covered.py::test_a": 1.0,
         "tests/test_covered.py::test_b[1]": 0.0,
-        # A key of test_covered_too.py does not cover test_cov.py (a prefix of its name), nor
-        # does a key of another directory's file of the same name.
+        # A key of test_covered_too.py (its name starts with "test_cov") does not cover test_cov.py,
+        # nor does a key of another directory's file of the same name cover sub/test_uncovered.py.
         "tests/sub/test_covered_too.py::test_c": 2.0,
         "tests/test_uncovered.py::test_d": 2.0,
     }
