@@ -107,3 +107,28 @@ def test_a_lora_run_that_does_not_fit_names_the_quantized_base(tmp_path):
     cfg = load_config("tiny_cpu.py", [*over, "--config.train.device_memory_gib=0.001"])
     with pytest.raises(ConfigError, match=r"model.base_quant=nf4"):
         Trainer(cfg, tmp_path / "small", quiet=True)
+
+
+def test_export_cli_of_a_checkpoint_writes_the_float_model_and_the_adapter(qlora_run, tmp_path):
+    """launch/export.py on the run's checkpoint (no policy export read: the base is rebuilt and
+    quantized as the run did it, the checkpoint's adapters put on top): the HF directory's weights,
+    read back by our loader, give the trained QLoRA model's logits, and <out>/adapter is its adapters."""
+    from safetensors.numpy import load_file
+
+    from launch import export as export_cli
+    from ragen_jax.models import from_pretrained
+    from ragen_jax.trainer.step import full_params
+
+    wd, tr, _, _ = qlora_run
+    out = tmp_path / "hf"
+    assert export_cli.main([str(wd / "checkpoints" / "2"), "--out", str(out)]) == 0
+    trained = nnx.merge(tr.policy_graph, full_params(tr.state.actor, tr.frozen))
+    exported = from_pretrained(str(out))
+    assert exported.cfg.base_quant == "none" and not exported.cfg.lora_rank
+    tokens = np.random.default_rng(0).integers(0, trained.cfg.vocab_size, (2, 16)).astype(np.int32)
+    valid = np.ones(tokens.shape, bool)
+    got, want = (np.asarray(m.logits(m(tokens, valid)[0])) for m in (exported, trained))
+    np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5 * np.abs(want).max())
+    peft = load_file(str(out / "adapter" / "adapter_model.safetensors"))
+    a = _host(tr.state.actor)["model"]["layers"]["self_attn"]["q_proj"]["lora_a"][...]
+    np.testing.assert_array_equal(peft["base_model.model.model.layers.1.self_attn.q_proj.lora_A.weight"], a[1].T)
