@@ -21,9 +21,10 @@ from flax import nnx
 import envs_jax
 from ragen_jax.models import Qwen2, Qwen2Config
 from ragen_jax.models.lora import LoRAParam, add_lora, is_peft_dir, load_peft_adapter, merged_state
-from ragen_jax.models.quant import quantize_base
+from ragen_jax.models.quant import quantize_base, set_quantized
 from ragen_jax.models.qwen2.sharding import make_mesh, param_shardings
-from ragen_jax.models.gguf import resolve_model_path
+from ragen_jax.models.gguf import expand_model_path, open_gguf, quantized_kernels, resolve_model_path
+from ragen_jax.models.gguf import hf_config as gguf_hf_config
 from ragen_jax.models.qwen2.weights import from_pretrained
 from ragen_jax.models.vocab_map import VocabMap
 from ragen_jax.rollout.teachers import teacher_texts
@@ -207,13 +208,33 @@ def quantize_policy(cfg: Config, policy, mesh=None):
     if mode == "none":
         return policy
     try:
-        quantize_base(policy, mode)
+        if mode == "gguf":  # the file's own blocks replace the float projections read from its conversion
+            set_quantized(policy, gguf_base(cfg), mode)
+        else:
+            quantize_base(policy, mode)
     except ValueError as e:
         raise ConfigError(f"model.base_quant: {e}") from None
     if mesh is not None:
         state = nnx.state(policy)
         nnx.update(policy, jax.device_put(state, param_shardings(state, mesh)))
     return policy
+
+
+def gguf_base(cfg: Config) -> dict:
+    """`model.base_quant=gguf`: the Q4_0 / Q4_1 / Q8_0 projections of the `model.path` .gguf file
+    (`gguf.quantized_kernels`). The base must be the file's: `model.init_from` may only add adapters."""
+    m = cfg.model
+    if m.init_from and not is_peft_dir(str(m.init_from)):
+        raise ConfigError(f"model.base_quant=gguf keeps the .gguf file's blocks as the base, so model.init_from "
+                          f"{m.init_from!r} (a policy export) would be ignored; use model.base_quant=nf4 to "
+                          "quantize it")
+    reader = open_gguf(expand_model_path(m.path))
+    config, arch = gguf_hf_config(reader)
+    kernels = quantized_kernels(reader, config, arch)
+    if not kernels:
+        raise ConfigError(f"model.base_quant=gguf: {m.path} has no projection stored as Q4_0, Q4_1 or Q8_0 in every "
+                          "layer; use model.base_quant=nf4 (or int8) to quantize its weights")
+    return kernels
 
 
 def init_policy_params(cfg: Config, graphdef, params, mesh=None):

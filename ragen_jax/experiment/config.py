@@ -91,7 +91,8 @@ class ModelConfig:
     # QLoRA: the frozen base's projection kernels (q/k/v/o, gate/up/down of every layer) stored quantized
     # and dequantized per layer inside the forward and the rematerialised backward (models/quant.py):
     # "none" (float, in param_dtype), "int8" (per output channel), "nf4" (QLoRA's NormalFloat, blocks of
-    # 64 weights with one scale) or "int4" (llama.cpp's Q4_0 rule, blocks of 64). LoRA only: full
+    # 64 weights with one scale), "int4" (llama.cpp's Q4_0 rule, blocks of 64) or "gguf" (a .gguf
+    # model.path's own Q4_0 / Q4_1 / Q8_0 projection blocks, read as they are). LoRA only: full
     # fine-tuning trains the base. Embeddings, the output head, norms, biases and adapters stay float.
     base_quant: str = "none"
 
@@ -109,6 +110,9 @@ class ModelConfig:
             raise ConfigError(f"model.base_quant={self.base_quant!r} stores a frozen base quantized, but without LoRA "
                               "(model.lora_rank=0) the whole model trains; set model.lora_rank (e.g. 64) or "
                               "model.base_quant=none")
+        if self.base_quant == "gguf" and not (self.path and str(self.path).lower().endswith(".gguf")):
+            raise ConfigError(f"model.base_quant='gguf' reads the projections of a .gguf model.path, got "
+                              f"{self.path!r}; set model.path to a .gguf file or model.base_quant=nf4")
         if self.lora_dropout != 0:
             raise ConfigError(f"model.lora_dropout={self.lora_dropout!r} is not supported (adapters train without "
                               "dropout); set model.lora_dropout=0")

@@ -32,7 +32,8 @@ from flax import nnx
 from safetensors import safe_open
 from safetensors.numpy import save_file
 
-from ragen_jax.models.quant import dequantize
+from ragen_jax.models.quant import QUANT_KEYS
+from ragen_jax.models.quant import kernel as quant_kernel
 
 # PEFT module name -> path of the Dense module inside the trunk's stacked decoder layers.
 TARGETS: dict[str, tuple[str, str]] = {
@@ -112,7 +113,7 @@ def merged_state(state, scale: float, quant: str = "none"):
     plain = jax.tree.map(lambda x: x, plain)  # a new State: the caller's is left untouched
     if quant != "none":  # codes + scales -> one float kernel (a placeholder filled just below)
         flat = [(path[:-1] + ("kernel",), nnx.Param(jnp.zeros(()))) if path[-1] == "kernel_q" else (path, v)
-                for path, v in nnx.to_flat_state(plain) if path[-1] != "kernel_scale"]
+                for path, v in nnx.to_flat_state(plain) if path[-1] not in QUANT_KEYS[1:]]
         plain = nnx.from_flat_state(flat)
     nnx.replace_by_pure_dict(plain, merge_lora(state.to_pure_dict(), scale, quant))
     return plain
@@ -132,9 +133,9 @@ def merge_lora(state: dict, scale: float, quant: str = "none") -> dict:
     def walk(node):
         if not isinstance(node, dict):
             return node
-        out = {k: walk(v) for k, v in node.items() if k not in ("lora_a", "lora_b", "kernel_q", "kernel_scale")}
+        out = {k: walk(v) for k, v in node.items() if k not in ("lora_a", "lora_b", *QUANT_KEYS)}
         if "kernel_q" in node:
-            out["kernel"] = dequantize(node["kernel_q"], node["kernel_scale"], quant, node["kernel_scale"].dtype)
+            out["kernel"] = quant_kernel(node, quant, node["kernel_scale"].dtype)
         if "lora_a" in node:
             out["kernel"] = merged_kernel(out["kernel"], node["lora_a"], node["lora_b"], scale)
         return out

@@ -38,8 +38,11 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
-# model.base_quant values: "none" keeps float kernels.
-MODES = ("none", "int8", "nf4", "int4")
+# model.base_quant values: "none" keeps float kernels; "gguf" keeps a .gguf file's own Q4_0 / Q4_1 /
+# Q8_0 blocks (`from_gguf_blocks`).
+MODES = ("none", "int8", "nf4", "int4", "gguf")
+# GGUF block types read as they are: name -> (weights per block, bytes per block).
+GGUF_BLOCKS = {"Q4_0": (32, 18), "Q4_1": (32, 20), "Q8_0": (32, 34)}
 BLOCK = 64  # 4-bit block size along the input axis (QLoRA's; GGUF's Q4_0/Q4_1 use 32)
 # QLoRA's NF4 levels (bitsandbytes `get_4bit_type("nf4")`, the paper's appendix E).
 NF4_TABLE = np.array([
@@ -48,11 +51,12 @@ NF4_TABLE = np.array([
     0.24611230194568634, 0.33791524171829224, 0.44070982933044434, 0.5626170039176941, 0.7229568362236023,
     1.0], np.float32)
 INT4_TABLE = np.arange(-8, 8, dtype=np.float32)  # Q4_0: code - 8
-TABLES = {"nf4": NF4_TABLE, "int4": INT4_TABLE}
+TABLES = {"nf4": NF4_TABLE, "int4": INT4_TABLE, "gguf": INT4_TABLE}  # gguf: Q4_0's codes (Q4_1's carry a min)
 # The projections whose kernels are quantized: the seven of every decoder layer (models/lora.py
 # TARGETS); embeddings, the output head, norms, biases and adapters stay float.
 PROJECTIONS = (("self_attn", ("q_proj", "k_proj", "v_proj", "o_proj")), ("mlp", ("gate_proj", "up_proj", "down_proj")))
 f32 = jnp.float32
+QUANT_KEYS = ("kernel_q", "kernel_scale", "kernel_min")  # what a quantized kernel is stored as
 
 
 def check_mode(mode: str) -> str:
@@ -95,25 +99,57 @@ def quantize(w: jax.Array, mode: str, block: int = BLOCK) -> tuple[jax.Array, ja
     return packed.reshape(*lead, n_in // 2, n_out), scale.astype(w.dtype)
 
 
-def dequantize(q: jax.Array, scale: jax.Array, mode: str, dtype=f32) -> jax.Array:
-    """The float kernel [*stack, in, out] of (codes, scale), computed in float32 and cast to `dtype`."""
-    if mode == "int8":
-        return (q.astype(f32) * scale.astype(f32)).astype(dtype)
-    *lead, n_half, n_out = q.shape
+def dequantize(q: jax.Array, scale: jax.Array, mode: str, dtype=f32, minimum: jax.Array | None = None) -> jax.Array:
+    """The float kernel [*stack, in, out] of (codes, scale), computed in float32 and cast to `dtype`.
+    int8 codes: one scale per block of in / scale.shape[-2] rows (1 block: per channel; Q8_0: 32
+    rows). 4-bit codes: TABLE[mode][code] * scale, or with `minimum` (GGUF's Q4_1) code * scale + min."""
+    *lead, n_rows, n_out = q.shape
     nb = scale.shape[-2]
-    qb = q.reshape(*lead, nb, n_half // nb, n_out)
+    s = scale.astype(f32)[..., None, :]
+    if q.dtype == jnp.int8:
+        w = q.reshape(*lead, nb, n_rows // nb, n_out).astype(f32) * s
+        return w.reshape(*lead, n_rows, n_out).astype(dtype)
+    qb = q.reshape(*lead, nb, n_rows // nb, n_out)
     codes = jnp.concatenate([qb & 15, qb >> 4], axis=-2)  # [..., nb, block, out]
-    levels = jnp.asarray(TABLES[mode])[codes.astype(jnp.int32)]
-    w = levels * scale.astype(f32)[..., None, :]
-    return w.reshape(*lead, 2 * n_half, n_out).astype(dtype)
+    if minimum is None:
+        w = jnp.asarray(TABLES[mode])[codes.astype(jnp.int32)] * s
+    else:  # the order of gguf's Q4_1: d * q + m
+        w = codes.astype(f32) * s + minimum.astype(f32)[..., None, :]
+    return w.reshape(*lead, 2 * n_rows, n_out).astype(dtype)
 
 
 def kernel(p: dict, mode: str, dtype) -> jax.Array:
     """A projection's kernel [..., in, out] in `dtype` from its parameter dict: the float `kernel`, or
-    the dequantized `kernel_q` / `kernel_scale` of a quantized base (`mode`: the model's base_quant)."""
+    the dequantized `kernel_q` / `kernel_scale` (/ `kernel_min`) of a quantized base (`mode`: the
+    model's base_quant)."""
     if "kernel_q" in p:
-        return dequantize(p["kernel_q"], p["kernel_scale"], mode, dtype)
+        return dequantize(p["kernel_q"], p["kernel_scale"], mode, dtype, p.get("kernel_min"))
     return p["kernel"].astype(dtype)
+
+
+def from_gguf_blocks(raw: np.ndarray, qtype: str) -> dict:
+    """A GGUF tensor's blocks (`GGUFReader` tensor data: uint8 [out, bytes per row], rows = output
+    features, blocks along the input) as this module's arrays, the values unchanged: {"kernel_q":
+    codes [in / 2, out] uint8 (4-bit, llama.cpp's nibble order is ours) or [in, out] int8 (Q8_0),
+    "kernel_scale": float16 [in / 32, out], and for Q4_1 "kernel_min": float16 [in / 32, out]}.
+    `dequantize` of them gives exactly the gguf package's float32 weights (transposed)."""
+    if qtype not in GGUF_BLOCKS:
+        raise ValueError(f"GGUF block type {qtype} cannot be kept as a quantized base; supported: "
+                         f"{', '.join(GGUF_BLOCKS)}")
+    per, size = GGUF_BLOCKS[qtype]
+    n_out = raw.shape[0]
+    blocks = np.ascontiguousarray(raw).reshape(n_out, -1, size)  # [out, nb, bytes]
+    nb = blocks.shape[1]
+    out = {"kernel_scale": blocks[..., 0:2].copy().view(np.float16)[..., 0].T.copy()}
+    if qtype == "Q4_1":
+        out["kernel_min"] = blocks[..., 2:4].copy().view(np.float16)[..., 0].T.copy()
+    body = blocks[..., size - (per if qtype == "Q8_0" else per // 2):]
+    if qtype == "Q8_0":
+        body = body.view(np.int8)
+    # [out, nb, bytes of a block] -> [nb * bytes, out]: byte j of block b is row b * bytes + j.
+    out["kernel_q"] = np.ascontiguousarray(body.reshape(n_out, -1).T)
+    assert out["kernel_q"].shape[0] == nb * body.shape[-1]
+    return out
 
 
 @functools.partial(jax.jit, static_argnums=(1, 2))
@@ -143,13 +179,30 @@ def quantize_base(model, mode: str, block: int = BLOCK) -> None:
     place, and record the mode in every config the model holds (the forward reads it from there)."""
     if check_mode(mode) == "none":
         return
+    if mode == "gguf":
+        raise ValueError("base_quant 'gguf' keeps a .gguf file's own blocks (gguf.quantized_kernels + "
+                         "set_quantized); it cannot be computed from float weights")
     for _, dense in projections(model):
         check_shape(dense.kernel.shape, mode, block)
-    for _, dense in projections(model):
+    kernels = {}
+    for name, dense in projections(model):
         q, scale = _quantize_stacked(dense.kernel[...], mode, block)
-        del dense.kernel
-        dense.kernel_q = nnx.Param(q)
-        dense.kernel_scale = nnx.Param(scale)
+        kernels[name] = {"kernel_q": q, "kernel_scale": scale}
+        del dense.kernel  # the float kernel goes before the next one is quantized
+    set_quantized(model, kernels, mode)
+
+
+def set_quantized(model, kernels: dict, mode: str) -> None:
+    """Put quantized kernels ({projection name: {"kernel_q", "kernel_scale"[, "kernel_min"]}}, stacked
+    over layers) in place of those projections' kernels, in place, and record `mode` in every config
+    the model holds. Projections not named keep their float kernel (the forward takes either)."""
+    for name, dense in projections(model):
+        if name not in kernels:
+            continue
+        if hasattr(dense, "kernel"):
+            del dense.kernel
+        for key, value in kernels[name].items():
+            setattr(dense, key, nnx.Param(jnp.asarray(value)))
     for _, node in nnx.iter_graph(model):
         cfg = getattr(node, "cfg", None) if isinstance(node, nnx.Module) else None
         if cfg is not None and hasattr(cfg, "base_quant"):
@@ -163,14 +216,14 @@ def dequantized_state(state: dict, mode: str, dtype=None) -> dict:
         if not isinstance(node, dict):
             return node
         if "kernel_q" in node:
-            out = {k: walk(v) for k, v in node.items() if k not in ("kernel_q", "kernel_scale")}
-            out["kernel"] = dequantize(node["kernel_q"], node["kernel_scale"], mode,
-                                       dtype or node["kernel_scale"].dtype)
+            out = {k: walk(v) for k, v in node.items() if k not in QUANT_KEYS}
+            out["kernel"] = kernel(node, mode, dtype or node["kernel_scale"].dtype)
             return out
         return {k: walk(v) for k, v in node.items()}
 
     return walk(state)
 
 
-__all__ = ["BLOCK", "MODES", "NF4_TABLE", "check_mode", "check_shape", "dequantize", "dequantized_state", "kernel",
-           "projections", "quantize", "quantize_base"]
+__all__ = ["BLOCK", "GGUF_BLOCKS", "MODES", "NF4_TABLE", "QUANT_KEYS", "check_mode", "check_shape", "dequantize",
+           "dequantized_state", "from_gguf_blocks", "kernel", "projections", "quantize", "quantize_base",
+           "set_quantized"]

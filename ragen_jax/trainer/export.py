@@ -48,6 +48,9 @@ def abstract_programs(cfg: Config, donate: bool = True, devices=None):
     a config, split as the Trainer splits it (`rl.Trainer.__init__`); nothing is allocated. The mesh is
     `cfg.mesh` over `devices` (default: this process's devices)."""
     m = cfg.model
+    if m.base_quant == "gguf":
+        raise ConfigError("abstract programs are built from model.preset, and model.base_quant=gguf needs its "
+                          ".gguf file's blocks; measure the same shapes with model.base_quant=int4 (Q4_0's bytes)")
     n = cfg.mesh.data * cfg.mesh.fsdp * cfg.mesh.tensor
     devices = list(devices if devices is not None else jax.devices())
     mesh = build_mesh(cfg, devices[:n] if n > 0 else devices)

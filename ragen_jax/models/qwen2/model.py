@@ -318,8 +318,8 @@ def scan_layers(layer, carry, layers, *rest):
 
 def _is_quantized_base(path, a) -> bool:
     """Whether a stacked layer leaf belongs to a quantized base (models/quant.py): its integer codes or
-    the scales beside them."""
-    return jnp.issubdtype(a.dtype, jnp.integer) or getattr(path[-1], "key", None) == "kernel_scale"
+    the scales (and GGUF Q4_1 mins) beside them."""
+    return jnp.issubdtype(a.dtype, jnp.integer) or getattr(path[-1], "key", None) in ("kernel_scale", "kernel_min")
 
 
 def _as_dtype(a, dtype):
