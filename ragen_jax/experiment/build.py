@@ -222,12 +222,9 @@ def quantize_policy(cfg: Config, policy, mesh=None):
 
 def gguf_base(cfg: Config) -> dict:
     """`model.base_quant=gguf`: the Q4_0 / Q4_1 / Q8_0 projections of the `model.path` .gguf file
-    (`gguf.quantized_kernels`). The base must be the file's: `model.init_from` may only add adapters."""
+    (`gguf.quantized_kernels`). The base is the file's (`model.init_from` may only add adapters: checked
+    by ModelConfig.validate)."""
     m = cfg.model
-    if m.init_from and not is_peft_dir(str(m.init_from)):
-        raise ConfigError(f"model.base_quant=gguf keeps the .gguf file's blocks as the base, so model.init_from "
-                          f"{m.init_from!r} (a policy export) would be ignored; use model.base_quant=nf4 to "
-                          "quantize it")
     reader = open_gguf(expand_model_path(m.path))
     config, arch = gguf_hf_config(reader)
     kernels = quantized_kernels(reader, config, arch)

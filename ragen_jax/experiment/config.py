@@ -32,6 +32,7 @@ from ragen_jax.models.attention import IMPLEMENTATIONS as ATTENTION_IMPLEMENTATI
 from ragen_jax.models.attention import check_available as check_attention
 from ragen_jax.models.gguf import expand_model_path
 from ragen_jax.models.lora import check_targets as check_lora_targets
+from ragen_jax.models.lora import is_peft_dir
 from ragen_jax.models.quant import MODES as QUANT_MODES
 from ragen_jax.models.qwen2.config import DEMO_PRESETS, REMAT_POLICIES
 from ragen_jax.rollout.types import RolloutConfig
@@ -113,6 +114,10 @@ class ModelConfig:
         if self.base_quant == "gguf" and not (self.path and str(self.path).lower().endswith(".gguf")):
             raise ConfigError(f"model.base_quant='gguf' reads the projections of a .gguf model.path, got "
                               f"{self.path!r}; set model.path to a .gguf file or model.base_quant=nf4")
+        if self.base_quant == "gguf" and self.init_from and not is_peft_dir(str(self.init_from)):
+            raise ConfigError(f"model.base_quant=gguf keeps the .gguf file's blocks as the base, so model.init_from "
+                              f"{self.init_from!r} (a policy export) would be ignored; use model.base_quant=nf4 to "
+                              "quantize it")
         if self.lora_dropout != 0:
             raise ConfigError(f"model.lora_dropout={self.lora_dropout!r} is not supported (adapters train without "
                               "dropout); set model.lora_dropout=0")

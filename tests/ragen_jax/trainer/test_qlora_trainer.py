@@ -132,3 +132,38 @@ def test_export_cli_of_a_checkpoint_writes_the_float_model_and_the_adapter(qlora
     peft = load_file(str(out / "adapter" / "adapter_model.safetensors"))
     a = _host(tr.state.actor)["model"]["layers"]["self_attn"]["q_proj"]["lora_a"][...]
     np.testing.assert_array_equal(peft["base_model.model.model.layers.1.self_attn.q_proj.lora_A.weight"], a[1].T)
+
+
+SFT = ["--config.model.vocab=task", "--config.prompt.max_turns=2", "--config.prompt.max_response_tokens=32",
+       "--config.rollout.max_context=512", "--config.sft.num_demos=8", "--config.sft.batch_size=4",
+       "--config.sft.epochs=1", "--config.sft.lr=3e-3", "--config.sft.save_every=100", "--config.train.val_every=0",
+       "--config.mesh.data=1", f"--config.model.lora_rank={RANK}", "--config.model.lora_alpha=8",
+       "--config.model.base_quant=int8"]
+
+
+def test_sft_over_an_int8_base_and_rl_from_its_adapter_share_the_quantized_base(tmp_path):
+    """The SFT trainer trains adapters over an int8 base (per-channel codes, frozen) and exports them;
+    an RL run started from that adapter quantizes the same float base to the same codes (quantization
+    is a function of the weights), so the adapters continue over exactly the base they were trained on."""
+    from ragen_jax.trainer.sft import SFTTrainer
+
+    sft = SFTTrainer(load_config("tiny_cpu.py", SFT), tmp_path / "sft", quiet=True, demo_chunk=8)
+    frozen0, a0 = _host(sft.frozen), _host(sft.state.params)
+    sft.train()
+    frozen = dict(nnx.to_flat_state(_host(sft.frozen)))
+    q = frozen[("model", "layers", "mlp", "up_proj", "kernel_q")][...]
+    assert q.dtype == np.int8 and frozen[("model", "layers", "mlp", "up_proj", "kernel_scale")].shape[1] == 1
+    for a, b in zip(jax.tree.leaves(frozen0), jax.tree.leaves(_host(sft.frozen))):
+        np.testing.assert_array_equal(a, b)
+    trained = _host(sft.state.params)
+    assert max(np.abs(a - b).max() for a, b in zip(jax.tree.leaves(trained), jax.tree.leaves(a0))) > 1e-4
+    assert (tmp_path / "sft" / "adapter" / "adapter_config.json").is_file()
+    rl_over = [x for x in SFT if "sft." not in x] + [
+        "--config.train.iterations=1", "--config.rollout.num_groups=2", "--config.rollout.group_size=4",
+        "--config.batching.mini_batch_size=4", "--config.model.critic=none", "--config.advantage.estimator=grpo",
+        "--config.advantage.reward_norm=mean_std", f"--config.model.init_from={tmp_path / 'sft' / 'adapter'}"]
+    rl = Trainer(load_config("tiny_cpu.py", rl_over), tmp_path / "rl", quiet=True)
+    for a, b in zip(jax.tree.leaves(_host(rl.state.actor)), jax.tree.leaves(trained)):
+        np.testing.assert_array_equal(a, b)
+    for a, b in zip(jax.tree.leaves(_host(rl.frozen)), jax.tree.leaves(_host(sft.frozen))):
+        np.testing.assert_array_equal(a, b)
