@@ -50,10 +50,14 @@ from ragen_jax.trainer.export import abstract_programs  # noqa: E402  (the Train
 RESULTS = Path(__file__).resolve().parent / "results" / "memory.json"
 GIB = 2**30
 
-# name: (preset, estimator, mesh.fsdp, target GiB per device of the largest program or None, LoRA rank).
-# The LoRA rows (issue 17) train rank-64 adapters on all seven projections over a bfloat16 frozen
-# base (`model.param_dtype=bfloat16`): AdamW holds state only for the adapters (and the critic's
-# value head), so what remains is the base, the rollout's KV cache and the activations.
+# name: (preset, estimator, mesh.fsdp, target GiB per device of the largest program or None, LoRA rank
+# [, model.base_quant]). The LoRA rows (issue 17) train rank-64 adapters on all seven projections over
+# a bfloat16 frozen base (`model.param_dtype=bfloat16`): AdamW holds state only for the adapters (and
+# the critic's value head), so what remains is the base, the rollout's KV cache and the activations.
+# The QLoRA rows (issue 57) store that base's projections in 4 bits (nf4, blocks of 64, bf16 scales):
+# 7B GRPO on one 24 GB GPU, 3B PPO with its critic in 14 GiB. Written to their own file:
+#     python -m bench.memory --rows 7b-grpo-qlora,3b-ppo-qlora --settings after-mb1-pass1 \
+#         --out bench/results/memory_qlora.json
 ROWS = {
     "0.5b-ppo": ("qwen2.5-0.5b", "gae", 1, 20, 0),
     "1.5b-ppo": ("qwen2.5-1.5b", "gae", 1, None, 0),
@@ -64,6 +68,9 @@ ROWS = {
     "3b-ppo-lora": ("qwen2.5-3b", "gae", 1, 24, 64),
     "7b-grpo-lora": ("qwen2.5-7b", "grpo", 1, 40, 64),
     "0.5b-ppo-lora": ("qwen2.5-0.5b", "gae", 1, None, 64),
+    "7b-grpo-qlora": ("qwen2.5-7b", "grpo", 1, 22, 64, "nf4"),
+    "3b-ppo-qlora": ("qwen2.5-3b", "gae", 1, 14, 64, "nf4"),
+    "0.5b-ppo-qlora": ("qwen2.5-0.5b", "gae", 1, None, 64, "nf4"),
 }
 SETTINGS = {
     "before": dict(attention="xla", remat=False, micro_batch_size=0, donate=False),
@@ -82,7 +89,7 @@ SETTINGS = {
 def row_config(name: str, setting: str):
     from ragen_jax.experiment.config import load_config
 
-    preset, estimator, fsdp, _, lora_rank = ROWS[name]
+    preset, estimator, fsdp, _, lora_rank, base_quant = row_spec(name)
     s = SETTINGS[setting]
     over = ["model.random_init=true", f"model.preset={preset}", f"model.attention={s['attention']}",
             f"model.remat={str(s['remat']).lower()}", f"batching.micro_batch_size={s['micro_batch_size']}",
@@ -90,8 +97,15 @@ def row_config(name: str, setting: str):
     if estimator == "grpo":
         over += ["advantage.estimator=grpo", "advantage.reward_norm=mean_std", "model.critic=none"]
     if lora_rank:
-        over += [f"model.lora_rank={lora_rank}", f"model.lora_alpha={lora_rank}", "model.param_dtype=bfloat16"]
+        over += [f"model.lora_rank={lora_rank}", f"model.lora_alpha={lora_rank}", "model.param_dtype=bfloat16",
+                 f"model.base_quant={base_quant}"]
     return load_config("sokoban.py", over)
+
+
+def row_spec(name: str) -> tuple:
+    """ROWS[name] with its base_quant ("none" where the row names none)."""
+    spec = ROWS[name]
+    return spec if len(spec) == 6 else (*spec, "none")
 
 
 def measure(name: str, setting: str) -> dict:
@@ -108,7 +122,7 @@ def measure(name: str, setting: str) -> dict:
     t0 = time.perf_counter()
     _, usage = aot_compile(rollout, prepare, update, state, ref, key, seeds, frozen=frozen)
     compile_s = time.perf_counter() - t0
-    preset, estimator, fsdp, target, lora_rank = ROWS[name]
+    preset, estimator, fsdp, target, lora_rank, base_quant = row_spec(name)
     a, r, p = cfg.batching, cfg.rollout, cfg.prompt
     programs = {}
     for prog, (mem, resident) in usage.items():
@@ -126,6 +140,7 @@ def measure(name: str, setting: str) -> dict:
                      "mini_batch_size": a.mini_batch_size, "donate": s["donate"], "dtype": cfg.model.dtype,
                      "param_dtype": cfg.model.param_dtype, "cache_dtype": r.cache_dtype,
                      "lora_rank": lora_rank, "lora_alpha": cfg.model.lora_alpha if lora_rank else None,
+                     "base_quant": base_quant,
                      "rollout": f"P={r.num_groups} x N={r.group_size}", "groups_per_pass": r.groups_per_pass,
                      "turns": f"{p.max_turns} x {p.max_response_tokens} tokens", "max_context": r.max_context},
         "programs": programs,

@@ -27,7 +27,7 @@ from ragen_jax.text.tokenizer import load_tokenizer
 from ragen_jax.infra.checkpoint import POLICY_DIR, CheckpointError, load_policy_params
 from ragen_jax.experiment.config import Config, ConfigError, config_from_dict
 from ragen_jax.experiment.build import (build_policy, build_text_envs, build_vocab, init_policy_params,
-                                        load_task_tokenizer)
+                                        load_task_tokenizer, quantize_policy)
 
 
 class EvalError(ValueError):
@@ -133,6 +133,8 @@ def _restore_lora_from_checkpoints(ckpt_dir: Path, config: Config, vocab, step: 
     policy = build_policy(config, vocab)
     graphdef, params = nnx.split(policy)
     params = init_policy_params(config, graphdef, params)
+    if config.model.base_quant != "none":  # the run trained over a quantized base: rebuild that one
+        graphdef, params = nnx.split(quantize_policy(config, nnx.merge(graphdef, params)))
     adapters, base = nnx.split_state(params, LoRAParam, ...)
     device = jax.sharding.SingleDeviceSharding(jax.local_devices()[0])
     like = jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=device), adapters)

@@ -27,7 +27,7 @@ from ragen_jax.infra.preemption import STOP
 from ragen_jax.models.lora import POLICY_TRAINABLE
 from ragen_jax.models.qwen2.sharding import param_shardings
 from ragen_jax.experiment.build import (build_mesh, build_policy, build_text_envs, build_vocab, check_run_dir_config,
-                                        init_policy_params, load_task_tokenizer)
+                                        init_policy_params, load_task_tokenizer, quantize_policy)
 from ragen_jax.experiment.config import Config
 from ragen_jax.experiment.policy_export import save_policy_exports
 
@@ -75,6 +75,11 @@ class RunAssembly:
         self.policy = build_policy(cfg, self.vocab, mesh=self.mesh if build_on_mesh else None)
         self.policy_graph, params = nnx.split(self.policy)
         self.initial_params = init_policy_params(cfg, self.policy_graph, self.put(params), self.mesh)  # e.g. a warm start
+        if cfg.model.base_quant != "none":  # QLoRA: the final base, stored quantized for every program
+            self.policy = quantize_policy(cfg, nnx.merge(self.policy_graph, self.initial_params), self.mesh)
+            self.policy_graph, params = nnx.split(self.policy)
+            # A State of its own: `take_trainable` empties the module's.
+            self.initial_params = jax.tree.map(lambda x: x, params)
         self.frozen, self.frozen_args = None, ()
 
     def put(self, tree):

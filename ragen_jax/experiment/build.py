@@ -3,7 +3,8 @@
 `build_mesh` (devices), `load_task_tokenizer`, `build_text_envs` (one TextEnv per environment of the
 run), `build_vocab` (the task vocabulary of small demo models), `build_policy` (HF directory or random
 preset, with fresh LoRA adapters when `model.lora_rank > 0`), `init_policy_params` (`model.init_from`:
-a policy export or a PEFT adapter directory) and `check_run_dir_config` (a run directory resumes only
+a policy export or a PEFT adapter directory), `quantize_policy` (`model.base_quant`: the frozen base
+stored quantized, once it holds its final weights) and `check_run_dir_config` (a run directory resumes only
 with its own config).
 """
 
@@ -20,8 +21,10 @@ from flax import nnx
 import envs_jax
 from ragen_jax.models import Qwen2, Qwen2Config
 from ragen_jax.models.lora import LoRAParam, add_lora, is_peft_dir, load_peft_adapter, merged_state
+from ragen_jax.models.quant import quantize_base, set_quantized
 from ragen_jax.models.qwen2.sharding import make_mesh, param_shardings
-from ragen_jax.models.gguf import resolve_model_path
+from ragen_jax.models.gguf import expand_model_path, open_gguf, quantized_kernels, resolve_model_path
+from ragen_jax.models.gguf import hf_config as gguf_hf_config
 from ragen_jax.models.qwen2.weights import from_pretrained
 from ragen_jax.models.vocab_map import VocabMap
 from ragen_jax.rollout.teachers import teacher_texts
@@ -195,6 +198,40 @@ def _with_lora(cfg: Config, policy, mesh):
         adapters = nnx.state(policy, LoRAParam)
         nnx.update(policy, jax.device_put(adapters, param_shardings(adapters, mesh)))
     return policy
+
+
+def quantize_policy(cfg: Config, policy, mesh=None):
+    """`policy` (a LoRA model holding its final base weights: after `init_policy_params`) with that frozen
+    base stored in `model.base_quant` (models/quant.py; in place), placed in its mesh sharding. Every
+    program of the run then reads the quantized base. `model.base_quant=none`: unchanged."""
+    mode = cfg.model.base_quant
+    if mode == "none":
+        return policy
+    try:
+        if mode == "gguf":  # the file's own blocks replace the float projections read from its conversion
+            set_quantized(policy, gguf_base(cfg), mode)
+        else:
+            quantize_base(policy, mode)
+    except ValueError as e:
+        raise ConfigError(f"model.base_quant: {e}") from None
+    if mesh is not None:
+        state = nnx.state(policy)
+        nnx.update(policy, jax.device_put(state, param_shardings(state, mesh)))
+    return policy
+
+
+def gguf_base(cfg: Config) -> dict:
+    """`model.base_quant=gguf`: the Q4_0 / Q4_1 / Q8_0 projections of the `model.path` .gguf file
+    (`gguf.quantized_kernels`). The base is the file's (`model.init_from` may only add adapters: checked
+    by ModelConfig.validate)."""
+    m = cfg.model
+    reader = open_gguf(expand_model_path(m.path))
+    config, arch = gguf_hf_config(reader)
+    kernels = quantized_kernels(reader, config, arch)
+    if not kernels:
+        raise ConfigError(f"model.base_quant=gguf: {m.path} has no projection stored as Q4_0, Q4_1 or Q8_0 in every "
+                          "layer; use model.base_quant=nf4 (or int8) to quantize its weights")
+    return kernels
 
 
 def init_policy_params(cfg: Config, graphdef, params, mesh=None):

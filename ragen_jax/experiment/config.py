@@ -32,6 +32,8 @@ from ragen_jax.models.attention import IMPLEMENTATIONS as ATTENTION_IMPLEMENTATI
 from ragen_jax.models.attention import check_available as check_attention
 from ragen_jax.models.gguf import expand_model_path
 from ragen_jax.models.lora import check_targets as check_lora_targets
+from ragen_jax.models.lora import is_peft_dir
+from ragen_jax.models.quant import MODES as QUANT_MODES
 from ragen_jax.models.qwen2.config import DEMO_PRESETS, REMAT_POLICIES
 from ragen_jax.rollout.types import RolloutConfig
 from ragen_jax.text.conversation import PromptConfig
@@ -87,6 +89,13 @@ class ModelConfig:
     # PEFT's lora_dropout. Only 0 is supported (dropout on the adapters' input is not implemented);
     # the key exists so that a config asking for dropout fails clearly instead of silently.
     lora_dropout: float = 0.0
+    # QLoRA: the frozen base's projection kernels (q/k/v/o, gate/up/down of every layer) stored quantized
+    # and dequantized per layer inside the forward and the rematerialised backward (models/quant.py):
+    # "none" (float, in param_dtype), "int8" (per output channel), "nf4" (QLoRA's NormalFloat, blocks of
+    # 64 weights with one scale), "int4" (llama.cpp's Q4_0 rule, blocks of 64) or "gguf" (a .gguf
+    # model.path's own Q4_0 / Q4_1 / Q8_0 projection blocks, read as they are). LoRA only: full
+    # fine-tuning trains the base. Embeddings, the output head, norms, biases and adapters stay float.
+    base_quant: str = "none"
 
     def validate(self):
         if isinstance(self.lora_rank, bool) or not isinstance(self.lora_rank, int) or self.lora_rank < 0:
@@ -97,6 +106,18 @@ class ModelConfig:
                 check_lora_targets(self.lora_targets)
             except ValueError as e:
                 raise ConfigError(f"model.lora_targets: {e}") from None
+        choice("model.base_quant", self.base_quant, QUANT_MODES)
+        if self.base_quant != "none" and not self.lora_rank:
+            raise ConfigError(f"model.base_quant={self.base_quant!r} stores a frozen base quantized, but without LoRA "
+                              "(model.lora_rank=0) the whole model trains; set model.lora_rank (e.g. 64) or "
+                              "model.base_quant=none")
+        if self.base_quant == "gguf" and not (self.path and str(self.path).lower().endswith(".gguf")):
+            raise ConfigError(f"model.base_quant='gguf' reads the projections of a .gguf model.path, got "
+                              f"{self.path!r}; set model.path to a .gguf file or model.base_quant=nf4")
+        if self.base_quant == "gguf" and self.init_from and not is_peft_dir(str(self.init_from)):
+            raise ConfigError(f"model.base_quant=gguf keeps the .gguf file's blocks as the base, so model.init_from "
+                              f"{self.init_from!r} (a policy export) would be ignored; use model.base_quant=nf4 to "
+                              "quantize it")
         if self.lora_dropout != 0:
             raise ConfigError(f"model.lora_dropout={self.lora_dropout!r} is not supported (adapters train without "
                               "dropout); set model.lora_dropout=0")

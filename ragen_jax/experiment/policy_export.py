@@ -26,8 +26,9 @@ def save_lora_exports(workdir, graphdef, adapters, frozen, base_model: str | Non
     """The exports of a LoRA run: `<workdir>/policy` (merged) and `<workdir>/adapter` (PEFT layout).
     Returns the adapter directory."""
     full = nnx.merge_state(adapters, frozen)
-    scale = nnx.merge(graphdef, full).cfg.lora_scale
-    save_policy(workdir, jax.jit(merged_state, static_argnums=1)(full, scale))
+    cfg = nnx.merge(graphdef, full).cfg
+    # A QLoRA run's policy is float: its quantized base dequantized, plus the adapters.
+    save_policy(workdir, jax.jit(merged_state, static_argnums=(1, 2))(full, cfg.lora_scale, cfg.base_quant))
     model = nnx.merge(graphdef, nnx.merge_state(host_copy(adapters), frozen))  # gathered from every process
     if jax.process_index() == 0:
         out = run_path(workdir) / ADAPTER_DIR

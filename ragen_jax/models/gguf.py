@@ -42,6 +42,7 @@ from typing import Callable
 import jax
 import numpy as np
 
+from ragen_jax.models.quant import GGUF_BLOCKS, from_gguf_blocks
 from ragen_jax.models.qwen2.config import Qwen2Config
 from ragen_jax.models.qwen2.model import rope_inv_freq
 from ragen_jax.models.qwen2 import weights
@@ -366,6 +367,32 @@ def dequantize_tensor(t) -> np.ndarray:
                          f"supported: {', '.join(SUPPORTED_QUANTS)}")
     shape = tuple(int(x) for x in reversed(list(t.shape)))
     return np.ascontiguousarray(quants.dequantize(t.data, t.tensor_type).astype(np.float32).reshape(shape))
+
+
+def quantized_kernels(reader, config: dict, arch: str) -> dict:
+    """The file's projection tensors kept in their Q4_0 / Q4_1 / Q8_0 blocks, never expanded to float
+    (models/quant.py `from_gguf_blocks`; llama's q/k rows unpermuted as whole rows of blocks), stacked
+    over layers: {projection name (q_proj ... down_proj): {"kernel_q", "kernel_scale"[, "kernel_min"]}}
+    for `quant.set_quantized`. A projection whose layers are not all of one such type is left out (it
+    stays float, as the converted directory holds it)."""
+    tensors = {t.name: t for t in reader.tensors}
+    out = {}
+    for gname, hf in _BLOCK_NAMES.items():
+        proj = hf.split(".")[1]
+        if not hf.endswith("_proj.weight"):  # the seven projections' kernels (not biases or norms)
+            continue
+        layers = [tensors.get(f"blk.{i}.{gname}") for i in range(config["num_hidden_layers"])]
+        types = {t.tensor_type.name for t in layers if t is not None}
+        if None in layers or len(types) != 1 or next(iter(types)) not in GGUF_BLOCKS:
+            continue
+        blocks = []
+        for t in layers:
+            raw = np.asarray(t.data)  # uint8 [out, bytes per row]: rows are output features
+            if arch == "llama" and proj in ("q_proj", "k_proj"):
+                raw = unpermute_qk(raw, config["num_attention_heads" if proj == "q_proj" else "num_key_value_heads"])
+            blocks.append(from_gguf_blocks(raw, t.tensor_type.name))
+        out[proj] = {k: np.stack([b[k] for b in blocks]) for k in blocks[0]}
+    return out
 
 
 def weight_tensors(reader) -> list:

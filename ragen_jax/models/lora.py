@@ -32,6 +32,9 @@ from flax import nnx
 from safetensors import safe_open
 from safetensors.numpy import save_file
 
+from ragen_jax.models.quant import QUANT_KEYS
+from ragen_jax.models.quant import kernel as quant_kernel
+
 # PEFT module name -> path of the Dense module inside the trunk's stacked decoder layers.
 TARGETS: dict[str, tuple[str, str]] = {
     "q_proj": ("self_attn", "q_proj"),
@@ -102,12 +105,17 @@ POLICY_TRAINABLE = LoRAParam
 CRITIC_TRAINABLE = nnx.Any(LoRAParam, nnx.PathContains("value_head"))
 
 
-def merged_state(state, scale: float):
+def merged_state(state, scale: float, quant: str = "none"):
     """`merge_lora` over an nnx.State (adapters included), as an nnx.State of the base architecture
-    (the structure of the same model without adapters). Traceable: run it under jit to keep shardings."""
+    (the structure of the same model without adapters, float kernels: a quantized base, `quant` its
+    mode, is dequantized). Traceable: run it under jit to keep shardings."""
     plain = nnx.split_state(state, LoRAParam, ...)[1]
     plain = jax.tree.map(lambda x: x, plain)  # a new State: the caller's is left untouched
-    nnx.replace_by_pure_dict(plain, merge_lora(state.to_pure_dict(), scale))
+    if quant != "none":  # codes + scales -> one float kernel (a placeholder filled just below)
+        flat = [(path[:-1] + ("kernel",), nnx.Param(jnp.zeros(()))) if path[-1] == "kernel_q" else (path, v)
+                for path, v in nnx.to_flat_state(plain) if path[-1] not in QUANT_KEYS[1:]]
+        plain = nnx.from_flat_state(flat)
+    nnx.replace_by_pure_dict(plain, merge_lora(state.to_pure_dict(), scale, quant))
     return plain
 
 
@@ -117,17 +125,20 @@ def merged_kernel(kernel, lora_a, lora_b, scale: float):
     return (kernel.astype(jnp.float32) + scale * delta).astype(kernel.dtype)
 
 
-def merge_lora(state: dict, scale: float) -> dict:
+def merge_lora(state: dict, scale: float, quant: str = "none") -> dict:
     """A pure parameter dict (`nnx.state(model).to_pure_dict()`) with every adapter folded into its
-    kernel and removed: the weights of the base architecture (export, or sampling without adapters)."""
+    kernel and removed: the weights of the base architecture (export, or sampling without adapters).
+    A quantized base (`quant`: its mode, models/quant.py) is dequantized first, to its scales' dtype:
+    the merged model is float (the quantized base the run trained over, plus the adapters)."""
     def walk(node):
         if not isinstance(node, dict):
             return node
+        out = {k: walk(v) for k, v in node.items() if k not in ("lora_a", "lora_b", *QUANT_KEYS)}
+        if "kernel_q" in node:
+            out["kernel"] = quant_kernel(node, quant, node["kernel_scale"].dtype)
         if "lora_a" in node:
-            out = {k: walk(v) for k, v in node.items() if k not in ("lora_a", "lora_b")}
-            out["kernel"] = merged_kernel(node["kernel"], node["lora_a"], node["lora_b"], scale)
-            return out
-        return {k: walk(v) for k, v in node.items()}
+            out["kernel"] = merged_kernel(out["kernel"], node["lora_a"], node["lora_b"], scale)
+        return out
 
     return walk(state)
 

@@ -29,6 +29,7 @@ from jax.sharding import NamedSharding, PartitionSpec
 
 from ragen_jax.models import Qwen2, Qwen2Config, critic_from_policy, on_mesh, param_shardings
 from ragen_jax.models.lora import CRITIC_TRAINABLE, POLICY_TRAINABLE, add_lora
+from ragen_jax.models.quant import quantize_base
 from ragen_jax.rollout import Rollout
 from ragen_jax.rollout.rollout import turn_blocks
 from ragen_jax.trainer.group_prefix import group_shape_of
@@ -47,6 +48,9 @@ def abstract_programs(cfg: Config, donate: bool = True, devices=None):
     a config, split as the Trainer splits it (`rl.Trainer.__init__`); nothing is allocated. The mesh is
     `cfg.mesh` over `devices` (default: this process's devices)."""
     m = cfg.model
+    if m.base_quant == "gguf":
+        raise ConfigError("abstract programs are built from model.preset, and model.base_quant=gguf needs its "
+                          ".gguf file's blocks; measure the same shapes with model.base_quant=int4 (Q4_0's bytes)")
     n = cfg.mesh.data * cfg.mesh.fsdp * cfg.mesh.tensor
     devices = list(devices if devices is not None else jax.devices())
     mesh = build_mesh(cfg, devices[:n] if n > 0 else devices)
@@ -68,6 +72,7 @@ def abstract_programs(cfg: Config, donate: bool = True, devices=None):
         policy = Qwen2(qcfg, rngs=nnx.Rngs(0))
         if m.lora_rank:  # as setup._with_lora: float32 adapters on the (maybe bf16) base
             add_lora(policy, m.lora_rank, m.lora_alpha, m.lora_targets, rngs=nnx.Rngs(3))
+        quantize_base(policy, m.base_quant)  # as build.quantize_policy (QLoRA; "none": unchanged)
         return policy
 
     policy = nnx.eval_shape(make_policy)

@@ -110,6 +110,8 @@ def check_memory_fits(cfg: Config, usage: dict, limit: int) -> None:
             else:
                 knobs = (f"lower batching.micro_batch_size (now {micro}), set model.remat=true (now "
                          f"{str(cfg.model.use_remat).lower()})")
+            if cfg.model.lora_rank and cfg.model.base_quant == "none":  # every program holds the frozen base
+                knobs += ", store the frozen base in 4 bits with model.base_quant=nf4"
             raise ConfigError(
                 f"the compiled {name} program needs {_size(need)} per device ({_size(mem['peak_bytes'])} "
                 f"of arguments + outputs - donated + temporaries, plus {_size(resident)} of training state "

@@ -20,6 +20,7 @@ from typing import Any
 import jax
 
 from ragen_jax.models.attention import DEFAULT_BLOCK, IMPLEMENTATIONS
+from ragen_jax.models.quant import MODES as QUANT_MODES
 
 _DTYPES = ("float32", "bfloat16")
 _ALIASES = {"f32": "float32", "fp32": "float32", "bf16": "bfloat16"}
@@ -80,6 +81,10 @@ class Qwen2Config:
     lora_rank: int = 0
     lora_alpha: float = 0.0
     lora_targets: tuple = ()
+    # How the decoder layers' projection kernels are stored (models/quant.py `quantize_base` sets it):
+    # "none" float kernels; "int8" / "nf4" / "int4" a quantized frozen base (QLoRA), dequantized per
+    # layer inside the forward.
+    base_quant: str = "none"
     # Family (FAMILIES): which projections carry biases and whether q/k get a per-head RMSNorm.
     model_type: str = "qwen2"
     # Explicit per-head size (HF `head_dim`); None = hidden_size // num_attention_heads.
@@ -140,6 +145,8 @@ class Qwen2Config:
         if self.attention not in IMPLEMENTATIONS:
             raise ValueError(f"Qwen2Config.attention must be one of {', '.join(IMPLEMENTATIONS)}, "
                              f"got {self.attention!r}")
+        if self.base_quant not in QUANT_MODES:
+            raise ValueError(f"Qwen2Config.base_quant must be one of {', '.join(QUANT_MODES)}, got {self.base_quant!r}")
         if self.remat_policy not in REMAT_POLICIES:
             raise ValueError(f"Qwen2Config.remat_policy must be one of {', '.join(REMAT_POLICIES)}, "
                              f"got {self.remat_policy!r}")

@@ -10,7 +10,10 @@ def layer_weights(layers, li: int, dtype, kernel_dtype=None, transposed: bool = 
     `model.decoder_stack`), and a few-row matmul streams an [out, in] kernel faster on XLA:CPU (each
     output reads one contiguous row) than an [in, out] one (docs/decode.md). Kernels take
     `kernel_dtype` (the model's `matmul_dtype`) when given: the token loop then streams those bytes.
-    `transposed=False` (config `decode_transposed`) keeps them [in, out] under `kernel`."""
+    `transposed=False` (config `decode_transposed`) keeps them [in, out] under `kernel`. A quantized
+    base's codes, scales and mins (`kernel_q`, `kernel_scale`, `kernel_min`) are sliced as they are: a
+    hoisted float copy of every layer would be the whole model in float, what the quantized base
+    exists to avoid (`dense_layer` dequantizes one layer per token instead)."""
     kdt = dtype if kernel_dtype is None else kernel_dtype
 
     def walk(d):
@@ -18,6 +21,8 @@ def layer_weights(layers, li: int, dtype, kernel_dtype=None, transposed: bool = 
         for k, v in d.items():
             if isinstance(v, dict):
                 out[k] = walk(v)
+            elif k in ("kernel_q", "kernel_scale", "kernel_min"):
+                out[k] = v[li]
             elif k == "kernel" and transposed:
                 out["kernel_t"] = v[li].astype(kdt).T
             elif k == "kernel":

@@ -48,6 +48,7 @@ from flax import nnx, struct
 
 from ragen_jax.models.attention import attention, cached_attention, fill_buckets, filled_read
 from ragen_jax.models.qwen2 import decode as decode_weights
+from ragen_jax.models.quant import kernel as quant_kernel
 from ragen_jax.models.qwen2.config import REMAT_POLICIES, Qwen2Config
 
 f32 = jnp.float32
@@ -222,18 +223,21 @@ def apply_rope(x: jax.Array, cos: jax.Array, sin: jax.Array) -> jax.Array:
     return x * cos + rotated * sin
 
 
-def dense_layer(x, p, lora_scale: float = 0.0, matmul_dtype: str | None = None):
+def dense_layer(x, p, lora_scale: float = 0.0, matmul_dtype: str | None = None, quant: str = "none"):
+    """`quant`: the model's base_quant; a quantized kernel (`kernel_q` + `kernel_scale`) is dequantized
+    here, per layer and per call, so only one layer's float kernel exists at a time (and the
+    rematerialised backward dequantizes it again instead of keeping it)."""
     if matmul_dtype is None:
         if "kernel_t" in p:  # [out, in]: the decode path's per-layer copy (`decode.layer_weights`)
             y = jnp.einsum("...i,oi->...o", x, p["kernel_t"].astype(x.dtype))
         else:
-            y = x @ p["kernel"].astype(x.dtype)
+            y = x @ quant_kernel(p, quant, x.dtype)
     else:  # rounded operands, float32 accumulation and output (Qwen2Config.matmul_dtype)
         xm = x.astype(matmul_dtype)
         if "kernel_t" in p:
             y = jnp.einsum("...i,oi->...o", xm, p["kernel_t"].astype(matmul_dtype), preferred_element_type=f32)
         else:
-            y = jnp.einsum("...i,io->...o", xm, p["kernel"].astype(matmul_dtype), preferred_element_type=f32)
+            y = jnp.einsum("...i,io->...o", xm, quant_kernel(p, quant, matmul_dtype), preferred_element_type=f32)
         y = y.astype(x.dtype)
     if "lora_a" in p:  # applied on the fly: the frozen base is never copied into merged weights
         y = y + ((x @ p["lora_a"].astype(x.dtype)) @ p["lora_b"].astype(x.dtype)) * jnp.asarray(lora_scale, x.dtype)
@@ -246,10 +250,10 @@ def _attn_in(cfg: Qwen2Config, p, x, cos, sin):
     """Pre-norm + q/k/v projections + RoPE for one layer."""
     b, t, _ = x.shape
     h = rms_norm(x, p["input_layernorm"]["scale"], cfg.rms_norm_eps)
-    a, s, mm = p["self_attn"], cfg.lora_scale, cfg.matmul_dtype
-    q = dense_layer(h, a["q_proj"], s, mm).reshape(b, t, cfg.num_attention_heads, cfg.head_dim)
-    k = dense_layer(h, a["k_proj"], s, mm).reshape(b, t, cfg.num_key_value_heads, cfg.head_dim)
-    v = dense_layer(h, a["v_proj"], s, mm).reshape(b, t, cfg.num_key_value_heads, cfg.head_dim)
+    a, s, mm, qz = p["self_attn"], cfg.lora_scale, cfg.matmul_dtype, cfg.base_quant
+    q = dense_layer(h, a["q_proj"], s, mm, qz).reshape(b, t, cfg.num_attention_heads, cfg.head_dim)
+    k = dense_layer(h, a["k_proj"], s, mm, qz).reshape(b, t, cfg.num_key_value_heads, cfg.head_dim)
+    v = dense_layer(h, a["v_proj"], s, mm, qz).reshape(b, t, cfg.num_key_value_heads, cfg.head_dim)
     if cfg.qk_norm:  # Qwen3: per-head RMSNorm over head_dim, before rope
         q = rms_norm(q, a["q_norm"]["scale"], cfg.rms_norm_eps)
         k = rms_norm(k, a["k_norm"]["scale"], cfg.rms_norm_eps)
@@ -257,11 +261,12 @@ def _attn_in(cfg: Qwen2Config, p, x, cos, sin):
 
 
 def _attn_out_mlp(cfg: Qwen2Config, p, x, attn):
-    s, mm = cfg.lora_scale, cfg.matmul_dtype
-    x = x + dense_layer(attn, p["self_attn"]["o_proj"], s, mm)
+    s, mm, qz = cfg.lora_scale, cfg.matmul_dtype, cfg.base_quant
+    x = x + dense_layer(attn, p["self_attn"]["o_proj"], s, mm, qz)
     h = rms_norm(x, p["post_attention_layernorm"]["scale"], cfg.rms_norm_eps)
     m = p["mlp"]
-    return x + dense_layer(jax.nn.silu(dense_layer(h, m["gate_proj"], s, mm)) * dense_layer(h, m["up_proj"], s, mm), m["down_proj"], s, mm)
+    gate, up = dense_layer(h, m["gate_proj"], s, mm, qz), dense_layer(h, m["up_proj"], s, mm, qz)
+    return x + dense_layer(jax.nn.silu(gate) * up, m["down_proj"], s, mm, qz)
 
 
 def _write_kv(cache: jax.Array, li, rows, slots, new: jax.Array) -> jax.Array:
@@ -311,22 +316,36 @@ def scan_layers(layer, carry, layers, *rest):
     return jax.lax.scan(body, carry, (jax.tree.map(narrow, layers), *rest))
 
 
+def _is_quantized_base(path, a) -> bool:
+    """Whether a stacked layer leaf belongs to a quantized base (models/quant.py): its integer codes or
+    the scales (and GGUF Q4_1 mins) beside them."""
+    return jnp.issubdtype(a.dtype, jnp.integer) or getattr(path[-1], "key", None) in ("kernel_scale", "kernel_min")
+
+
+def _as_dtype(a, dtype):
+    """`a` (a slice of a frozen leaf: its integer view, or the leaf itself) in the leaf's dtype."""
+    return a if a.dtype == dtype else jax.lax.bitcast_convert_type(a, dtype)
+
+
 def scan_frozen_base(layer, carry, layers, rest, remat_policy):
     """The rematerialised training forward's layer scan of a LoRA model on XLA:CPU (see `scan_layers`):
     the frozen 16-bit base is held as same-width integers, closed over (not scanned: a scanned input
     would be stacked again as a residual for the backward) and sliced per layer inside the
     rematerialised layer; the trained (float32) leaves are scanned as usual. Only for LoRA: there
     every 16-bit leaf is frozen, and an integer view carries no gradient. Without remat the plain scan
-    measured the same memory, so it keeps that."""
-    leaves, tree = jax.tree.flatten(layers)
-    frozen = {i: jax.lax.bitcast_convert_type(a, jnp.uint16) for i, a in enumerate(leaves) if _is_16bit_float(a)}
+    measured the same memory, so it keeps that. A quantized base's codes (integers) and scales are
+    frozen too and closed over the same way (they need no integer view)."""
+    paths, tree = jax.tree_util.tree_flatten_with_path(layers)
+    leaves = [a for _, a in paths]
+    frozen = {i: jax.lax.bitcast_convert_type(a, jnp.uint16) if _is_16bit_float(a) else a
+              for i, (path, a) in enumerate(paths) if _is_16bit_float(a) or _is_quantized_base(path, a)}
     dtypes = [a.dtype for a in leaves]
     trained = [a for i, a in enumerate(leaves) if i not in frozen]
 
     def body(c, xs):
         li, trained_li, *r = xs
         it = iter(trained_li)
-        p = [jax.lax.bitcast_convert_type(jax.lax.dynamic_index_in_dim(frozen[i], li, 0, keepdims=False), dtypes[i])
+        p = [_as_dtype(jax.lax.dynamic_index_in_dim(frozen[i], li, 0, keepdims=False), dtypes[i])
              if i in frozen else next(it) for i in range(len(leaves))]
         return layer(c, (jax.tree.unflatten(tree, p), *r))
 

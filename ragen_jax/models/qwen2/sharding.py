@@ -21,21 +21,24 @@ MESH_AXES = ("data", "fsdp", "tensor")
 
 # Parameter path (joined with "/", matched with re.search so optimizer states that embed the
 # parameter path, e.g. ".../mu/model/layers/...", match too) -> logical axis per dimension.
-# Heads are flattened into the projection dimension (heads * head_dim), see model.py.
+# Heads are flattened into the projection dimension (heads * head_dim), see model.py. A quantized
+# base's codes and block scales (models/quant.py: `kernel_q` [L, in or in / 2, out], `kernel_scale`
+# [L, in / block or 1, out], GGUF Q4_1's `kernel_min` like the scale) shard like their kernel; an
+# axis that does not divide stays whole.
 LOGICAL_AXES: tuple[tuple[str, tuple[str | None, ...]], ...] = (
     (r"embed_tokens/embedding$", ("vocab", "embed")),
     (r"layers/(input_layernorm|post_attention_layernorm)/scale$", ("layers", "norm")),
-    (r"layers/self_attn/q_proj/kernel$", ("layers", "embed", "heads")),
+    (r"layers/self_attn/q_proj/kernel(_q|_scale|_min)?$", ("layers", "embed", "heads")),
     (r"layers/self_attn/q_proj/bias$", ("layers", "heads")),
-    (r"layers/self_attn/(k_proj|v_proj)/kernel$", ("layers", "embed", "kv_heads")),
+    (r"layers/self_attn/(k_proj|v_proj)/kernel(_q|_scale|_min)?$", ("layers", "embed", "kv_heads")),
     (r"layers/self_attn/(k_proj|v_proj)/bias$", ("layers", "kv_heads")),
-    (r"layers/self_attn/o_proj/kernel$", ("layers", "heads", "embed")),
+    (r"layers/self_attn/o_proj/kernel(_q|_scale|_min)?$", ("layers", "heads", "embed")),
     (r"layers/self_attn/o_proj/bias$", ("layers", "embed")),
     # Qwen3's per-head q/k norms [L, head_dim]: tiny, and every head shard needs all of it.
     (r"layers/self_attn/(q_norm|k_norm)/scale$", ("layers", "norm")),
-    (r"layers/mlp/(gate_proj|up_proj)/kernel$", ("layers", "embed", "mlp")),
+    (r"layers/mlp/(gate_proj|up_proj)/kernel(_q|_scale|_min)?$", ("layers", "embed", "mlp")),
     (r"layers/mlp/(gate_proj|up_proj)/bias$", ("layers", "mlp")),
-    (r"layers/mlp/down_proj/kernel$", ("layers", "mlp", "embed")),
+    (r"layers/mlp/down_proj/kernel(_q|_scale|_min)?$", ("layers", "mlp", "embed")),
     (r"layers/mlp/down_proj/bias$", ("layers", "embed")),
     # LoRA adapters (models/lora.py): A [L, in, r] shards `in` like its kernel, B [L, r, out] shards
     # `out` like its kernel; the small rank axis stays whole.

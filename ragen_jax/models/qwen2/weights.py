@@ -275,14 +275,14 @@ SAVE_DTYPES = {"float32": np.dtype(np.float32), "bfloat16": np.dtype(ml_dtypes.b
 def hf_state_dict(model: Qwen2, dtype: str | None = None) -> dict[str, np.ndarray]:
     """Our parameters as HF-named numpy arrays (ordered as HF: per layer, then the rest). A model with
     LoRA adapters gives its merged weights W + (alpha / rank) A B (the adapters themselves are
-    `lora.save_peft_adapter`'s)."""
+    `lora.save_peft_adapter`'s); a quantized base (QLoRA) is written dequantized."""
     cfg = model.cfg
     dtype = dtype or cfg.param_dtype
     if dtype not in SAVE_DTYPES:
         raise ValueError(f"cannot save weights as {dtype!r}; choose one of {', '.join(SAVE_DTYPES)}")
     params = nnx.state(model, nnx.Param).to_pure_dict()
-    if cfg.lora_rank:
-        params = merge_lora(params, cfg.lora_scale)  # jnp on the (possibly sharded) arrays, before the gather
+    if cfg.lora_rank or cfg.base_quant != "none":  # jnp on the (possibly sharded) arrays, before the gather
+        params = merge_lora(params, cfg.lora_scale, cfg.base_quant)
     out_dtype = SAVE_DTYPES[dtype]
     out: dict[str, np.ndarray] = {}
     for spec in weight_specs(cfg):
