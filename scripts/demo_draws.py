@@ -84,10 +84,24 @@ def commit() -> str:
     return head + ("+changes" if git("status", "--porcelain", "--untracked-files=no") else "")
 
 
+def series_commit(workdir: Path) -> str:
+    """The commit the series' draws run at: recorded in <workdir>/series.json when its first draw starts,
+    so a series resumed or published from a later checkout still names the code that made it."""
+    path = workdir / "series.json"
+    try:
+        return json.loads(path.read_text())["commit"]
+    except (OSError, ValueError, KeyError):
+        c = commit()
+        path.write_text(json.dumps({"commit": c, "started": time.strftime("%Y-%m-%d %H:%M:%S %Z")}) + "\n")
+        return c
+
+
 def run_draws(workdir: Path, seeds: list[int], demo_args: list[str], parallel: int = 1) -> int:
     """Run every unfinished draw, `parallel` at a time (their output in seed<S>.log when more than one);
     the first non-zero exit code, after every started draw has ended."""
     todo = [s for s in seeds if not finished(workdir / f"seed{s}", s)]
+    if todo:
+        series_commit(workdir)
     for s in sorted(set(seeds) - set(todo)):
         print(f"[draws] seed {s}: finished earlier in {workdir / f'seed{s}'}, read as it is", flush=True)
     running, rc = {}, 0
@@ -146,7 +160,7 @@ def main(argv=None) -> int:
                                              else "--seeds " + ",".join(map(str, seeds)))
     cmd += f" --parallel {args.parallel}" if args.parallel > 1 else ""
     cmd += (" -- " + shlex.join(demo_args)) if demo_args else ""
-    doc = publication(records, {"cpu_class": cpu_class(), "cpu_count": os.cpu_count()}, commit(), cmd)
+    doc = publication(records, {"cpu_class": cpu_class(), "cpu_count": os.cpu_count()}, series_commit(workdir), cmd)
     doc["parallel"] = args.parallel  # draws that shared the machine: their times are not a draw's alone
     (workdir / "draws.json").write_text(json.dumps(doc, indent=2) + "\n")
     print_summary(doc)

@@ -186,6 +186,11 @@ with open(Path(a.workdir).parent / "calls.txt", "a") as f:
     assert [r["seed"] for r in doc["draws"]] == [0, 1, 2]
     assert doc["command"] == "python scripts/demo_draws.py --draws 3 -- --skip-bandit"
     assert doc["families"]["sokoban"]["significant"] == 2
+    # The commit is the one recorded when the series started, not the checkout's at publication.
+    assert doc["commit"] == json.loads((work / "series.json").read_text())["commit"] == demo_draws.commit()
+    (work / "series.json").write_text('{"commit": "abc1234"}')
+    assert demo_draws.main(["--draws", "3", "--workdir", str(work)]) == 0
+    assert json.loads((work / "draws.json").read_text())["commit"] == "abc1234"
     assert sorted(p.name for p in pub.iterdir()) == ["demo_summary.json", "draws.json", "eval.json"]
     assert json.loads((pub / "demo_summary.json").read_text())["seed"] == 0
     # Two at a time: both remaining draws run, each with its own log, and the record says so.
