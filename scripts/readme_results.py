@@ -737,9 +737,10 @@ def draws_section(doc: dict | None) -> list[str]:
     t = costs.get("total_s") or {}
     when = f", {t['median'] / 60:.0f} min per draw (median; {t['min'] / 60:.0f}-{t['max'] / 60:.0f})" if t else ""
     if doc.get("parallel", 1) > 1 and t:
-        when += f" with {doc['parallel']} draws at a time sharing the cores"
+        when += f" with {doc['parallel']} draws at a time sharing the cores (not a draw's time alone)"
     out = [f"The tiny demo's draws: {len(doc.get('draws', []))} runs of `launch/demo.py --seed S` (S = "
-           f"{', '.join(str(r['seed']) for r in doc.get('draws', []))}) at commit {doc.get('commit', '?')}, alone on a "
+           f"{', '.join(str(r['seed']) for r in doc.get('draws', []))}) at commit {doc.get('commit', '?')}, "
+           f"{'alone ' if doc.get('parallel', 1) == 1 else ''}on a "
            f"{m.get('cpu_count', '?')}-core {m.get('cpu_class') or 'CPU'}{when} (`{doc.get('command', DRAWS_CMD)}`; "
            "`docs/demo_results/draws.json`). Gains in points of success, min / median / max over the draws:", "",
            "| env | warm start -> RL success (median) | gain, 1 rollout per state | gain, k rollouts per state | "
