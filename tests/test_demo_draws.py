@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from ragen_jax.infra.machine import cpu_class
+from ragen_jax.infra.machine import cpu_class, cpu_model
 from ragen_jax.recipes import draws
 from scripts import demo_draws, readme_results
 
@@ -74,6 +74,7 @@ def series(tmp_path):
 def test_cpu_class_names_family_and_model():
     assert cpu_class(CPUINFO) == "AMD EPYC (family 25, model 17)"
     assert cpu_class("model name\t: Some CPU\n") == "Some CPU"
+    assert cpu_model(CPUINFO) == "AMD EPYC" and cpu_class("") == ""
 
 
 def test_summary_is_the_distribution_over_draws(series):

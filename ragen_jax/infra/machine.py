@@ -5,25 +5,13 @@ from __future__ import annotations
 from pathlib import Path
 
 
-def cpu_model() -> str:
-    """The CPU's model name from Linux /proc/cpuinfo ("" where it cannot be read)."""
-    try:
-        with open("/proc/cpuinfo") as f:
-            return next((line.split(":", 1)[1].strip() for line in f if line.startswith("model name")), "")
-    except OSError:
-        return ""
-
-
-def cpu_class(cpuinfo: str | None = None) -> str:
-    """"<model name> (family F, model M)" from Linux /proc/cpuinfo ("" where it cannot be read).
-
-    The model name alone is not enough: KVM guests report "AMD EPYC" for several generations, whose
-    instruction sets (and so XLA's kernels and the demo's numbers) differ."""
+def _first_processor(cpuinfo: str | None) -> dict:
+    """The first processor's "key: value" fields of Linux /proc/cpuinfo ({} where it cannot be read)."""
     if cpuinfo is None:
         try:
             cpuinfo = Path("/proc/cpuinfo").read_text()
         except OSError:
-            return ""
+            return {}
     fields = {}
     for line in cpuinfo.splitlines():
         if ":" in line:
@@ -31,6 +19,20 @@ def cpu_class(cpuinfo: str | None = None) -> str:
             fields.setdefault(k, v)
         elif not line.strip() and fields:
             break  # the first processor's block is enough
+    return fields
+
+
+def cpu_model(cpuinfo: str | None = None) -> str:
+    """The CPU's model name from Linux /proc/cpuinfo ("" where it cannot be read)."""
+    return _first_processor(cpuinfo).get("model name", "")
+
+
+def cpu_class(cpuinfo: str | None = None) -> str:
+    """"<model name> (family F, model M)" from Linux /proc/cpuinfo ("" where it cannot be read).
+
+    The model name alone is not enough: KVM guests report "AMD EPYC" for several generations, whose
+    instruction sets (and so XLA's kernels and the demo's numbers) differ."""
+    fields = _first_processor(cpuinfo)
     name = fields.get("model name", "")
     if "cpu family" in fields and "model" in fields:
         return f"{name} (family {fields['cpu family']}, model {fields['model']})".strip()
