@@ -406,7 +406,7 @@ def print_report(results: dict, summary: dict, n_states: int) -> None:
         print("\n== targets ==")
         for label, t in summary["targets"].items():
             print(format_target(label, t))
-    if summary.get("landing") and any(": RL gain" in label for label in summary["targets"]):
+    if summary.get("landing") and any(draws.gain_targets(summary["targets"])):
         print("\n== where this run lands (docs/demo.md, \"Draws\") ==")
         print("\n".join(summary["landing"]))
 

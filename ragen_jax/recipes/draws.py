@@ -26,6 +26,17 @@ SIGNIFICANCE = 0.01
 PUBLISHED_DRAWS = Path(__file__).resolve().parents[2] / "docs" / "demo_results" / "draws.json"
 
 
+GAIN_LABEL = ": RL gain over warm start ("  # recipes.demo.check_targets' "<family>: RL gain over warm start (<env> success)"
+
+
+def gain_targets(targets: dict):
+    """(family, env, target) of each RL-gain entry of a demo's targets (recipes.demo.check_targets)."""
+    for label, t in targets.items():
+        if "p_value" in t and GAIN_LABEL in label:
+            family, rest = label.split(GAIN_LABEL, 1)
+            yield family, rest.rsplit(" ", 1)[0], t
+
+
 def _outcome(t: dict) -> dict:
     """A gain target of demo_summary.json (recipes.demo.check_targets) -> the draw's outcome of that family."""
     out = {k: t[k] for k in ("before", "after", "gained", "lost", "p_value", "states") if k in t}
@@ -45,12 +56,7 @@ def draw_record(workdir: str | Path) -> dict:
         settings = json.loads((d / "eval.json").read_text()).get("settings", {})
     except (OSError, ValueError) as e:
         raise ValueError(f"{d} holds no finished demo run (demo_summary.json / eval.json: {e})") from None
-    families = {}
-    for label, t in (summary.get("targets") or {}).items():
-        if "p_value" in t and ": RL gain over warm start (" in label:
-            family, rest = label.split(": ", 1)
-            env = rest.split("(", 1)[1].rsplit(" ", 1)[0]
-            families[family] = {"env": env, **_outcome(t)}
+    families = {family: {"env": env, **_outcome(t)} for family, env, t in gain_targets(summary.get("targets") or {})}
     return {"seed": summary.get("seed", settings.get("seed", 0)), "workdir": d.name,
             "total_s": summary.get("total_s"), "total_cpu_s": summary.get("total_cpu_s"),
             "peak_rss_mb": summary.get("peak_rss_mb"),
@@ -132,10 +138,7 @@ def landing_lines(published: dict | None, targets: dict, cpu: str, comparable: b
     elif cpu != where:
         lines.append(f"This machine is a {cpu or 'CPU of unknown class'}: runs differ across CPU classes, so read "
                      "the comparison as a rough guide, not a check.")
-    for label, t in targets.items():
-        if ": RL gain over warm start (" not in label:
-            continue
-        family = label.split(": ", 1)[0]
+    for family, _, t in gain_targets(targets):
         dist = published.get("families", {}).get(family)
         if not dist:
             continue
@@ -158,4 +161,4 @@ def load_published(path: str | Path = PUBLISHED_DRAWS) -> dict | None:
 
 
 __all__ = ["PUBLISHED_DRAWS", "SIGNIFICANCE", "comparable", "draw_record", "landing_lines", "load_published", "publication",
-           "significant", "summarise"]
+           "gain_targets", "significant", "summarise"]
