@@ -132,7 +132,7 @@ def supervise() -> int:
     import subprocess
 
     child = subprocess.Popen([sys.executable, *sys.orig_argv[1:]], env={**os.environ, SUPERVISED: "1"},
-                             stderr=subprocess.PIPE, preexec_fn=_die_with_parent)
+                             stderr=subprocess.PIPE, preexec_fn=die_with_parent)
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, lambda signum, frame: child.send_signal(signum))
     lost, detail = False, ""
@@ -170,13 +170,14 @@ def run_config_job(doc: str, argv, job: Callable, workdir_help: str = "run direc
         STOP.reset()
 
 
-def _die_with_parent() -> None:
-    """In the child, before it runs: SIGKILL when the supervising parent dies (Linux prctl
-    PR_SET_PDEATHSIG), so that killing the launched process still ends the run's process."""
+def die_with_parent(signum: int = 9) -> None:
+    """In the child, before it runs (`preexec_fn`): signal `signum` (default SIGKILL) when the supervising
+    parent dies (Linux prctl PR_SET_PDEATHSIG), so that killing the launched process still ends the run's
+    process. SIGTERM instead lets a trainer child save its checkpoint first (`infra.preemption`)."""
     import ctypes
 
     try:
-        ctypes.CDLL(None).prctl(1, 9)  # PR_SET_PDEATHSIG = 1, SIGKILL = 9
+        ctypes.CDLL(None).prctl(1, signum)  # PR_SET_PDEATHSIG = 1
     except (OSError, AttributeError):  # not Linux: the child outlives a killed parent
         pass
 

@@ -43,6 +43,8 @@ import json
 import os
 import resource
 import shutil
+import signal
+import subprocess
 import sys
 import time
 from pathlib import Path
@@ -51,6 +53,7 @@ import jax
 import numpy as np
 from absl import logging as absl_logging
 
+from ragen_jax.experiment.cli import die_with_parent
 from ragen_jax.experiment.config import ConfigError, load_config
 from ragen_jax.infra.distributed import RunDirBusy, RunLock
 from ragen_jax.infra.preemption import PREEMPTED_EXIT
@@ -93,6 +96,15 @@ QUICK_FROZEN_LAKE = ("sft.num_demos=32", "sft.epochs=1", "sft.batch_size=16", "p
                      "rollout.group_size=4", "filter.value=1.0", "batching.mini_batch_size=8",
                      "train.iterations=2", "train.save_every=2")
 FAMILIES = ("bandit", "sokoban", "frozen_lake")
+# Families run side by side, each in its own process (--jobs): alone on 2 cores one demo process keeps
+# ~1.5 cores busy (its decode loops and small programs leave the rest idle; 2,067 CPU s in 1,392 s at
+# 406a981), and the families share nothing but the machine. The longest family starts first (START_ORDER),
+# so the short ones fill the idle core beside it. Results are the same whatever the number of jobs: a
+# family's numbers depend only on its own configs and seed (docs/demo.md, "Families side by side").
+DEFAULT_JOBS = 2
+START_ORDER = ("sokoban", "bandit", "frozen_lake")
+WORKER_COMMAND = (sys.executable, "-m", "ragen_jax.recipes.demo")  # + family_worker_argv (tests stand one in)
+PART_FILE = "demo_part.json"  # a family process's results, in <workdir>/<family>/, read by the demo that started it
 QUICK_EVAL_STATES = 8
 EVAL_STATES = 256
 
@@ -133,6 +145,12 @@ def parse_args(argv=None):
                         "order, the RL stage's sampling keys); the demonstrations and the evaluation states and "
                         "key stay fixed, so draws differ only in the recipe's own randomness (default 0)")
     p.add_argument("--quiet", action="store_true", help="no progress bars (stage lines are still printed)")
+    p.add_argument("--jobs", type=int, default=DEFAULT_JOBS,
+                   help=f"families run side by side, each in its own process (default {DEFAULT_JOBS}: the long "
+                        "Sokoban stages beside Bandit then FrozenLake); 1: one after the other in this process. "
+                        "The results do not depend on it")
+    # Internal: run one family in this process and write <workdir>/<family>/demo_part.json (--jobs > 1).
+    p.add_argument("--family-worker", choices=FAMILIES, default=None, help=argparse.SUPPRESS)
     p.add_argument("--publish", metavar="DIR", default=None,
                    help="after a successful run, copy eval.json, demo_summary.json and curves_*.png into DIR "
                         "(e.g. docs/demo_results, which the README's results section reads)")
@@ -149,6 +167,8 @@ def parse_args(argv=None):
         p.error(f"--eval-states must be a positive integer, got {args.eval_states}")
     if args.seed < 0:
         p.error(f"--seed must be a whole number >= 0, got {args.seed}")
+    if args.jobs < 1:
+        p.error(f"--jobs must be a positive integer (families run side by side), got {args.jobs}")
     if args.eval_samples < 0:
         p.error(f"--eval-samples must be a whole number >= 0 (0: no k-sample evaluation), got {args.eval_samples}")
     if args.publish is not None and Path(args.publish).resolve() == Path(args.workdir).resolve():
@@ -185,9 +205,16 @@ def log(msg: str) -> None:
 
 
 def peak_rss_mb() -> float:
+    """The largest resident set of this process and of the family processes it waited for (--jobs)."""
     # ru_maxrss is in KiB on Linux (bytes on macOS).
-    r = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    r = max(resource.getrusage(who).ru_maxrss for who in (resource.RUSAGE_SELF, resource.RUSAGE_CHILDREN))
     return r / (1024.0 * 1024.0) if sys.platform == "darwin" else r / 1024.0
+
+
+def cpu_seconds() -> float:
+    """CPU seconds (all threads) of this process and of the family processes it waited for (--jobs)."""
+    c = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return time.process_time() + c.ru_utime + c.ru_stime
 
 
 class StageEvaluator:
@@ -430,7 +457,8 @@ def write_outputs(args, over, results: dict, results_k: dict, timings: dict, cur
         "stages": {k: {**v, "total_s": v["train_s"] + v["eval_s"] + v.get("eval_k_s", 0.0)}
                    for k, v in timings.items()},
         "total_s": total,
-        "total_cpu_s": time.process_time(),
+        "total_cpu_s": cpu_seconds(),
+        "jobs": args.jobs,  # families that ran side by side (1: one after the other)
         "peak_rss_mb": peak_rss_mb(),
         "cpu_count": os.cpu_count(),
         "cpu_model": cpu_model(),
@@ -446,8 +474,90 @@ def write_outputs(args, over, results: dict, results_k: dict, timings: dict, cur
     return eval_path, summary
 
 
+def family_worker_argv(args, over, family: str, quiet: bool) -> list[str]:
+    """The command line of the process that runs `family` alone for this demo (--family-worker)."""
+    argv = ["--workdir", os.path.abspath(args.workdir), "--model", args.model, "--seed", str(args.seed),
+            "--eval-samples", str(args.eval_samples), "--jobs", "1", "--family-worker", family]
+    if args.eval_states is not None:
+        argv += ["--eval-states", str(args.eval_states)]
+    if args.quick:
+        argv.append("--quick")
+    if quiet:
+        argv.append("--quiet")
+    return argv + [f"--{family}.{o}" for o in over[family]]
+
+
+def write_part(args, family: str, results: dict, results_k: dict, timings: dict, curves: list) -> None:
+    """A family process's outcome, for the demo that started it (`read_part`)."""
+    part = {"results": results, "results_k": results_k, "timings": timings, "curves": curves}
+    path = os.path.join(os.path.abspath(args.workdir), family, PART_FILE)
+    with open(path + ".tmp", "w") as f:
+        json.dump(part, f)
+    os.replace(path + ".tmp", path)
+
+
+def read_part(args, family: str) -> dict:
+    with open(os.path.join(os.path.abspath(args.workdir), family, PART_FILE)) as f:
+        return json.load(f)
+
+
+def run_families_side_by_side(names: list[str], args, over) -> tuple[int, list[dict]]:
+    """Run each family in its own process (`--family-worker`), at most args.jobs at a time, longest first
+    (START_ORDER). Returns (exit status, the families' parts in `names` order).
+
+    SIGTERM / SIGINT to the demo go to every running family (each trainer saves its checkpoint and
+    exits PREEMPTED_EXIT) and start no new one; a family that fails stops the others the same way, and
+    the demo exits with its status. A family process gets SIGTERM when the demo dies (kill -9 too: `main`
+    asks for it first thing; not a `preexec_fn`, which would fork the threaded JAX process)."""
+    queue = sorted(names, key=START_ORDER.index)
+    running: dict[str, subprocess.Popen] = {}
+    stop: list[str] = []  # the first reason to start nothing more
+    codes: dict[str, int] = {}
+
+    def forward(signum, frame):
+        if not stop:
+            stop.append(signal.Signals(signum).name)
+            log(f"{stop[0]}: stopping the running families ({', '.join(running)}) after their checkpoints")
+        for proc in running.values():
+            proc.send_signal(signal.SIGTERM)
+
+    previous = {sig: signal.signal(sig, forward) for sig in (signal.SIGTERM, signal.SIGINT)}
+    try:
+        first = True
+        while running or (queue and not stop):
+            while queue and len(running) < args.jobs and not stop:
+                family = queue.pop(0)
+                cmd = [*WORKER_COMMAND, *family_worker_argv(args, over, family, quiet=args.quiet or not first)]
+                # Its own session: a terminal's Ctrl-C reaches the demo only, which forwards one SIGTERM.
+                running[family] = subprocess.Popen(cmd, start_new_session=True)
+                first = False
+            time.sleep(0.2)
+            for family, proc in list(running.items()):
+                code = proc.poll()
+                if code is None:
+                    continue
+                del running[family]
+                codes[family] = code
+                if code != 0 and not stop:
+                    stop.append(f"{family} exited {code}")
+                    for other in running.values():
+                        other.send_signal(signal.SIGTERM)
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+    failed = [c for c in codes.values() if c not in (0, PREEMPTED_EXIT)]
+    if failed:
+        return failed[0], []
+    if PREEMPTED_EXIT in codes.values() or stop:
+        log("demo stopped; rerun the same command to resume (finished stages are kept)")
+        return PREEMPTED_EXIT, []
+    return 0, [read_part(args, family) for family in names]
+
+
 def main(argv=None) -> int:
     args, over = parse_args(argv)
+    if args.family_worker is not None:
+        die_with_parent(int(signal.SIGTERM))  # the demo that started it was killed: checkpoint and stop
     if args.skip_bandit and args.skip_sokoban and args.skip_frozen_lake:
         print("error: --skip-bandit, --skip-sokoban and --skip-frozen-lake together leave nothing to run",
               file=sys.stderr)
@@ -456,15 +566,17 @@ def main(argv=None) -> int:
 
     absl_logging.set_verbosity(absl_logging.ERROR)  # orbax's checkpoint chatter
     os.makedirs(args.workdir, exist_ok=True)
-    # One writer per run directory (released at exit). The demo is one process on one device: its
-    # module imports create JAX's backend, so it joins no cluster (launch/tpu_train.py does).
-    try:
-        warning = RunLock(args.workdir).acquire()
-    except RunDirBusy as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 2
-    if warning:
-        print(warning, file=sys.stderr)
+    # One writer per run directory (released at exit); a family process works under its demo's lock.
+    # The demo is one process on one device: its module imports create JAX's backend, so it joins no
+    # cluster (launch/tpu_train.py does).
+    if args.family_worker is None:
+        try:
+            warning = RunLock(args.workdir).acquire()
+        except RunDirBusy as e:
+            print(f"error: {e}", file=sys.stderr)
+            return 2
+        if warning:
+            print(warning, file=sys.stderr)
     timings, results, results_k, curves = {}, {}, {}, []
     families = []
     configs = MODEL_CONFIGS[args.model]
@@ -475,11 +587,29 @@ def main(argv=None) -> int:
     if not args.skip_frozen_lake:
         families.append(("frozen_lake", configs["frozen_lake"], FROZEN_LAKE_EVAL_ENVS, QUICK_FROZEN_LAKE,
                          over["frozen_lake"]))
-    log(f"{'quick' if args.quick else 'full'} demo on {jax.devices()[0].platform} ({len(jax.devices())} devices "
-        f"visible, using 1) -> {args.workdir}")
+    if args.family_worker is not None:
+        families = [f for f in families if f[0] == args.family_worker]
+    side_by_side = args.jobs > 1 and len(families) > 1
+    args.jobs = min(args.jobs, len(families)) if side_by_side else 1
+    if args.family_worker is None:
+        log(f"{'quick' if args.quick else 'full'} demo on {jax.devices()[0].platform} ({len(jax.devices())} devices "
+            f"visible, using 1) -> {args.workdir}"
+            + (f"; {args.jobs} families at a time, each in its own process" if side_by_side else ""))
     try:
-        for fam in families:
-            run_family(*fam, args=args, timings=timings, results=results, curves=curves, results_k=results_k)
+        if side_by_side:
+            for family, config_name, _, quick_over, user_over in families:  # bad input: one line before any start
+                stage_configs(config_name, base_overrides(args, quick_over), user_over,
+                              os.path.join(os.path.abspath(args.workdir), family))
+            code, parts = run_families_side_by_side([f[0] for f in families], args, over)
+            if code:
+                return code
+            for part in parts:
+                for mine, theirs in ((results, "results"), (results_k, "results_k"), (timings, "timings")):
+                    mine.update(part[theirs])
+                curves += part["curves"]
+        else:
+            for fam in families:
+                run_family(*fam, args=args, timings=timings, results=results, curves=curves, results_k=results_k)
     except ConfigError as e:
         print(f"error: {' '.join(str(e).split())}", file=sys.stderr)
         return 2
@@ -491,6 +621,9 @@ def main(argv=None) -> int:
             print(f"error: {' '.join(str(e).split())}", file=sys.stderr)
             return 2
         raise
+    if args.family_worker is not None:
+        write_part(args, args.family_worker, results, results_k, timings, curves)
+        return 0
 
     n_states = args.eval_states or (QUICK_EVAL_STATES if args.quick else EVAL_STATES)
     eval_path, summary = write_outputs(args, over, results, results_k, timings, curves, time.perf_counter() - t_start)
@@ -504,3 +637,7 @@ def main(argv=None) -> int:
             return 2
         print(f"\npublished {', '.join(p.name for p in copied)} to {args.publish}")
     return 0
+
+
+if __name__ == "__main__":  # a family process of launch/demo.py --jobs > 1
+    sys.exit(main())
