@@ -365,7 +365,7 @@ class SFTConfig:
     # batch_size / micro_batch_size passes (same loss and gradient, less activation memory).
     # 0: the whole batch in one pass. Must divide batch_size (and split over the mesh's batch devices).
     micro_batch_size: int = 0
-    lr: float = 1e-5
+    lr: float = 1e-5  # AdamW's learning rate; its other settings (betas, decay, clip, warm-up) are optim's
     # "constant" (after optim.warmup_steps), or "cosine": decay to 0 over the planned steps
     # (epochs x num_demos // batch_size; dropped demos end it slightly above 0). Annealing makes the
     # result the average of the last steps rather than wherever the last noisy mini-batches left it.
