@@ -56,7 +56,7 @@ class ModelConfig:
     param_dtype: str = "float32"
     # Operand dtype of the weight matmuls, rollout and update alike (Qwen2Config.matmul_dtype): None =
     # dtype; "bfloat16" with float32 dtype rounds each projection's input and weight to bf16 and
-    # accumulates in float32. On CPUs with avx512_bf16 the rollout runs ~1.7x faster (docs/decode.md).
+    # accumulates in float32. On CPUs with avx512_bf16 the rollout runs ~1.7x faster (docs/experiments/decode.md).
     matmul_dtype: Optional[str] = None
     # Rematerialise each decoder layer in the backward pass: trades ~30% compute for activation memory.
     # None (auto): off for "tiny"; for every model from 0.5B up (a `path`, or any other preset) off when
