@@ -367,3 +367,29 @@ def test_guide_commands_run(page, sandbox, capsys, monkeypatch):
             assert field in row, (field, sorted(row))
         assert doc["settings"]["num_states"] == 2 and row["num_episodes"] == 4
         assert "Sokoban" in json.loads((sandbox / "runs" / "tiny" / "eval_rl.json").read_text())["paired"]
+
+
+# ----------------------------------------------------------------------------------- links
+def _slug(title: str) -> str:
+    """GitHub's anchor of a heading: lower case, punctuation dropped, spaces to hyphens."""
+    return re.sub(r"[^a-z0-9 _-]", "", re.sub(r"[`*]", "", title.strip().lower())).replace(" ", "-")
+
+
+def test_guide_and_log_links_resolve():
+    """Every relative link of the guide and the experiment logs names a file that exists and, for a page,
+    a heading it has: the logs stay one click away when a section moves."""
+    pages = [*GUIDE.glob("*.md"), *(ROOT / "docs" / "experiments").glob("*.md"), ROOT / "docs" / "config_reference.md"]
+    bad = []
+    for page in pages:
+        text = re.sub(r"```.*?```", "", page.read_text(), flags=re.DOTALL)
+        for target in re.findall(r"\]\(([^)\s]+)\)", text):
+            if re.match(r"^[a-z]+:", target):
+                continue
+            path, _, anchor = target.partition("#")
+            dest = (page.parent / path).resolve() if path else page
+            if not dest.exists():
+                bad.append(f"{page.relative_to(ROOT)}: {target} (no such file)")
+            elif anchor and dest.suffix == ".md" and anchor not in {
+                    _slug(line.lstrip("#")) for line in dest.read_text().splitlines() if re.match(r"^#{1,6} ", line)}:
+                bad.append(f"{page.relative_to(ROOT)}: {target} (no such heading)")
+    assert not bad, "broken links:\n" + "\n".join(bad)
