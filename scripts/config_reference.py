@@ -27,8 +27,6 @@ import typing
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
-if str(ROOT) not in sys.path:  # run as a script: the repository's packages, not an installed copy
-    sys.path.insert(0, str(ROOT))
 
 OUT = Path("docs") / "config_reference.md"
 COMMAND = "python scripts/config_reference.py"

@@ -318,8 +318,14 @@ def _check_parsed(cmd: str, spec: Parsed, capsys) -> None:
                     load_config(configs[family], overrides)
         return
     if script in ("launch/tpu_train.py", "launch/sft.py"):
-        more = _launcher("launch/tpu_train.py")._export_args if script == "launch/tpu_train.py" else None
-        parsed, overrides = parse_run_args("", args, more_args=more)
+        # The shared parser (its own flags; the launcher's extra ones were found in its --help above).
+        own, skip = [], False
+        for a in args:
+            if skip or a.startswith("--export"):
+                skip = not skip and a.startswith("--export") and "=" not in a  # its value follows
+                continue
+            own.append(a)
+        parsed, overrides = parse_run_args("", own)
         if spec.check_config:
             load_config(parsed.config, overrides)
         return
