@@ -17,7 +17,7 @@ with decode_steps = turns * max_response_tokens; `--hbm-gbps` fills in the bound
 Variants (`--variants scan,bf16`), built from the same weights and timed in the same run, interleaved
 call by call with the current program (ratios `ratio_<variant>_over_current`, > 1 = the variant is
 faster): `scan` the decode path before issue 14 (the layer loop a scan over the stacked weights and
-cache, model config `decode_unroll=False`: the "before" of docs/decode.md);
+cache, model config `decode_unroll=False`: the "before" of docs/experiments/decode.md);
 `bf16` the model with `matmul_dtype="bfloat16"` (projections and head on bf16 operands, float32
 accumulation).
 

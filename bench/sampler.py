@@ -16,7 +16,7 @@ call by call (the CPU is shared: only ratios taken in one run mean something):
   tunix_bf16  the same with Tunix's dtype and param_dtype bfloat16.
 
 Ours runs twice: `ours` (float32) and `ours_bf16` (the same weights with `matmul_dtype="bfloat16"`:
-projections and the head round their operands to bf16 and accumulate in float32, docs/decode.md);
+projections and the head round their operands to bf16 and accumulate in float32, docs/experiments/decode.md);
 ratios are given for both (`ratio_ours_over_<peer>`, `ratio_ours_bf16_over_<peer>`), and
 `ours_bf16_greedy_tokens_equal_frac` says how many greedy tokens the rounding changed.
   ours_nolp, ours_bf16_nolp   the same two with `generate(logprobs=False)`: tokens only, no

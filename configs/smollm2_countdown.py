@@ -1,7 +1,7 @@
 """SmolLM2-135M-Instruct on Countdown (RAGEN's `Countdown`: one answer, an expression over the task's
 numbers): format warm start on the solver's expressions, then StarPO-S RL.
 
-    bash scripts/gpu_learn.sh                        # on a lent GPU, after Sokoban and FrozenLake (docs/pretrained.md)
+    bash scripts/gpu_learn.sh                        # on a lent GPU, after Sokoban and FrozenLake (docs/experiments/pretrained.md)
 
 Single turn like configs/smollm2_bandit.py; the answer budget covers the warm start's thought and an
 expression of four numbers with room to spare.

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # The second GPU call of a session, after scripts/gpu_check.sh: what the last session left open, each in its
-# own process with its own limit (docs/accelerators.md, "Second GPU session").
+# own process with its own limit (docs/experiments/accelerators.md, "Second GPU session").
 #   f32_highest   the 0.5B float32 iteration with full-precision float32 matmuls: is the float32 sampler/trainer
 #                 log-prob gap seen on 2026-11-27 (mean 0.0025, max 0.014; 1.6e-7 on CPU) the GPU's default
 #                 TF32 dots?

@@ -5,7 +5,7 @@
 
 Per environment, in order (Sokoban, then FrozenLake and Countdown while time is left):
   1. the format warm start: SFT of the model on the solver's demonstrations (the SmolLM2 configs'
-     recipe with 256 demonstrations x 2 epochs, the fourth CPU attempt's: docs/pretrained.md),
+     recipe with 256 demonstrations x 2 epochs, the fourth CPU attempt's: docs/experiments/pretrained.md),
   2. the k-sample evaluation of the warm start: `--eval-states` fixed states (seeds from 123) x
      k = `--eval-samples` x `--eval-repeats` rollouts each (default 128 x 16) at temperature 0.5
      (launch/demo.py's StageEvaluator),

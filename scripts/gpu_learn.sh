@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # RAGEN's recipe for SmolLM2-135M-Instruct on a lent GPU, in one call of at most 9 minutes (the learning)
-# after one of seconds (the model's first part): docs/pretrained.md, "SmolLM2 on a lent GPU", has the calls.
+# after one of seconds (the model's first part): docs/experiments/pretrained.md, "SmolLM2 on a lent GPU", has the calls.
 #   python -m scripts.gpu_model split      # here, once: .gpu_model/ (parts + manifest) and the exact calls
 #   bash scripts/gpu_learn.sh --stage      # device call 1: checks the carried part (sha256)
 #   bash scripts/gpu_learn.sh [flags]      # device call 2, at once: joins the parts (sha256 of the whole file),

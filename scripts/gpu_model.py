@@ -12,7 +12,7 @@ file travels as parts in back-to-back calls, each part checked against the manif
     python -m scripts.gpu_model tiny PATH.gguf        # a tiny random GGUF (byte-level vocabulary): the CPU rehearsal's
 
 `split` sizes the parts so that each call fits: it measures what a call carries besides its part (the
-working tree git would send, .whl/, the manifest) and prints the exact calls (docs/pretrained.md,
+working tree git would send, .whl/, the manifest) and prints the exact calls (docs/experiments/pretrained.md,
 "SmolLM2 on a lent GPU"). `join` is idempotent: a joined file with the right hash is kept. Every
 failure is one sentence naming what is missing and what to do, exit status 3.
 """

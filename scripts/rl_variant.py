@@ -63,7 +63,7 @@ def parse(argv=None):
                         "first is the one result.json's points report, every one is printed and kept")
     p.add_argument("--eval-samples", type=int, default=1,
                    help="rollouts per state of every evaluation (default 1: the published results' protocol; "
-                        "k > 1 compares per-state success rates, docs/pretrained.md 'How many samples per state')")
+                        "k > 1 compares per-state success rates, docs/experiments/pretrained.md 'How many samples per state')")
     p.add_argument("--greedy", action="store_true", help="evaluate with argmax decoding (temperatures ignored)")
     p.add_argument("overrides", nargs="*", help="config overrides section.key=value")
     # Intermixed: overrides may come before and after the options (plain parse_args rejects

@@ -56,7 +56,7 @@ class ModelConfig:
     param_dtype: str = "float32"
     # Operand dtype of the weight matmuls, rollout and update alike (Qwen2Config.matmul_dtype): None =
     # dtype; "bfloat16" with float32 dtype rounds each projection's input and weight to bf16 and
-    # accumulates in float32. On CPUs with avx512_bf16 the rollout runs ~1.7x faster (docs/decode.md).
+    # accumulates in float32. On CPUs with avx512_bf16 the rollout runs ~1.7x faster (docs/experiments/decode.md).
     matmul_dtype: Optional[str] = None
     # Rematerialise each decoder layer in the backward pass: trades ~30% compute for activation memory.
     # None (auto): off for "tiny"; for every model from 0.5B up (a `path`, or any other preset) off when
@@ -365,7 +365,7 @@ class SFTConfig:
     # batch_size / micro_batch_size passes (same loss and gradient, less activation memory).
     # 0: the whole batch in one pass. Must divide batch_size (and split over the mesh's batch devices).
     micro_batch_size: int = 0
-    lr: float = 1e-5
+    lr: float = 1e-5  # AdamW's learning rate; its other settings (betas, decay, clip, warm-up) are optim's
     # "constant" (after optim.warmup_steps), or "cosine": decay to 0 over the planned steps
     # (epochs x num_demos // batch_size; dropped demos end it slightly above 0). Annealing makes the
     # result the average of the last steps rather than wherever the last noisy mini-batches left it.

@@ -34,7 +34,7 @@ to each other, the cache only read (the caller writes the new keys/values afterw
 reads only the slots below the largest filled length of a row with a used query; `read_filled` runs it
 on the smallest of a few static slot counts (`fill_buckets`: block multiples growing by at most
 `FILL_GROWTH`) that holds them, through one `lax.switch`: a decode step at 256 filled slots of a
-3,600-slot cache reads 256 slots, not 3,600, with shapes that stay static (docs/decode.md).
+3,600-slot cache reads 256 slots, not 3,600, with shapes that stay static (docs/experiments/decode.md).
 """
 
 from __future__ import annotations

@@ -80,7 +80,7 @@ SOKOBAN_EVAL_ENVS = ("Sokoban",)
 FROZEN_LAKE_EVAL_ENVS = ("FrozenLake",)
 EVAL_SEED_START = 123  # the reference's validation seeds
 EVAL_TEMPERATURE = 0.5  # the reference's validation temperature
-# Rollouts per state of the k-sample evaluation (chosen by measurement: docs/pretrained.md, "How many
+# Rollouts per state of the k-sample evaluation (chosen by measurement: docs/experiments/pretrained.md, "How many
 # samples per state"); 0 leaves only the one-rollout evaluation.
 EVAL_SAMPLES = 8
 

@@ -46,7 +46,7 @@ class RolloutConfig:
     # rollout micro-batches. Pass i samples with fold_in(key, i): the same distribution as one pass,
     # other draws.
     groups_per_pass: int = 0
-    # Work that follows what is real (docs/decode.md, "Sampling at the memory bound"). `shared_prefix`:
+    # Work that follows what is real (docs/experiments/decode.md, "Issue 45: sampling does only the work it needs"). `shared_prefix`:
     # the prompt prefix every row starts with is prefilled for one row and its keys/values broadcast,
     # and the trainer scores it once per batch. `filled_reads`: every cached attention call reads only
     # the key slots some row has filled (Qwen2Config.decode_bound). False: per row / the whole cache

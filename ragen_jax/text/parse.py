@@ -47,7 +47,7 @@ Cost per row: one scan over the ids with one gather each (the span); the decode 
 scatter of the token starts, one prefix max, one gather); over the answer's buffer elementwise ops,
 three prefix max/min scans, one prefix sum and no gathers (under vmap, gathers and scatters are the
 slow ops; the flag each step needs is packed into the low bit of the scanned positions). No host round
-trips, no data-dependent shapes. Measured: docs/environments.md and bench/results/envs*.json.
+trips, no data-dependent shapes. Measured: docs/experiments/environments.md and bench/results/envs*.json.
 """
 
 from __future__ import annotations

@@ -65,7 +65,7 @@ class Qwen2Config:
     # Operand dtype of the weight matmuls (q/k/v/o, MLP, vocabulary head); None = `dtype`. With
     # "bfloat16" over float32 activations each projection rounds its input and weight to bfloat16 and
     # accumulates in float32, outputs float32: on CPUs with avx512_bf16 XLA runs these dots ~1.7x
-    # faster than float32 ones, and decode streams half the weight bytes (docs/decode.md). Attention,
+    # faster than float32 ones, and decode streams half the weight bytes (docs/experiments/decode.md). Attention,
     # norms, the residual stream and the KV cache keep `dtype`.
     matmul_dtype: str | None = None
     # Rematerialise each decoder layer in the backward pass (trades compute for activation memory).
@@ -100,7 +100,7 @@ class Qwen2Config:
     rope_low_freq_factor: float = 1.0
     rope_high_freq_factor: float = 4.0
     rope_original_max_position_embeddings: int = 8192
-    # Decode fast-path switches (docs/decode.md); benches and tests flip them with `replace`.
+    # Decode fast-path switches (docs/experiments/decode.md); benches and tests flip them with `replace`.
     # Single-token steps unroll the layer loop on XLA:CPU with a 32-bit cache (model.decoder_stack).
     decode_unroll: bool = True
     # The unrolled decode's hoisted per-layer kernels are stored [out, in] (`kernel_t`).

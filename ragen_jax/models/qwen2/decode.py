@@ -1,4 +1,4 @@
-"""Helpers of the unrolled single-token decode path (`model.decoder_stack`, docs/decode.md).
+"""Helpers of the unrolled single-token decode path (`model.decoder_stack`, docs/experiments/decode.md).
 
 Kept apart from model.py so the decode-specific weight handling lives in one place."""
 
@@ -8,7 +8,7 @@ def layer_weights(layers, li: int, dtype, kernel_dtype=None, transposed: bool = 
     """Layer `li`'s weights for the unrolled decode, cast to the compute dtype, every kernel stored
     [out, in] under the name `kernel_t`: the copy is made once per program run anyway (see
     `model.decoder_stack`), and a few-row matmul streams an [out, in] kernel faster on XLA:CPU (each
-    output reads one contiguous row) than an [in, out] one (docs/decode.md). Kernels take
+    output reads one contiguous row) than an [in, out] one (docs/experiments/decode.md). Kernels take
     `kernel_dtype` (the model's `matmul_dtype`) when given: the token loop then streams those bytes.
     `transposed=False` (config `decode_transposed`) keeps them [in, out] under `kernel`. A quantized
     base's codes, scales and mins (`kernel_q`, `kernel_scale`, `kernel_min`) are sliced as they are: a

@@ -428,7 +428,7 @@ def _cached_stack(cfg: Qwen2Config, layers, x, valid, cache, write: bool = True)
     # `read_filled`): decode cost follows the filled cache, not its capacity. Write-then-read where
     # the cache is written in place: read-then-write made XLA:CPU copy every layer's keys/values in
     # the token loop (12 capacity-sized copies against 4 at 2 layers; 1.79x the floor instead of 1.06x,
-    # docs/decode.md).
+    # docs/experiments/decode.md).
     sizes = fill_buckets(s, cfg.attention_block) if cfg.decode_bound else (s,)
     attend = functools.partial(cached_attention, end=cache.end, valid=valid, implementation=cfg.attention,
                                block=cfg.attention_block, sizes=sizes)
@@ -462,7 +462,7 @@ def _cached_stack(cfg: Qwen2Config, layers, x, valid, cache, write: bool = True)
         # streaming the weights. Static per-layer slices are loop-invariant, but XLA's loop-invariant
         # code motion leaves a bare slice in the loop ("cheap"); behind an optimization barrier it
         # hoists it: one copy per layer (cast to the compute dtype, which every use does anyway) per
-        # program run instead of one per token (docs/decode.md).
+        # program run instead of one per token (docs/experiments/decode.md).
         dt = jnp.dtype(cfg.dtype)
         for li in range(cfg.num_hidden_layers):
             p = jax.lax.optimization_barrier(decode_weights.layer_weights(layers, li, dt, cfg.matmul_dtype, cfg.decode_transposed))
