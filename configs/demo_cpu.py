@@ -27,7 +27,7 @@ def get_config() -> Config:
     # RAGEN-2's single-turn context (window 1): a turn sees the prompt and the current room only. A
     # room is Markov, and a later turn then looks like the first turns the warm start learned from
     # (with the whole history, a turn after a failed plan was malformed a third of the time), and the
-    # trainer scores one turn's tokens instead of the conversation's (docs/demo.md).
+    # trainer scores one turn's tokens instead of the conversation's (docs/experiments/demo.md).
     cfg.prompt.context_window_mode = "single_turn"
     cfg.prompt.max_context_window = 1
     cfg.rollout.max_context = 768  # the record of up to 5 turns: a ~170-token prefix, then ~110 per turn
@@ -43,22 +43,22 @@ def get_config() -> Config:
     cfg.batching.ppo_epochs = 2
     cfg.batching.mini_batch_size = 16
     # A tiny randomly initialised model needs a far larger step than a pretrained 0.5B (1e-6).
-    cfg.optim.actor_lr = 1e-4  # 5e-5 moved too little; 2e-4 and more lost states (docs/demo.md)
+    cfg.optim.actor_lr = 1e-4  # 5e-5 moved too little; 2e-4 and more lost states (docs/experiments/demo.md)
     cfg.optim.critic_lr = 1e-4
     cfg.mesh.data = 1  # one device (a real 2-core box has one; the tests simulate 8)
     # Single-turn turns make an iteration cheap (~1.5 s); the gain keeps growing up to 210 iterations
-    # (docs/demo.md, "Sokoban RL").
+    # (docs/experiments/demo.md, "Sokoban RL").
     cfg.train.iterations = 210
     cfg.train.val_every = 0  # launch/demo.py evaluates after each stage (one compiled eval rollout)
     # No RAGEN-2 collapse diagnostics (logged under collapse/, not in the demo's curves): the RL result
     # is the same without them (they draw no training randomness), and on 2 cores they are a sizeable
-    # share of the RL stage's CPU time (docs/demo.md, "Sokoban RL").
+    # share of the RL stage's CPU time (docs/experiments/demo.md, "Sokoban RL").
     cfg.train.collapse_every = 0
     cfg.train.save_every = 210
     cfg.train.log_samples = 1
     # -- SFT: the reference warm-started on ~1k BFS solutions. A from-scratch 64-wide model first
     # learns the format and a state-blind plan (loss plateau ~0.28, ~18% success); reading the grid
-    # starts only after ~600-900 steps of batch 32 and keeps improving with more steps (docs/demo.md:
+    # starts only after ~600-900 steps of batch 32 and keeps improving with more steps (docs/experiments/demo.md:
     # 8192 demos, constant lr: 35% at step 960, 51% at 1920, 61% at 2240, 58% at 2540; a cosine
     # decay over 2032 steps stopped at 45%). Fresh demos are cheap (~10 s per 8192), so many rather
     # than many epochs. The shared prompt prefix and length buckets (sft.shared_prefix,

@@ -37,7 +37,7 @@ def get_config() -> Config:
     # Cosine-annealed, so the warm start ends at the average of its last steps: a constant 3e-3 left
     # whatever arm preference the last mini-batches happened to push (0.73 high-arm at evaluation
     # temperature 0.5 from exactly balanced demos). Annealing needs more steps to learn the format
-    # (4 epochs of cosine left format at 0.70), hence 8 (docs/demo.md).
+    # (4 epochs of cosine left format at 0.70), hence 8 (docs/experiments/demo.md).
     cfg.sft.epochs = 8
     cfg.sft.lr_schedule = "cosine"
     cfg.sft.batch_size = 32

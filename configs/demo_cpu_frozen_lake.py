@@ -29,7 +29,7 @@ def get_config() -> Config:
     # RAGEN-2's single-turn context (window 1): each turn sees the prompt and its own state only. The
     # state is Markov (the map and the player are on the grid), so no information is lost, and a
     # turn costs its own ~75 tokens in the rollout, SFT and update instead of the whole conversation:
-    # the FrozenLake stages take about a third of the CPU time of the full history (docs/demo.md).
+    # the FrozenLake stages take about a third of the CPU time of the full history (docs/experiments/demo.md).
     cfg.prompt.context_window_mode = "single_turn"
     cfg.prompt.max_context_window = 1
     cfg.rollout.max_context = 1024  # the record of 10 turns: a 152-token prefix, then ~75 per turn
@@ -39,7 +39,7 @@ def get_config() -> Config:
     cfg.advantage.reward_norm = "mean_std"
     cfg.filter.value = 0.5  # keep 4 of 8 groups
     cfg.batching.mini_batch_size = 32  # one optimizer step per iteration
-    cfg.optim.actor_lr = 3e-4  # tiny random-init model; 1e-4 left success unchanged (docs/demo.md)
+    cfg.optim.actor_lr = 3e-4  # tiny random-init model; 1e-4 left success unchanged (docs/experiments/demo.md)
     cfg.mesh.data = 1  # one device
     cfg.train.iterations = 20
     cfg.train.val_every = 0  # launch/demo.py evaluates after each stage

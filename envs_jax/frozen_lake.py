@@ -44,7 +44,7 @@ GRID_VOCAB = tuple(zip(SYMBOLS, SYMBOL_NAMES))
 # Not the reference's: one digit per cell (`FrozenLakeParams.symbols="digits"`). Qwen's pre-tokenizer
 # splits every digit off on its own, so each cell is one token and the cell above the player is
 # always the same number of tokens back; the reference's letters merge into row pieces ("___P",
-# "O__G") whose cells a model has to count out (docs/demo.md, "One token per cell").
+# "O__G") whose cells a model has to count out (docs/experiments/demo.md, "One token per cell").
 DIGIT_SYMBOLS = ("1", "0", "2", "3", "4", "5")
 SYMBOL_SETS = {"standard": SYMBOLS, "digits": DIGIT_SYMBOLS}
 
@@ -74,11 +74,11 @@ COORD_ENV_INSTRUCTION = (
 ENV_INSTRUCTIONS = {"standard": ENV_INSTRUCTION, "coord": COORD_ENV_INSTRUCTION}
 # Not the reference's: two lines after the state (`FrozenLakeParams.surroundings=True`) that spell out
 # what the value-iteration teacher's action depends on most: which neighbouring cells are holes or
-# off the map, and the goal's offset (docs/demo.md, "Surroundings lines"). Holes and walls (the map
+# off the map, and the goal's offset (docs/experiments/demo.md, "Surroundings lines"). Holes and walls (the map
 # edge, where a move leaves the player in place) name their directions with different words, so
 # every (kind, direction) pair is its own token: a model reads it from the token's presence alone,
 # without binding a kind to the direction next to it, which a random-init tiny model learned far
-# more slowly (measured in docs/demo.md).
+# more slowly (measured in docs/experiments/demo.md).
 HOLE_WORDS = ("west", "south", "east", "north")  # in action order: Left, Down, Right, Up
 WALL_WORDS = ("left", "down", "right", "up")
 OPEN, NEAR_HOLE, WALL = range(3)  # a neighbouring cell: ice or goal, a hole, off the map

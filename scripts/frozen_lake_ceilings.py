@@ -13,7 +13,7 @@ action overall; the script prints how often that happened on the test maps' non-
 
 The numbers say which parts of the observation a policy must read to approach the teacher: a warm
 start whose greedy success sits between the one-feature rows has learned only part of the
-conjunction. They are in docs/demo.md ("What a policy must read").
+conjunction. They are in docs/experiments/demo.md ("What a policy must read").
 """
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """scripts/rl_variant.py's command line: every check that needs no model runs before anything is
 built or written, and overrides may sit on either side of the options (argparse's plain parser
-rejects `a=1 --out X b=2`, which the experiments in docs/demo.md were first typed as)."""
+rejects `a=1 --out X b=2`, which the experiments in docs/experiments/demo.md were first typed as)."""
 
 from __future__ import annotations
 

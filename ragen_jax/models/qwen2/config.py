@@ -373,7 +373,7 @@ PRESETS: dict[str, dict[str, Any]] = {
         tie_word_embeddings=True,
     ),
     # Demo-sized like "tiny", twice as wide and deep: the smallest shape tried whose FrozenLake warm
-    # start leaves the marginal-action plateau (docs/demo.md, "A wider model for FrozenLake").
+    # start leaves the marginal-action plateau (docs/experiments/demo.md, "A wider model for FrozenLake").
     "small": dict(
         _QWEN25,
         hidden_size=128,
