@@ -540,7 +540,8 @@ def _parse_literal(raw: str):
 def _coerce(key: str, raw: str, hint) -> Any:
     origin = typing.get_origin(hint)
     args = typing.get_args(hint)
-    if origin in (typing.Union, types.UnionType) and type(None) in args:
+    optional = origin in (typing.Union, types.UnionType) and type(None) in args
+    if optional:
         if raw in ("None", "none", "null"):
             return None
         hint = next(a for a in args if a is not type(None))
@@ -550,7 +551,10 @@ def _coerce(key: str, raw: str, hint) -> Any:
             return True
         if low in ("0", "false", "no", "off"):
             return False
-        raise ConfigError(f"{key} expects true/false, got {raw!r}")
+        # An optional switch's None is "decided by the run" (model.remat, prompt.list_actions): users write auto.
+        if optional and low == "auto":
+            return None
+        raise ConfigError(f"{key} expects true/false{', or auto (none)' if optional else ''}, got {raw!r}")
     if hint is int:
         try:
             return int(raw)

@@ -66,3 +66,17 @@ def test_consumers_refuse_the_same_values():
     losses.ppo_policy_loss(z, z, z, z > 0, eps_low=0.0, eps_high=0.0, dual_clip=1.01)
     with pytest.raises(ValueError):
         FilterSpec(strategy="top_k_abs", value=0.5)
+
+
+@pytest.mark.parametrize("raw,want", [("auto", None), ("AUTO", None), ("none", None), ("true", True), ("off", False)])
+def test_optional_switches_take_auto(raw, want):
+    """model.remat and prompt.list_actions are decided by the run when None; `auto` is how users write that."""
+    cfg = load_config("tiny_cpu.py", [f"model.remat={raw}", f"prompt.list_actions={raw}"])
+    assert cfg.model.remat is want and cfg.prompt.list_actions is want
+
+
+def test_a_plain_switch_refuses_auto():
+    with pytest.raises(ConfigError, match=r"model.random_init expects true/false, got 'auto'"):
+        load_config("tiny_cpu.py", ["model.random_init=auto"])
+    with pytest.raises(ConfigError, match=r"model.remat expects true/false, or auto \(none\), got 'maybe'"):
+        load_config("tiny_cpu.py", ["model.remat=maybe"])
