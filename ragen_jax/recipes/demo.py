@@ -554,6 +554,34 @@ def run_families_side_by_side(names: list[str], args, over) -> tuple[int, list[d
     return 0, [read_part(args, family) for family in names]
 
 
+def selected_families(args, over) -> list[tuple]:
+    """(family, config file, eval envs, --quick overrides, user overrides) of each family this process runs."""
+    configs, quick = MODEL_CONFIGS[args.model], {"bandit": QUICK_BANDIT, "sokoban": QUICK_SOKOBAN,
+                                                 "frozen_lake": QUICK_FROZEN_LAKE}
+    envs = {"bandit": BANDIT_EVAL_ENVS, "sokoban": SOKOBAN_EVAL_ENVS, "frozen_lake": FROZEN_LAKE_EVAL_ENVS}
+    skipped = {"bandit": args.skip_bandit, "sokoban": args.skip_sokoban, "frozen_lake": args.skip_frozen_lake}
+    return [(f, configs[f], envs[f], quick[f], over[f]) for f in FAMILIES
+            if not skipped[f] and args.family_worker in (None, f)]
+
+
+def run_families(families, args, over, timings: dict, results: dict, results_k: dict, curves: list) -> int:
+    """Every family's stages, here one after the other or side by side in their own processes (--jobs);
+    fills the four collections and returns 0, or the exit status of a stopped or failed family."""
+    if args.jobs == 1:
+        for fam in families:
+            run_family(*fam, args=args, timings=timings, results=results, curves=curves, results_k=results_k)
+        return 0
+    for family, config_name, _, quick_over, user_over in families:  # bad input: one line before any start
+        stage_configs(config_name, base_overrides(args, quick_over), user_over,
+                      os.path.join(os.path.abspath(args.workdir), family))
+    code, parts = run_families_side_by_side([f[0] for f in families], args, over)
+    for part in parts:
+        for mine, theirs in ((results, "results"), (results_k, "results_k"), (timings, "timings")):
+            mine.update(part[theirs])
+        curves += part["curves"]
+    return code
+
+
 def main(argv=None) -> int:
     args, over = parse_args(argv)
     if args.family_worker is not None:
@@ -578,38 +606,16 @@ def main(argv=None) -> int:
         if warning:
             print(warning, file=sys.stderr)
     timings, results, results_k, curves = {}, {}, {}, []
-    families = []
-    configs = MODEL_CONFIGS[args.model]
-    if not args.skip_bandit:
-        families.append(("bandit", configs["bandit"], BANDIT_EVAL_ENVS, QUICK_BANDIT, over["bandit"]))
-    if not args.skip_sokoban:
-        families.append(("sokoban", configs["sokoban"], SOKOBAN_EVAL_ENVS, QUICK_SOKOBAN, over["sokoban"]))
-    if not args.skip_frozen_lake:
-        families.append(("frozen_lake", configs["frozen_lake"], FROZEN_LAKE_EVAL_ENVS, QUICK_FROZEN_LAKE,
-                         over["frozen_lake"]))
-    if args.family_worker is not None:
-        families = [f for f in families if f[0] == args.family_worker]
-    side_by_side = args.jobs > 1 and len(families) > 1
-    args.jobs = min(args.jobs, len(families)) if side_by_side else 1
+    families = selected_families(args, over)
+    args.jobs = min(args.jobs, len(families)) if len(families) > 1 else 1
     if args.family_worker is None:
         log(f"{'quick' if args.quick else 'full'} demo on {jax.devices()[0].platform} ({len(jax.devices())} devices "
             f"visible, using 1) -> {args.workdir}"
-            + (f"; {args.jobs} families at a time, each in its own process" if side_by_side else ""))
+            + (f"; {args.jobs} families at a time, each in its own process" if args.jobs > 1 else ""))
     try:
-        if side_by_side:
-            for family, config_name, _, quick_over, user_over in families:  # bad input: one line before any start
-                stage_configs(config_name, base_overrides(args, quick_over), user_over,
-                              os.path.join(os.path.abspath(args.workdir), family))
-            code, parts = run_families_side_by_side([f[0] for f in families], args, over)
-            if code:
-                return code
-            for part in parts:
-                for mine, theirs in ((results, "results"), (results_k, "results_k"), (timings, "timings")):
-                    mine.update(part[theirs])
-                curves += part["curves"]
-        else:
-            for fam in families:
-                run_family(*fam, args=args, timings=timings, results=results, curves=curves, results_k=results_k)
+        code = run_families(families, args, over, timings, results, results_k, curves)
+        if code:
+            return code
     except ConfigError as e:
         print(f"error: {' '.join(str(e).split())}", file=sys.stderr)
         return 2
