@@ -296,6 +296,8 @@ def card_section(memory, qlora) -> list[str]:
     for r in rows:
         p, s = r["programs"], r["settings"]
         setting = f"micro-batch {s.get('micro_batch_size')}, {s.get('groups_per_pass') or 8} of 8 groups per pass"
+        if s.get("kv_cache_quant", "none") != "none":
+            setting += f", {s['kv_cache_quant']} KV cache"
         card = smallest_card(r["max_total_gib"])
         out.append(f"| {_SIZES.get(r['preset'], r['preset'])} {'PPO' if r['estimator'] == 'gae' else r['estimator'].upper()} | {_option(r)} | {r['devices']} | "
                    f"{setting} | " + " / ".join(f"{p[k]['total_gib']:.1f}" for k in ("rollout", "prepare", "update"))
