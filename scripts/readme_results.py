@@ -352,6 +352,27 @@ def qlora_greedy_section(d) -> list[str]:
     return out + [""]
 
 
+def qlora_speed_section(d) -> list[str]:
+    if not d or not d.get("rows"):
+        return []
+    st = d.get("settings", {})
+    ref = d["rows"][0]["base"]
+    out = ["### Sampling with a quantized base (`bench/qlora_speed.py`)", "",
+           f"SmolLM2-135M-Instruct, the Bandit stage's decode: {st.get('rows')} rows, prompt {st.get('prompt_len')} ids, "
+           f"{st.get('new_tokens')} sampled tokens, float32 compute and cache; the bases interleaved call by call, "
+           f"median of {st.get('repeats')}; {_machine(d.get('machine', {}))}. Dequantized = the float32 bytes of "
+           "the compiled program's fusions that turn codes into float kernels: hoisted out of the token loop "
+           "(once per call) or inside it (per token).", "",
+           f"| base | weights MiB | temporaries MiB | dequantized once per call MiB | per token MiB | median s "
+           f"| tokens/s | vs {ref} |", "|---|---|---|---|---|---|---|---|"]
+    for r in d["rows"]:
+        mib = 2 ** 20
+        out.append(f"| {r['base']} | {r['weight_bytes'] / mib:,.0f} | {r['memory_analysis']['temp_bytes'] / mib:,.0f} | "
+                   f"{r.get('once_per_call_f32_bytes', 0) / mib:,.0f} | {r.get('per_token_f32_bytes', 0) / mib:,.0f} | "
+                   f"{r['median_s']:.2f} | {r['tok_s']:,.0f} | {r[f'ratio_over_{ref}']:.2f}x |")
+    return out + [""]
+
+
 def sft_step_section(d) -> list[str]:
     if not d or not d.get("rows"):
         return []
@@ -777,6 +798,7 @@ def render(root: Path = ROOT) -> str:
     lines += qlora_memory_section(_load(res / "memory_qlora.json"), _load(res / "memory.json"))
     lines += card_section(_load(res / "memory.json"), _load(res / "memory_qlora.json"))
     lines += qlora_greedy_section(_load(res / "qlora_greedy.json"))
+    lines += qlora_speed_section(_load(res / "qlora_speed.json"))
     lines += train_step_section(_load(res / "train_step.json"))
     lines += sft_step_section(_load(res / "sft_step.json"))
     lines += sft_step_section(_load(res / "sft_step_smollm2_bandit.json"))
