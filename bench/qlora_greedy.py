@@ -11,6 +11,9 @@ float model with its seven projections of every layer stored by `model.base_quan
   bf16-rounded   a reference, not a base_quant: every float32 weight rounded to bfloat16 (what loading
          the model at param_dtype=bfloat16 does), computed in float32: how far a rounding of the
          weights far finer than any 8-bit code already moves the greedy tokens
+  kv-int8   the float model with an int8 KV cache (rollout.kv_cache_quant=int8); its teacher-forced
+         logits come from prefilling prompt + answer into an int8 cache (each layer reads the rounded
+         keys/values it has just written)
 
 For each of 20 chat prompts (the tokenizer's chat template, a generation prompt after it) every model
 generates its first 16 tokens greedily (`sampler.generate(greedy=True)`, stopping at SmolLM2's end of
@@ -41,7 +44,7 @@ from flax import nnx
 from bench.common import machine, write_result
 
 RESULTS = Path(__file__).resolve().parent / "results" / "qlora_greedy.json"
-MODES = ("int8", "nf4", "int4", "gguf", "bf16-rounded")
+MODES = ("int8", "nf4", "int4", "gguf", "bf16-rounded", "kv-int8")
 NEW_TOKENS = 16
 STOP_IDS = (2, 0)  # SmolLM2's <|im_end|> and <|endoftext|> (the sampler's stop ids from its tokenizer)
 TARGET = {"int8": 18}  # prompts of 20 whose 16 greedy tokens equal the float model's
@@ -113,19 +116,47 @@ def batch(tokenizer) -> tuple[np.ndarray, np.ndarray]:
     return tokens, valid
 
 
-def greedy(model, tokens, valid, tokenizer) -> np.ndarray:
+def greedy(model, tokens, valid, tokenizer, kv_quant: str = "none") -> np.ndarray:
     from ragen_jax.rollout.sampler import generate
 
+    if kv_quant != "none":
+        return greedy_kv(model, tokens, valid, tokenizer, kv_quant)
     out = generate(model, tokens, valid, jax.random.key(0), max_new_tokens=NEW_TOKENS, greedy=True,
                    tokenizer=tokenizer, logprobs=False)
     return np.asarray(out.tokens)
 
 
-def forced_logits(model, tokens, valid, cont) -> np.ndarray:
-    """Next-token logits [B, 16, V] at the 16 positions that predict `cont` (teacher forcing)."""
+def greedy_kv(model, tokens, valid, tokenizer, kv_quant: str) -> np.ndarray:
+    """`generate(greedy=True)` with a `kv_quant` KV cache (what the rollout builds for it)."""
+    from ragen_jax.models import KVCache
+    from ragen_jax.rollout import sampler
+
+    stop_ids, pad_id = sampler.special_ids(model, None, None, tokenizer)
+    graphdef, state = nnx.split(model)
+
+    @jax.jit
+    def run(state, tokens, valid):
+        m = nnx.merge(graphdef, state)
+        cache = KVCache.init(m.cfg, tokens.shape[0], tokens.shape[1] + NEW_TOKENS, "float32", quant=kv_quant)
+        logits, cache = sampler.prefill(m, cache, tokens, valid)
+        return sampler.decode(m, cache, logits, jax.random.key(0), max_new_tokens=NEW_TOKENS, greedy=True,
+                              active=jnp.any(valid, axis=1), stop_ids=stop_ids, pad_id=pad_id, logprobs=False).tokens
+
+    return np.asarray(run(state, jnp.asarray(tokens), jnp.asarray(valid)))
+
+
+def forced_logits(model, tokens, valid, cont, kv_quant: str = "none") -> np.ndarray:
+    """Next-token logits [B, 16, V] at the 16 positions that predict `cont` (teacher forcing); with
+    `kv_quant`, prefilled into a fresh cache of that kind."""
+    from ragen_jax.models import KVCache
+
     full = np.concatenate([tokens, cont], axis=1)
     fv = np.concatenate([valid, np.ones(cont.shape, bool)], axis=1)
-    hidden = model(jnp.asarray(full), jnp.asarray(fv))[0]
+    if kv_quant == "none":
+        hidden = model(jnp.asarray(full), jnp.asarray(fv))[0]
+    else:
+        cache = KVCache.init(model.cfg, full.shape[0], full.shape[1], "float32", quant=kv_quant)
+        hidden = model(jnp.asarray(full), jnp.asarray(fv), cache)[0]
     t = tokens.shape[1]
     return np.asarray(model.logits(hidden[:, t - 1:t - 1 + NEW_TOKENS]), np.float32)
 
@@ -164,11 +195,12 @@ def main(argv=None) -> int:
                                                                     "the file (the model every float run loads)"},
               "float_greedy_text": [tok.decode(list(r)) for r in want], "rows": rows}
     for mode in [m for m in args.modes.split(",") if m]:
-        m = quantized(hf_dir, gguf_path, mode)
-        got = greedy(m, tokens, valid, tok)
+        kv = "int8" if mode == "kv-int8" else "none"
+        m = ref if kv != "none" else quantized(hf_dir, gguf_path, mode)
+        got = greedy(m, tokens, valid, tok, kv)
         same = (got == want).all(axis=1)
         first = [int(np.argmax(g != w)) for g, w in zip(got, want)]
-        lg = forced_logits(m, tokens, valid, want)
+        lg = forced_logits(m, tokens, valid, want, kv)
         kl = (np.exp(ref_lp) * (ref_lp - log_softmax(lg))).sum(-1)
         rows.append({
             "base_quant": mode,

@@ -340,7 +340,8 @@ def qlora_greedy_section(d) -> list[str]:
            "(stopping at the end of turn) of each base against the float32 model (the file's Q4_1 projections "
            "dequantized: what every float run loads), one left-padded batch; teacher-forced on the float model's "
            "answers: the largest |logit difference| and the mean KL(float || quantized). bf16-rounded is a "
-           f"reference, not an option: the float weights rounded to bfloat16. {_machine(d.get('machine', {}))}.", "",
+           "reference, not an option: the float weights rounded to bfloat16; kv-int8 is the float model with "
+           f"`rollout.kv_cache_quant=int8`. {_machine(d.get('machine', {}))}.", "",
            "| base | prompts identical | tokens equal | max \\|logit diff\\| | mean KL | target | met |",
            "|---|---|---|---|---|---|---|"]
     for r in d["rows"]:
