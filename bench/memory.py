@@ -71,6 +71,15 @@ ROWS = {
     "7b-grpo-qlora": ("qwen2.5-7b", "grpo", 1, 22, 64, "nf4"),
     "3b-ppo-qlora": ("qwen2.5-3b", "gae", 1, 14, 64, "nf4"),
     "0.5b-ppo-qlora": ("qwen2.5-0.5b", "gae", 1, None, 64, "nf4"),
+    # The same with an int8 base (per-channel codes) and, to confirm that it needs what nf4 needs (the
+    # same array shapes and dtypes), an int4 one: the smallest-card table of docs/memory.md.
+    #     python -m bench.memory --rows 7b-grpo-qlora-int8,7b-grpo-qlora-int4 --settings after-mb1-pass1 \
+    #         --out bench/results/memory_qlora.json   (and 3b-ppo-qlora-int8 at after-mb2-pass2,
+    #         0.5b-ppo-qlora-int8 at after-mb4-pass2, 7b-grpo-qlora-int8 at after-mb2-pass2)
+    "7b-grpo-qlora-int8": ("qwen2.5-7b", "grpo", 1, None, 64, "int8"),
+    "7b-grpo-qlora-int4": ("qwen2.5-7b", "grpo", 1, None, 64, "int4"),
+    "3b-ppo-qlora-int8": ("qwen2.5-3b", "gae", 1, None, 64, "int8"),
+    "0.5b-ppo-qlora-int8": ("qwen2.5-0.5b", "gae", 1, None, 64, "int8"),
 }
 SETTINGS = {
     "before": dict(attention="xla", remat=False, micro_batch_size=0, donate=False),
@@ -83,6 +92,12 @@ SETTINGS = {
     "after-mb2-pass2": dict(attention="auto", remat=True, micro_batch_size=2, donate=True, groups_per_pass=2),
     "after-mb1-pass2": dict(attention="auto", remat=True, micro_batch_size=1, donate=True, groups_per_pass=2),
     "after-mb1-pass1": dict(attention="auto", remat=True, micro_batch_size=1, donate=True, groups_per_pass=1),
+    # ... with the rollout's KV cache in int8 (`rollout.kv_cache_quant=int8`: codes + one scale per token
+    # and kv head), against the same setting without:
+    "after-mb1-pass1-kv8": dict(attention="auto", remat=True, micro_batch_size=1, donate=True, groups_per_pass=1,
+                                kv_cache_quant="int8"),
+    "after-mb2-pass2-kv8": dict(attention="auto", remat=True, micro_batch_size=2, donate=True, groups_per_pass=2,
+                                kv_cache_quant="int8"),
 }
 
 
@@ -94,6 +109,8 @@ def row_config(name: str, setting: str):
     over = ["model.random_init=true", f"model.preset={preset}", f"model.attention={s['attention']}",
             f"model.remat={str(s['remat']).lower()}", f"batching.micro_batch_size={s['micro_batch_size']}",
             "mesh.data=1", f"mesh.fsdp={fsdp}", "mesh.tensor=1", f"rollout.groups_per_pass={s.get('groups_per_pass', 0)}"]
+    if s.get("kv_cache_quant"):
+        over.append(f"rollout.kv_cache_quant={s['kv_cache_quant']}")
     if estimator == "grpo":
         over += ["advantage.estimator=grpo", "advantage.reward_norm=mean_std", "model.critic=none"]
     if lora_rank:
@@ -139,6 +156,7 @@ def measure(name: str, setting: str) -> dict:
                      "micro_batch_size": effective_micro_batch(a.mini_batch_size, a.micro_batch_size),
                      "mini_batch_size": a.mini_batch_size, "donate": s["donate"], "dtype": cfg.model.dtype,
                      "param_dtype": cfg.model.param_dtype, "cache_dtype": r.cache_dtype,
+                     "kv_cache_quant": r.kv_cache_quant,
                      "lora_rank": lora_rank, "lora_alpha": cfg.model.lora_alpha if lora_rank else None,
                      "base_quant": base_quant,
                      "rollout": f"P={r.num_groups} x N={r.group_size}", "groups_per_pass": r.groups_per_pass,

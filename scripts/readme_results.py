@@ -240,6 +240,140 @@ def memory_section(d) -> list[str]:
     return out + [""]
 
 
+# Cards for the smallest-card table: (name, GiB). A program set fits a card when its largest total is at
+# most CARD_FRACTION of it (JAX's pool with XLA_PYTHON_CLIENT_MEM_FRACTION=0.95, docs/accelerators.md).
+CARDS = ((8, "8 GB (RTX 4060)"), (12, "12 GB (RTX 3060)"), (16, "16 GB (T4, V100-16GB)"),
+         (24, "24 GB (RTX 4090, L4, A10)"), (32, "32 GB (V100-32GB, RTX 5090)"), (40, "40 GB (A100-40GB)"),
+         (48, "48 GB (L40S, A6000)"), (80, "80 GB (A100-80GB, H100)"), (141, "141 GB (H200)"))
+CARD_FRACTION = 0.95
+_SIZES = {"qwen2.5-0.5b": "0.5B", "qwen2.5-1.5b": "1.5B", "qwen2.5-3b": "3B", "qwen2.5-7b": "7B"}
+
+
+def _option(r: dict) -> str:
+    s = r["settings"]
+    if not s.get("lora_rank"):
+        return "full fine-tune (float32 params + AdamW)"
+    quant = s.get("base_quant") or "none"
+    return "LoRA, bf16 base" if quant == "none" else f"LoRA, {quant} base"
+
+
+def smallest_card(gib: float) -> str:
+    fit = [name for size, name in CARDS if gib <= CARD_FRACTION * size]
+    return fit[0] if fit else f"none of one card (> {CARD_FRACTION * CARDS[-1][0]:.0f} GiB)"
+
+
+def card_rows(*results) -> list[dict]:
+    """Per (model, estimator, option, devices): the measured setting needing least memory, and its card."""
+    best: dict = {}
+    for d in results:
+        for r in (d or {}).get("rows", []):
+            if r["setting"] == "before":
+                continue
+            key = (r["preset"], r["estimator"], _option(r), r["devices"])
+            if key not in best or r["max_total_gib"] < best[key]["max_total_gib"]:
+                best[key] = r
+    order = {k: i for i, k in enumerate(_SIZES)}
+    quant = ("none", "int8", "nf4", "int4", "gguf")
+    return sorted(best.values(), key=lambda r: (order.get(r["preset"], 99), r["estimator"] == "grpo",
+                                                 bool(r["settings"].get("lora_rank")),
+                                                 quant.index(r["settings"].get("base_quant") or "none"),
+                                                 r["devices"]))
+
+
+def card_section(memory, qlora) -> list[str]:
+    rows = card_rows(memory, qlora)
+    if not rows:
+        return []
+    out = ["### Smallest card per agent (`bench/memory.py`)", "",
+           f"From the two tables above: for each model, estimator and option, the measured setting whose largest "
+           f"program total is lowest, and the smallest card it fits on: total <= {CARD_FRACTION:g} x the card's "
+           f"memory (JAX's pool with `XLA_PYTHON_CLIENT_MEM_FRACTION={CARD_FRACTION:g}`). The totals are XLA:CPU "
+           "compilations, which hold one 16-bit copy of the float weights more than a GPU's (docs/memory.md): "
+           "on a GPU they are upper bounds. Settings: micro-batch rows `batching.micro_batch_size`, "
+           "`rollout.groups_per_pass`. Multi-device rows are per device (FSDP).", "",
+           "| model, estimator | option | devices | setting | rollout / prepare / update GiB | smallest card |",
+           "|---|---|---|---|---|---|"]
+    for r in rows:
+        p, s = r["programs"], r["settings"]
+        setting = f"micro-batch {s.get('micro_batch_size')}, {s.get('groups_per_pass') or 8} of 8 groups per pass"
+        if s.get("kv_cache_quant", "none") != "none":
+            setting += f", {s['kv_cache_quant']} KV cache"
+        card = smallest_card(r["max_total_gib"])
+        out.append(f"| {_SIZES.get(r['preset'], r['preset'])} {'PPO' if r['estimator'] == 'gae' else r['estimator'].upper()} | {_option(r)} | {r['devices']} | "
+                   f"{setting} | " + " / ".join(f"{p[k]['total_gib']:.1f}" for k in ("rollout", "prepare", "update"))
+                   + f" | {card}{' each' if r['devices'] > 1 else ''} |")
+    return out + [""]
+
+
+def qlora_memory_section(d, memory=None) -> list[str]:
+    if not d or not d.get("rows"):
+        return []
+    bf16 = {(r["row"], r["setting"]): r for r in (memory or {}).get("rows", [])}
+    out = ["### Memory with a quantized base (QLoRA, `bench/memory.py`)", "",
+           f"The *-lora rows of the table above with the frozen base's projections stored by `model.base_quant` "
+           f"(docs/memory.md): rank-64 adapters on all seven projections, bf16 embeddings, head and scales; "
+           f"GiB per device, total as above; measured on {_machine(d['machine'])}. bf16 base = the same row and "
+           "setting of `bench/results/memory.json` where measured.", "",
+           "| row | base | setting | micro-batch | groups per pass | rollout | prepare | update | bf16 base | target | met |",
+           "|---|---|---|---|---|---|---|---|---|---|---|"]
+    for r in sorted(d["rows"], key=lambda r: (r["preset"], r["row"], r["settings"]["micro_batch_size"])):
+        p, s = r["programs"], r["settings"]
+        lora = r["row"].replace("-qlora", "-lora").rsplit("-int", 1)[0]
+        ref = bf16.get((lora, r["setting"]))
+        ref_cell = "-" if ref is None else " / ".join(f"{ref['programs'][k]['total_gib']:.1f}"
+                                                      for k in ("rollout", "prepare", "update"))
+        tgt = r.get("target_gib")
+        met = "-" if tgt is None else ("yes" if r.get("meets_target") else "no")
+        out.append(f"| {r['row']} | {s.get('base_quant')} | {r['setting']} | {s.get('micro_batch_size')} | "
+                   f"{s.get('groups_per_pass') or 8} | "
+                   + " | ".join(f"{p[k]['total_gib']:.1f}" for k in ("rollout", "prepare", "update"))
+                   + f" | {ref_cell} | {'-' if tgt is None else f'<= {tgt}'} | {met} |")
+    return out + [""]
+
+
+def qlora_greedy_section(d) -> list[str]:
+    if not d or not d.get("rows"):
+        return []
+    st = d.get("settings", {})
+    out = ["### Greedy agreement with a quantized base (`bench/qlora_greedy.py`)", "",
+           f"SmolLM2-135M-Instruct, {st.get('prompts')} chat prompts, the first {st.get('new_tokens')} greedy tokens "
+           "(stopping at the end of turn) of each base against the float32 model (the file's Q4_1 projections "
+           "dequantized: what every float run loads), one left-padded batch; teacher-forced on the float model's "
+           "answers: the largest |logit difference| and the mean KL(float || quantized). bf16-rounded is a "
+           "reference, not an option: the float weights rounded to bfloat16; kv-int8 is the float model with "
+           f"`rollout.kv_cache_quant=int8`. {_machine(d.get('machine', {}))}.", "",
+           "| base | prompts identical | tokens equal | max \\|logit diff\\| | mean KL | target | met |",
+           "|---|---|---|---|---|---|---|"]
+    for r in d["rows"]:
+        tgt = r.get("target")
+        met = "-" if tgt is None else ("yes" if r.get("meets_target") else "no")
+        out.append(f"| {r['base_quant']} | {r['identical_prompts']} / {r['prompts']} | {r['tokens_equal_frac']:.3f} | "
+                   f"{r['forced_max_abs_logit_diff']:.3g} | {r['forced_mean_kl']:.3g} | "
+                   f"{'-' if tgt is None else f'>= {tgt}'} | {met} |")
+    return out + [""]
+
+
+def qlora_speed_section(d) -> list[str]:
+    if not d or not d.get("rows"):
+        return []
+    st = d.get("settings", {})
+    ref = d["rows"][0]["base"]
+    out = ["### Sampling with a quantized base (`bench/qlora_speed.py`)", "",
+           f"SmolLM2-135M-Instruct, the Bandit stage's decode: {st.get('rows')} rows, prompt {st.get('prompt_len')} ids, "
+           f"{st.get('new_tokens')} sampled tokens, float32 compute and cache; the bases interleaved call by call, "
+           f"median of {st.get('repeats')}; {_machine(d.get('machine', {}))}. Dequantized = the float32 bytes of "
+           "the compiled program's fusions that turn codes into float kernels: hoisted out of the token loop "
+           "(once per call) or inside it (per token).", "",
+           f"| base | weights MiB | temporaries MiB | dequantized once per call MiB | per token MiB | median s "
+           f"| tokens/s | vs {ref} |", "|---|---|---|---|---|---|---|---|"]
+    for r in d["rows"]:
+        mib = 2 ** 20
+        out.append(f"| {r['base']} | {r['weight_bytes'] / mib:,.0f} | {r['memory_analysis']['temp_bytes'] / mib:,.0f} | "
+                   f"{r.get('once_per_call_f32_bytes', 0) / mib:,.0f} | {r.get('per_token_f32_bytes', 0) / mib:,.0f} | "
+                   f"{r['median_s']:.2f} | {r['tok_s']:,.0f} | {r[f'ratio_over_{ref}']:.2f}x |")
+    return out + [""]
+
+
 def sft_step_section(d) -> list[str]:
     if not d or not d.get("rows"):
         return []
@@ -662,6 +796,10 @@ def render(root: Path = ROOT) -> str:
     lines += collapse_probe_section(_load(res / "collapse_probe.json"))
     lines += evaluation_section(_load(res / "evaluation.json"))
     lines += memory_section(_load(res / "memory.json"))
+    lines += qlora_memory_section(_load(res / "memory_qlora.json"), _load(res / "memory.json"))
+    lines += card_section(_load(res / "memory.json"), _load(res / "memory_qlora.json"))
+    lines += qlora_greedy_section(_load(res / "qlora_greedy.json"))
+    lines += qlora_speed_section(_load(res / "qlora_speed.json"))
     lines += train_step_section(_load(res / "train_step.json"))
     lines += sft_step_section(_load(res / "sft_step.json"))
     lines += sft_step_section(_load(res / "sft_step_smollm2_bandit.json"))

@@ -330,3 +330,46 @@ def test_k_sample_results_get_their_column(tmp_path):
     demo_rows = [ln for ln in readme_results.render(root).splitlines() if ln.startswith(f"| {label} |")]
     assert len(demo_rows) == 1 and demo_rows[0].endswith(f" {cell} |")
     assert any(f"| {cell} |" in ln for ln in readme_results.summary(root).splitlines())
+
+
+def _mem_row(row, preset, estimator, setting, devices, totals, lora_rank=64, quant="none", mb=2, passes=2):
+    return {"row": row, "setting": setting, "preset": preset, "estimator": estimator, "devices": devices,
+            "settings": {"lora_rank": lora_rank, "base_quant": quant, "micro_batch_size": mb, "groups_per_pass": passes},
+            "programs": {k: {"total_gib": v} for k, v in zip(("rollout", "prepare", "update"), totals)},
+            "max_total_gib": max(totals), "target_gib": None, "meets_target": None}
+
+
+def test_qlora_memory_and_smallest_card_tables(tmp_path):
+    """memory_qlora.json's rows beside memory.json's bf16-base row of the same name and setting, and the
+    smallest card per option: the least-memory setting of each, the first card with total <= 0.95 x its size
+    (typed out: 15.1 <= 15.2 fits 16 GB; 15.3 does not; 7.7 <= 7.6 does not, so 12 GB)."""
+    res = tmp_path / "bench" / "results"
+    res.mkdir(parents=True)
+    memory = {"machine": {"cpu_count": 2}, "rows": [
+        _mem_row("7b-grpo-lora", "qwen2.5-7b", "grpo", "after-mb1-pass1", 1, (37.4, 31.5, 35.3), mb=1, passes=1),
+        _mem_row("7b-grpo", "qwen2.5-7b", "grpo", "before", 1, (90.0, 91.0, 99.0), lora_rank=0),
+        _mem_row("7b-grpo-fsdp8", "qwen2.5-7b", "grpo", "after-mb4", 8, (17.8, 14.9, 25.2), lora_rank=0, mb=4, passes=0),
+        _mem_row("0.5b-ppo", "qwen2.5-0.5b", "gae", "after-mb2", 1, (7.7, 4.0, 5.0), lora_rank=0, passes=0)]}
+    qlora = {"machine": {"cpu_count": 2}, "rows": [
+        _mem_row("7b-grpo-qlora", "qwen2.5-7b", "grpo", "after-mb1-pass1", 1, (13.7, 10.6, 15.1), quant="nf4", mb=1, passes=1),
+        _mem_row("7b-grpo-qlora", "qwen2.5-7b", "grpo", "after-mb2-pass2", 1, (17.0, 11.6, 17.9), quant="nf4"),
+        _mem_row("7b-grpo-qlora-int8", "qwen2.5-7b", "grpo", "after-mb1-pass1", 1, (15.3, 12.0, 14.0), quant="int8",
+                 mb=1, passes=1)]}
+    (res / "memory.json").write_text(json.dumps(memory))
+    (res / "memory_qlora.json").write_text(json.dumps(qlora))
+    lines = _lines(readme_results.render(tmp_path))
+    assert "| 7b-grpo-qlora | nf4 | after-mb1-pass1 | 1 | 1 | 13.7 | 10.6 | 15.1 | 37.4 / 31.5 / 35.3 | - | - |" in lines
+    assert "| 7b-grpo-qlora | nf4 | after-mb2-pass2 | 2 | 2 | 17.0 | 11.6 | 17.9 | - | - | - |" in lines
+    assert "| 7b-grpo-qlora-int8 | int8 | after-mb1-pass1 | 1 | 1 | 15.3 | 12.0 | 14.0 | 37.4 / 31.5 / 35.3 | - | - |" in lines
+    start = lines.index("| model, estimator | option | devices | setting | rollout / prepare / update GiB | smallest card |")
+    assert lines[start + 2:start + 7] == [
+        "| 0.5B PPO | full fine-tune (float32 params + AdamW) | 1 | micro-batch 2, 8 of 8 groups per pass "
+        "| 7.7 / 4.0 / 5.0 | 12 GB (RTX 3060) |",
+        "| 7B GRPO | full fine-tune (float32 params + AdamW) | 8 | micro-batch 4, 8 of 8 groups per pass "
+        "| 17.8 / 14.9 / 25.2 | 32 GB (V100-32GB, RTX 5090) each |",
+        "| 7B GRPO | LoRA, bf16 base | 1 | micro-batch 1, 1 of 8 groups per pass | 37.4 / 31.5 / 35.3 | 40 GB (A100-40GB) |",
+        "| 7B GRPO | LoRA, int8 base | 1 | micro-batch 1, 1 of 8 groups per pass | 15.3 / 12.0 / 14.0 "
+        "| 24 GB (RTX 4090, L4, A10) |",
+        "| 7B GRPO | LoRA, nf4 base | 1 | micro-batch 1, 1 of 8 groups per pass | 13.7 / 10.6 / 15.1 "
+        "| 16 GB (T4, V100-16GB) |"]
+    assert lines[start + 7] == ""

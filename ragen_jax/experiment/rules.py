@@ -14,6 +14,7 @@ def check_across_sections(cfg) -> None:
     """ConfigError for the first rule `cfg` (a Config whose sections are each valid) breaks."""
     if cfg.rollout.cache_dtype is not None:
         choice("rollout.cache_dtype", cfg.rollout.cache_dtype, ("float32", "bfloat16"))
+    choice("rollout.kv_cache_quant", cfg.rollout.kv_cache_quant, ("none", "int8"))
     _check_mix(cfg)
     _check_kept_rows(cfg)
     if cfg.advantage.record.needs_critic and cfg.model.critic == "none":

@@ -45,12 +45,13 @@ from ragen_jax.text.parse import Parsed, format_penalty_applies
 from ragen_jax.text.tokenizer import token_bytes_table
 
 
-def init_cache(model, batch: int, max_len: int, dtype=None):
-    """The model's own cache if it defines one (scripted test policies do), else a Qwen2 KVCache."""
+def init_cache(model, batch: int, max_len: int, dtype=None, quant: str = "none"):
+    """The model's own cache if it defines one (scripted test policies do), else a Qwen2 KVCache
+    (`quant`: RolloutConfig.kv_cache_quant)."""
     if hasattr(model, "init_cache"):
         return model.init_cache(batch, max_len, dtype)
 
-    return KVCache.init(model.cfg, batch=batch, max_len=max_len, dtype=dtype)
+    return KVCache.init(model.cfg, batch=batch, max_len=max_len, dtype=dtype, quant=quant)
 
 
 def _write_rows(buf, start, seg, seg_len):
@@ -320,6 +321,8 @@ class Rollout:
             cache = self._prefix_cache(model)
             if hasattr(cache, "k"):
                 cache = cache.replace(k=self._shard(cache.k, 1), v=self._shard(cache.v, 1), end=self._shard(cache.end))
+                if getattr(cache, "k_scale", None) is not None:  # rollout.kv_cache_quant=int8
+                    cache = cache.replace(k_scale=self._shard(cache.k_scale, 1), v_scale=self._shard(cache.v_scale, 1))
         tokens = jnp.full((b, t_max), self.chat.pad, jnp.int32).at[:, :n_prefix].set(prefix)
         zeros_i = jnp.zeros((b,), jnp.int32)
         carry = _Carry(
@@ -387,12 +390,12 @@ class Rollout:
         rows = cfg.batch_size if rows is None else rows
         if not cfg.shared_prefix:
             prefix = jnp.broadcast_to(jnp.asarray(self.prefix), (rows, len(self.prefix)))
-            cache = init_cache(model, rows, self.cache_len, cfg.cache_dtype)
+            cache = init_cache(model, rows, self.cache_len, cfg.cache_dtype, cfg.kv_cache_quant)
             return model(prefix, jnp.ones(prefix.shape, bool), cache)[1]
         prefix = jnp.asarray(self.prefix)[None]
-        one = init_cache(model, 1, self.cache_len, cfg.cache_dtype)
+        one = init_cache(model, 1, self.cache_len, cfg.cache_dtype, cfg.kv_cache_quant)
         _, one = model(prefix, jnp.ones(prefix.shape, bool), one)
-        like = jax.eval_shape(lambda: init_cache(model, rows, self.cache_len, cfg.cache_dtype))
+        like = jax.eval_shape(lambda: init_cache(model, rows, self.cache_len, cfg.cache_dtype, cfg.kv_cache_quant))
         return jax.tree.map(lambda x, shape: jnp.broadcast_to(x, shape.shape), one, like)
 
     def _any_turn_left(self, c: _Carry):

@@ -35,6 +35,10 @@ class RolloutConfig:
     stop_at_answer: bool = True
     # KV-cache dtype; None = the model's compute dtype (bf16 on accelerators halves cache traffic).
     cache_dtype: str | None = None
+    # "int8": the KV cache stores int8 codes with one scale per token and kv head (in cache_dtype),
+    # dequantized per layer where attention reads it: the cache's bytes fall to ~1/4 (float32) or ~1/2
+    # (bfloat16), the sampled tokens move slightly (docs/memory.md). "none": the float cache, unchanged.
+    kv_cache_quant: str = "none"
     # Operand dtype of the weight matmuls while sampling only (Qwen2Config.matmul_dtype of the rollout's
     # view of the policy); None = the model's own. The trainer's log-probs keep model.matmul_dtype, so
     # "bfloat16" here is a faster sampler that differs from the trainer: the mismatch/ metrics measure

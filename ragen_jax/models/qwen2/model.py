@@ -66,20 +66,48 @@ def unrolled_decode(cfg: Qwen2Config, cache: "KVCache") -> bool:
 
 
 # ----------------------------------------------------------------------------- KV cache
+KV_QUANT = ("none", "int8")  # rollout.kv_cache_quant
+
+
+def quantize_kv(x: jax.Array, scale_dtype=f32) -> tuple[jax.Array, jax.Array]:
+    """int8 codes of keys or values [..., head_dim] with one scale per token and head (the last axis
+    reduced): scale = max |x| / 127 (stored in `scale_dtype`), code = round(x / scale) in [-127, 127],
+    computed with the float32 scale; an all-zero vector gets scale 0 and codes 0."""
+    xf = x.astype(f32)
+    scale = jnp.max(jnp.abs(xf), axis=-1) / 127.0
+    q = jnp.round(xf / jnp.where(scale == 0, 1.0, scale)[..., None])
+    return jnp.clip(q, -127, 127).astype(jnp.int8), scale.astype(scale_dtype)
+
+
+def dequantize_kv(q: jax.Array, scale: jax.Array) -> jax.Array:
+    """Keys or values in the scale's dtype from int8 codes [..., head_dim] and scales [...]."""
+    return (q.astype(f32) * scale.astype(f32)[..., None]).astype(scale.dtype)
+
+
 @struct.dataclass
 class KVCache:
     """Per-row compact cache. Writes past `max_len` are dropped (end still advances): size it for the
-    longest sequence."""
+    longest sequence. With `quant="int8"` (rollout.kv_cache_quant) k and v hold int8 codes and
+    k_scale / v_scale one scale per token and kv head (`quantize_kv`), in the cache dtype: each layer's
+    keys/values are dequantized to that dtype where attention reads them."""
 
-    k: jax.Array  # [L, B, S, n_kv_heads, head_dim], compute dtype
+    k: jax.Array  # [L, B, S, n_kv_heads, head_dim], compute dtype (int8 codes when quantized)
     v: jax.Array  # [L, B, S, n_kv_heads, head_dim]
     end: jax.Array  # [B] int32: number of slots filled (== next RoPE position)
+    k_scale: jax.Array | None = None  # [L, B, S, n_kv_heads]: the int8 cache's scales; None: a float cache
+    v_scale: jax.Array | None = None
 
     @classmethod
-    def init(cls, cfg: Qwen2Config, batch: int, max_len: int, dtype=None) -> "KVCache":
+    def init(cls, cfg: Qwen2Config, batch: int, max_len: int, dtype=None, quant: str = "none") -> "KVCache":
         dtype = jnp.dtype(dtype or cfg.dtype)
         shape = (cfg.num_hidden_layers, batch, max_len, cfg.num_key_value_heads, cfg.head_dim)
-        return cls(k=jnp.zeros(shape, dtype), v=jnp.zeros(shape, dtype), end=jnp.zeros((batch,), jnp.int32))
+        end = jnp.zeros((batch,), jnp.int32)
+        if quant == "none":
+            return cls(k=jnp.zeros(shape, dtype), v=jnp.zeros(shape, dtype), end=end)
+        if quant != "int8":
+            raise ValueError(f"unknown KV cache quantization {quant!r}; choose one of {', '.join(KV_QUANT)}")
+        codes, scales = jnp.zeros(shape, jnp.int8), jnp.zeros(shape[:-1], dtype)
+        return cls(k=codes, v=codes, end=end, k_scale=scales, v_scale=scales)
 
     @property
     def max_len(self) -> int:
@@ -95,10 +123,11 @@ class KVCache:
         pos = self.end[:, None] + jnp.cumsum(valid, axis=1, dtype=jnp.int32) - 1
         slot = _slots(pos, valid, self.max_len)
         rows = jnp.arange(self.batch)[:, None]
-        k, v = self.k, self.v
+        k, v, ks, vs = self.k, self.v, self.k_scale, self.v_scale
         for li in range(k.shape[0]):  # per layer: XLA:CPU's 16-bit scatter workaround is per layer (`_write_kv`)
-            k, v = _write_kv(k, li, rows, slot, new.k[li]), _write_kv(v, li, rows, slot, new.v[li])
-        return KVCache(k=k, v=v, end=self.end + jnp.sum(valid, axis=1, dtype=jnp.int32))
+            k, ks = _write_layer_kv(k, ks, li, rows, slot, new.k[li])
+            v, vs = _write_layer_kv(v, vs, li, rows, slot, new.v[li])
+        return KVCache(k=k, v=v, end=self.end + jnp.sum(valid, axis=1, dtype=jnp.int32), k_scale=ks, v_scale=vs)
 
 
 @struct.dataclass
@@ -286,6 +315,23 @@ def _write_kv(cache: jax.Array, li, rows, slots, new: jax.Array) -> jax.Array:
     return jax.lax.dynamic_update_index_in_dim(cache, jax.lax.bitcast_convert_type(layer, cache.dtype), li, 0)
 
 
+def _write_layer_kv(cache: jax.Array, scale, li, rows, slots, new: jax.Array):
+    """`_write_kv` of one layer's new keys or values; an int8 cache (`scale` not None) gets their codes
+    and scales (`quantize_kv`). Returns (cache, scale)."""
+    if scale is None:
+        return _write_kv(cache, li, rows, slots, new), None
+    q, sc = quantize_kv(new, scale.dtype)
+    return _write_kv(cache, li, rows, slots, q), _write_kv(scale, li, rows, slots, sc)
+
+
+def _layer_kv(cache: jax.Array, scale, li) -> jax.Array:
+    """Layer `li`'s keys or values [B, S, n_kv, D] of the stacked cache, dequantized where it is int8."""
+    a = jax.lax.dynamic_index_in_dim(cache, li, axis=0, keepdims=False)
+    if scale is None:
+        return a
+    return dequantize_kv(a, jax.lax.dynamic_index_in_dim(scale, li, axis=0, keepdims=False))
+
+
 def _is_16bit_float(a) -> bool:
     return jnp.issubdtype(a.dtype, jnp.floating) and a.dtype.itemsize == 2
 
@@ -441,20 +487,19 @@ def _cached_stack(cfg: Qwen2Config, layers, x, valid, cache, write: bool = True)
         return _decode_layer_cache(cfg, layers, x, cache, rows, slot, cos, sin, n_new, read)
 
     def layer(carry, xs):
-        x, ck, cv = carry
+        x, ck, cv, cks, cvs = carry  # cks / cvs: an int8 cache's scales (None for a float cache)
         p, li = xs
         q, k, v = _attn_in(cfg, p, x, cos, sin)
         if write:  # only the new rows, into the loop-carried stacked cache (in place), then read back
-            ck, cv = _write_kv(ck, li, rows, slot, k), _write_kv(cv, li, rows, slot, v)
-            out = read(q, jax.lax.dynamic_index_in_dim(ck, li, axis=0, keepdims=False),
-                       jax.lax.dynamic_index_in_dim(cv, li, axis=0, keepdims=False))
+            ck, cks = _write_layer_kv(ck, cks, li, rows, slot, k)
+            cv, cvs = _write_layer_kv(cv, cvs, li, rows, slot, v)
+            out = read(q, _layer_kv(ck, cks, li), _layer_kv(cv, cvs, li))
         else:  # the cache as it was: the bucket choice around this read alone holds no write
-            out = attend(q, k, v, jax.lax.dynamic_index_in_dim(ck, li, axis=0, keepdims=False),
-                         jax.lax.dynamic_index_in_dim(cv, li, axis=0, keepdims=False))
-        return (_attn_out_mlp(cfg, p, x, out), ck, cv), (None if write else (k, v))
+            out = attend(q, k, v, _layer_kv(ck, cks, li), _layer_kv(cv, cvs, li))
+        return (_attn_out_mlp(cfg, p, x, out), ck, cv, cks, cvs), (None if write else (k, v))
 
     # No remat here: the cached path is inference (remat would only keep per-layer cache copies alive).
-    carry = (x, cache.k, cache.v)
+    carry = (x, cache.k, cache.v, getattr(cache, "k_scale", None), getattr(cache, "v_scale", None))
     if write and (t == 1 or cfg.prefill_unroll) and unrolled_decode(cfg, cache):
         # Single-token decode runs inside the sampler's token loop. A scan over the stacked [L, ...]
         # weights slices (copies) every layer's weights on every token before its matmuls (XLA:CPU
@@ -471,10 +516,10 @@ def _cached_stack(cfg: Qwen2Config, layers, x, valid, cache, write: bool = True)
     else:
         li = jnp.arange(cfg.num_hidden_layers, dtype=jnp.int32)
         carry, new = scan_layers(layer, carry, layers, li)
-    x, ck, cv = carry
+    x, ck, cv, cks, cvs = carry
     if not write:
         return x, NewKV(k=new[0], v=new[1], valid=valid)
-    return x, KVCache(k=ck, v=cv, end=cache.end + n_new)
+    return x, KVCache(k=ck, v=cv, end=cache.end + n_new, k_scale=cks, v_scale=cvs)
 
 
 def _slots(pos, valid, s: int):

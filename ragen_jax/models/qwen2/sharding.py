@@ -171,4 +171,8 @@ def cache_sharding(cache, mesh: Mesh, rules: Mapping[str, Any] = DEFAULT_RULES):
     """Shardings for a KVCache: k/v [L, B, S, n_kv, head_dim] by batch and kv heads; end [B] by batch."""
     kv = spec_for(cache.k.shape, ("layers", "batch", None, "kv_heads", None), mesh, rules)
     end = spec_for(cache.end.shape, ("batch",), mesh, rules)
-    return type(cache)(k=NamedSharding(mesh, kv), v=NamedSharding(mesh, kv), end=NamedSharding(mesh, end))
+    out = type(cache)(k=NamedSharding(mesh, kv), v=NamedSharding(mesh, kv), end=NamedSharding(mesh, end))
+    if getattr(cache, "k_scale", None) is not None:  # an int8 cache's scales [L, B, S, n_kv]
+        sc = NamedSharding(mesh, spec_for(cache.k_scale.shape, ("layers", "batch", None, "kv_heads"), mesh, rules))
+        out = out.replace(k_scale=sc, v_scale=sc)
+    return out
