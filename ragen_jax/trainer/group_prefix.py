@@ -49,22 +49,16 @@ def group_shape(prefix_len: int, max_segment_len: int, max_response: int, max_tu
 
 
 def group_shape_of(text_env, max_context: int):
-    """`group_shape` of the records a Rollout of `text_env` writes at `max_context` tokens; None with
-    several processes, where the passes keep the prompt-prefix path.
+    """`group_shape` of the records a Rollout of `text_env` writes at `max_context` tokens, with one
+    process or several.
 
-    Why (docs/testing.md, issue 56): the grouped pass sits in a `lax.cond` (the fallback for rows that
-    do not fit), and XLA:CPU runs a conditional's branch as a nested thunk executor that may finish
-    asynchronously, while the next collective is ordered after it only by a scheduling edge (started,
-    not finished). Across processes XLA:CPU's collectives are gloo's, and every gloo collective of a
-    device group uses the same tag (0), so two in flight on one group pair the wrong messages ("Received
-    data size doesn't match expected size"), depending on thread timing, differently per process. The
-    processes take the same decisions (one executable, shared by the launches; its predicate is
-    all-reduced; the split's groups, lengths and `fits` printed equal on the devices that printed);
-    what differs is the order of execution. Reproduced on a 2 x 4-device PPO run with a critic (the
-    actor's and the critic's grouped passes are independent of each other); a one-turn run without a
-    critic passed. The SFT warm start's prompt groups have no conditional and are on."""
-    if jax.process_count() > 1:
-        return None
+    Several processes on XLA:CPU (gloo) need the passes ordered (`step.after`): each grouped pass sits in
+    a `lax.cond` (the fallback for rows that do not fit), XLA:CPU may finish a conditional's branch
+    asynchronously while the next collective, ordered after it by start only, already runs, and every
+    gloo collective of a device group uses one tag, so two in flight take each other's messages
+    ("Received data size doesn't match expected size", docs/testing.md, issue 56). The processes took
+    the same decisions; the actor's and the critic's passes ran side by side. Chained, the 2-process
+    runs equal the 1-process runs (tests/multihost)."""
     return group_shape(len(text_env.prefix_ids), int(text_env.max_segment_len),
                        int(text_env.config.max_response_tokens), int(text_env.max_turns), int(max_context))
 
