@@ -39,20 +39,12 @@ def message(files: list[str]) -> str:
 NOT_YET_MEASURED = frozenset({
     "tests/bench/test_bench_env_rules.py",
     "tests/envs_jax/test_add_environment.py",
-    "tests/envs_py/test_countdown_port.py",
-    "tests/envs_py/test_cube_port.py",
-    "tests/envs_py/test_game_2048_port.py",
-    "tests/ragen_jax/algorithms/test_add_estimator.py",
-    "tests/ragen_jax/infra/test_logger_resume.py",
     "tests/ragen_jax/models/test_filled_reads.py",
     "tests/ragen_jax/models/test_hf_export.py",
     "tests/ragen_jax/models/test_quant.py",
     "tests/ragen_jax/models/test_quant_gguf.py",
     "tests/ragen_jax/test_export_cli.py",
-    "tests/ragen_jax/test_numpy_qwen2.py",
-    "tests/ragen_jax/text/test_answer_span.py",
     "tests/ragen_jax/trainer/test_qlora_trainer.py",
-    "tests/ragen_jax/trainer/test_shared_prefix.py",
     "tests/test_demo_draws.py",
 })
 

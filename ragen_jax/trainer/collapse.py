@@ -226,9 +226,9 @@ class CollapseProbe:
         self.z_cap = cfg.prompt.max_response_tokens
         self.width = min(self.x_cap + self.z_cap, cfg.rollout.max_context)
         # Each prompt runs once per block and each row only its reasoning (z_cap tokens at most): on
-        # Bandit with SmolLM2 the rows are ~90% prompt. Off with several processes, as the trainer's
-        # group-shared scoring (`group_prefix.group_shape_of`).
-        self.tail = self.z_cap if share_prompts and jax.process_count() == 1 else 0
+        # Bandit with SmolLM2 the rows are ~90% prompt. With several processes too: its one pass has nothing
+        # beside it to order (`step.after`, `group_prefix.group_shape_of`).
+        self.tail = self.z_cap if share_prompts else 0
         a = cfg.batching
         rows = self.m * self.p
         self.block = min(effective_micro_batch(a.mini_batch_size, a.micro_batch_size), rows)

@@ -49,12 +49,16 @@ def group_shape(prefix_len: int, max_segment_len: int, max_response: int, max_tu
 
 
 def group_shape_of(text_env, max_context: int):
-    """`group_shape` of the records a Rollout of `text_env` writes at `max_context` tokens; None with
-    several processes: there the two-process PPO run (tests/multihost) died in a gloo collective whose
-    sizes did not match between the processes (the group split's sort and conditional inside the
-    sharded update; not yet understood), so multi-host runs keep the prompt-prefix path."""
-    if jax.process_count() > 1:
-        return None
+    """`group_shape` of the records a Rollout of `text_env` writes at `max_context` tokens, with one
+    process or several.
+
+    Several processes on XLA:CPU (gloo) need the passes ordered (`step.after`): each grouped pass sits in
+    a `lax.cond` (the fallback for rows that do not fit), XLA:CPU may finish a conditional's branch
+    asynchronously while the next collective, ordered after it by start only, already runs, and every
+    gloo collective of a device group uses one tag, so two in flight take each other's messages
+    ("Received data size doesn't match expected size", docs/testing.md, issue 56). The processes took
+    the same decisions; the actor's and the critic's passes ran side by side. Chained, the 2-process
+    runs equal the 1-process runs (tests/multihost)."""
     return group_shape(len(text_env.prefix_ids), int(text_env.max_segment_len),
                        int(text_env.config.max_response_tokens), int(text_env.max_turns), int(max_context))
 

@@ -417,8 +417,10 @@ class SFTTrainer(RunAssembly):
         # Targets carry loss at column c when token c + 1 is the assistant's (`sft_target_mask`).
         targets = int((loss_mask[:, 1:] & (np.arange(1, t)[None, :] < length[:, None])).sum(axis=1).max())
         grouped = None
-        # Multi-host keeps the prefix path, as the RL update does (`group_shape_of`).
-        if s.group_prompts and jax.process_count() == 1:
+        # With several processes too: the grouped step is one straight-line program (no conditional around
+        # its collectives, unlike the RL passes' fallback, `group_prefix.group_shape_of`), and the groups
+        # are computed here from the demos, which every process generates identically.
+        if s.group_prompts:
             # Tokens a pass runs without prompt groups: the rows after the prefix, padded to their bucket.
             padded = self.micro_batch * float(np.mean(width)) + p
             grouped = prompt_grouping(tokens, loss_mask, length, self.micro_batch, padded)

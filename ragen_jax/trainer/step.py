@@ -74,6 +74,18 @@ class Batch:
     group: jax.Array | None = None  # [K] int32: each row's group slot (group-shared scoring, `group_prefix`)
 
 
+def after(x: jax.Array, *deps: jax.Array) -> jax.Array:
+    """`x` unchanged, but computed only once every array of `deps` is: a data dependency XLA keeps (a
+    float times 0 is not folded: NaN and inf would not give 0; `where` makes it exactly 0 for them too).
+
+    Group-shared scoring puts each model pass in a conditional, which XLA:CPU may finish asynchronously
+    while the next collective (ordered by start only) already runs; across processes (gloo, one tag per
+    device group) two collectives in flight take each other's messages (`group_prefix.group_shape_of`).
+    The passes that would otherwise run side by side (actor, reference, critic) are chained by this."""
+    z = sum(jnp.sum(d.astype(jnp.float32)) for d in deps)
+    return x + jnp.where(jnp.isfinite(z), z * 0.0, 0.0).astype(x.dtype)
+
+
 # ----------------------------------------------------------------------------------- LoRA split
 def full_params(trainable, frozen):
     """A model's whole parameter state from its trained part and the frozen base (LoRA), or the
@@ -406,16 +418,20 @@ class StepPrograms:
             old_logp, _ = in_consecutive_blocks(self._per_rows(logp_fn, k, mb), k, mb, *rows)
         else:
             old_logp = jnp.take(all_logp, f.rows, axis=0)
+
+        def rows_after(*deps):  # the passes one after another where each is a conditional (`after`)
+            return rows if self.group_prefix is None else (after(t.tokens, *deps), *rows[1:])
+
         ref_logp = jnp.zeros_like(old_logp)
         if self.use_ref:
             ref_fn = functools.partial(sequence_logprobs, self.actor_graph, full_params(ref, frozen), vocab=self.vocab,
                                        temperature=self.temperature, inference=True)
-            ref_logp, _ = in_consecutive_blocks(self._per_rows(ref_fn, k, mb), k, mb, *rows)
+            ref_logp, _ = in_consecutive_blocks(self._per_rows(ref_fn, k, mb), k, mb, *rows_after(old_logp))
         values = jnp.zeros_like(old_logp)
         if self.has_critic:
             val_fn = functools.partial(sequence_values, self.critic_graph, full_params(critic, critic_frozen(frozen)),
                                        vocab=self.vocab, inference=True)
-            values = in_consecutive_blocks(self._per_rows(val_fn, k, mb), k, mb, *rows)
+            values = in_consecutive_blocks(self._per_rows(val_fn, k, mb), k, mb, *rows_after(old_logp, ref_logp))
         values = jnp.where(mask, values, 0.0)
 
         tis_weight, metrics = self._importance_weights(t, mask, old_logp)
@@ -579,7 +595,9 @@ class StepPrograms:
             skipped = skipped + (step_actor & ~finite).astype(jnp.int32)
             am = {**am, "actor/grad_norm": gnorm, "train/optimizer_steps": step_actor.astype(jnp.float32)}
             if self.has_critic:
-                (_, cm), cg = self.critic_value_and_grad(critic, mbatch, frozen)
+                # After the actor's gradient where the passes are conditionals (`after`).
+                cbatch = mbatch if self.group_prefix is None else mbatch.replace(tokens=after(mbatch.tokens, gnorm))
+                (_, cm), cg = self.critic_value_and_grad(critic, cbatch, frozen)
                 cnorm = optax.global_norm(cg)
                 critic, critic_opt = jax.lax.cond(has_rows, functools.partial(_apply_update, self.critic_opt),
                                                   _keep, cg, critic, critic_opt)

@@ -41,16 +41,25 @@ RTOL, ATOL, PARAM_ATOL = 1e-5, 1e-6, 1e-6
 # tiny_cpu.py, smaller: P*N = 8 rows over 4 data shards, 4 kept trajectories, one optimizer step per iteration.
 RL = ["--config.train.val_size=8", "--config.train.save_every=1", "--config.rollout.num_groups=2",
       "--config.rollout.group_size=4", "--config.filter.value=0.5", "--config.batching.mini_batch_size=4",
-      "--config.prompt.max_turns=2", "--config.prompt.max_response_tokens=8", "--config.rollout.max_context=512",
+      "--config.prompt.max_turns=2", "--config.prompt.max_response_tokens=8", "--config.rollout.max_context=384",
       "--config.mesh.data=4", "--config.mesh.tensor=2"]
-PPO = [*RL, "--config.train.val_every=2", "--config.train.log_samples=1"]
+# 384: the 167-token prompt prefix and 2 turn segments of up to 108 tokens (the rollout refuses less), as
+# tests/ragen_jax/trainer/test_memory_check.py; the evaluation's one turn fits 288.
+# PPO: one turn, so the passes score each group's shared beginning once (`group_prefix`), with a critic
+# beside the actor (their passes chained, `step.after`), and the collapse probe shares its prompts;
+# GRPO keeps two turns (the prompt-prefix path).
+PPO = [*RL, "--config.prompt.max_turns=1", "--config.rollout.max_context=288", "--config.train.val_every=2",
+       "--config.train.log_samples=1"]
 GRPO = [*RL, "--config.advantage.estimator=grpo", "--config.advantage.reward_norm=mean_std", "--config.model.critic=none",
         "--config.train.val_every=0", "--config.train.log_samples=0", "--config.train.iterations=1"]
-SFT = ["--config.prompt.max_turns=2", "--config.prompt.max_response_tokens=32", "--config.rollout.max_context=512",
+# Bandit: one turn whose prompt every demo of a group shares, so the warm start's prompt groups are on
+# (sft.group_prompts: each distinct prompt of a batch runs once), over the processes as in one.
+SFT = ["--config.env.name=Bandit", "--config.prompt.max_turns=1", "--config.prompt.max_actions_per_turn=1",
+       "--config.prompt.max_response_tokens=24", "--config.rollout.max_context=256",
        "--config.sft.num_demos=16", "--config.sft.batch_size=4", "--config.sft.epochs=1", "--config.sft.length_bucket=0",
        "--config.sft.save_every=2", "--config.train.val_every=0", "--config.mesh.data=4", "--config.mesh.tensor=2"]
 EVAL = ["--envs", "Sokoban", "--num-states", "8", "--max-turns", "1", "--max-response-tokens", "8",
-        "--max-context", "512", "--seed", "3"]
+        "--max-context", "288", "--seed", "3"]
 
 
 # ------------------------------------------------------------------------------------- helpers
@@ -202,6 +211,7 @@ def test_sft_two_processes_equal_one(tmp_path):
     run_one("sft.py", ["--config", "tiny_cpu.py", "--workdir", str(one), "--quiet", *SFT])
     got, want = metrics(two), metrics(one)
     assert len(want) >= 2 and "demo/num_kept" in want[0] and "sft/loss" in want[-1]
+    assert want[0]["demo/prompt_groups"] >= 1  # the grouped step ran (0: the per-row path)
     assert_same_metrics(got, want)
     assert_same_policy(two, one)
     assert json.loads((two / "demos.json").read_text()).keys() == json.loads((one / "demos.json").read_text()).keys()

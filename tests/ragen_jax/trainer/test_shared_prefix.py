@@ -176,3 +176,19 @@ def test_group_shared_update_equals_the_per_row_passes(setup, micro):
         out[shape] = (jax.jit(prog.actor_value_and_grad)(params, b), jax.jit(prog.critic_value_and_grad)(cparams, b))
     grouped, per_row = out.values()
     _close(grouped, per_row, "actor and critic loss, metrics, gradients")
+
+
+def test_after_adds_a_dependency_and_nothing_else():
+    """`step.after`, which chains the group-shared passes (several processes, gloo): the values are
+    the input's whatever the dependency holds (NaN and inf included), and the compiled program still
+    reads the dependency (not folded away as a multiplication by 0)."""
+    import re
+
+    from ragen_jax.trainer.step import after
+
+    x = jnp.arange(6, dtype=jnp.int32).reshape(2, 3)
+    for d in ([1.0, 2.0, 3.0, 4.0], [np.nan, 1.0, 0.0, 0.0], [np.inf, -np.inf, 0.0, 0.0], [-3.5, 0.0, 0.0, 1e30]):
+        np.testing.assert_array_equal(np.asarray(jax.jit(after)(x, jnp.asarray(d, jnp.float32))), np.asarray(x))
+    text = jax.jit(after).lower(x, jnp.ones(4)).compile().as_text()
+    (dep,) = re.findall(r"(%\S+) = f32\[4\]\S* parameter\(1\)", text)
+    assert sum(dep in line for line in text.splitlines()) >= 2, text  # declared, then read
