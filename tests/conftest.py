@@ -12,12 +12,12 @@ _flags = os.environ.get("XLA_FLAGS", "")
 if "xla_force_host_platform_device_count" not in _flags:
     os.environ["XLA_FLAGS"] = (_flags + " --xla_force_host_platform_device_count=8").strip()
 # The suite's time is mostly XLA:CPU compiling tiny programs, and LLVM's optimisation passes are most of
-# that: at level 0 a tiny trainer's build + first iteration costs ~30% less CPU (docs/testing.md). HLO
+# that: at level 0 a tiny trainer's build + first iteration costs ~30% less CPU (docs/experiments/testing.md). HLO
 # passes (fusion, layout, the collectives) still run, so the programs the tests compare are the same
 # graphs; only their machine code is less optimised. Inherited by the multi-host test's subprocesses.
 # RAGEN_JAX_TEST_XLA_OPT=1 keeps XLA's defaults (to check a test against fully optimised code).
 # XLA:CPU's newer MLIR fusion emitters cost more to compile than the classic elemental emitters: off,
-# a tiny trainer's build + 3 iterations took 28.0 instead of 43.1 CPU s (docs/testing.md). The fusion
+# a tiny trainer's build + 3 iterations took 28.0 instead of 43.1 CPU s (docs/experiments/testing.md). The fusion
 # decisions (HLO passes) are the same; only how each fusion becomes machine code differs.
 if os.environ.get("RAGEN_JAX_TEST_XLA_OPT") != "1":
     if "xla_backend_optimization_level" not in os.environ["XLA_FLAGS"]:

@@ -5,7 +5,7 @@ timers for tracing, lowering to MLIR and XLA's backend compile (jax.monitoring e
 persistent-cache hits. A module fixture's setup is charged to the first test that uses it.
 
 Summarise with `python -m tests.jax_time [dir]`: the files by CPU seconds with their compile split.
-docs/testing.md says what it showed.
+docs/experiments/testing.md says what it showed.
 """
 
 from __future__ import annotations
