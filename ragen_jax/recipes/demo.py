@@ -545,7 +545,9 @@ def run_families_side_by_side(names: list[str], args, over) -> tuple[int, list[d
     finally:
         for sig, handler in previous.items():
             signal.signal(sig, handler)
-    failed = [c for c in codes.values() if c not in (0, PREEMPTED_EXIT)]
+    # A family the forwarded SIGTERM caught before its handler was installed (still importing) ends by the
+    # signal itself: nothing of it was lost, so it counts as stopped, not as failed.
+    failed = [c for c in codes.values() if c not in (0, PREEMPTED_EXIT, -signal.SIGTERM)]
     if failed:
         return failed[0], []
     if PREEMPTED_EXIT in codes.values() or stop:
