@@ -6,7 +6,8 @@ Each command has a declared quick variant in QUICK below, one of:
   tiny_cpu.py --workdir runs/tiny` with TRAIN_QUICK's overrides added), which the evaluation and export
   commands then read; a later occurrence of the same command reruns it on the finished run, which must
   change nothing (the guide says a finished run reruns as a no-op).
-- `Run(argv)`: the command as a user types it with smaller numbers (`--num-states 2`, another source),
+- `Run(argv)`: the command as a user types it with smaller numbers (`--num-states 2`, another source;
+  `quick_train(cmd)`: a tiny_cpu.py training command with TRAIN_QUICK's overrides, less those it sets),
   run from a sandbox directory where `runs/tiny` is the shared run and `docs/` the repository's. A
   `launch/*.py` or `scripts/*.py` command runs its `main(argv)` in this process (its programs are
   compiled once for the process); `python -c` runs its code here. It keeps the guide command's entry
@@ -72,10 +73,22 @@ class Suite:
     paths: tuple[str, ...]
 
 
+def quick_train(cmd: str) -> Run:
+    """A guide's tiny_cpu.py training command, run as the shared run is: TRAIN_QUICK's overrides added, less
+    the keys the command sets itself (its values are the ones that run). Its programs mostly share the
+    shared run's shapes, so jax's compilation cache (tests/conftest.py) serves what they have in common."""
+    named = {a.split("=", 1)[0] for a in shlex.split(cmd) if a.startswith("--")}
+    return Run(" ".join([cmd, *(f for f in TRAIN_QUICK if f.split("=", 1)[0] not in named)]))
+
+
 TRAIN_TINY = "python launch/tpu_train.py --config tiny_cpu.py --workdir runs/tiny"
 SOKOBAN_05B = "--config.model.path=/models/Qwen2.5-0.5B-Instruct"
-DEMO_TEST = "tests/test_demo.py::quick_run (launch/demo.py --quick on Bandit)"
+DEMO_TEST = ("tests/test_demo.py::quick_run (launch/demo.py --quick, the Bandit family, in a subprocess) and "
+             "tests/test_demo.py::test_configs_and_bad_arguments (the Sokoban and FrozenLake families' configs, "
+             "--quick or not, and the per-family overrides); those two families' runs: docs/experiments/demo.md")
 TRAIN_TEST = "tests/ragen_jax/trainer/test_train_loop.py (tiny_cpu.py runs: PPO, GRPO, resume, SIGTERM, kill -9)"
+FAMILIES_TEST = ("tests/ragen_jax/models/test_families.py (llama and qwen3 fixtures: logits, gradients, greedy "
+                 "sampling and exports against transformers; the training loop is TRAIN_TEST's)")
 
 QUICK: dict[str, object] = {
     # ---- demo.md
@@ -83,7 +96,8 @@ QUICK: dict[str, object] = {
     "python launch/demo.py --workdir runs/demo": Parsed(DEMO_TEST),
     "python launch/demo.py --workdir runs/demo_sokoban --skip-bandit --skip-frozen-lake --sokoban.sft.epochs=8 "
     "--sokoban.train.iterations=20": Parsed(DEMO_TEST),
-    "python launch/demo.py --workdir runs/demo_seed3 --seed 3": Parsed(DEMO_TEST),
+    "python launch/demo.py --workdir runs/demo_seed3 --seed 3":
+        Parsed("tests/test_demo_draws.py::test_demo_seed_flag (--seed into every stage's config) and " + DEMO_TEST),
     "python -c \"import json; d = json.load(open('docs/demo_results/eval.json')); print({s: {e: m['success'] for e, m "
     "in r.items()} for s, r in d['results'].items()})\"": Run(
         "python -c \"import json; d = json.load(open('docs/demo_results/eval.json')); print({s: {e: m['success'] for "
@@ -132,14 +146,16 @@ QUICK: dict[str, object] = {
         "python launch/generate.py --model tiny --chat --greedy --prompt \"Give me three tips for staying focused.\" "
         "--max-new-tokens 4"),  # the .gguf path: tests/ragen_jax/models/test_gguf.py
     "python launch/tpu_train.py --config sokoban.py --workdir runs/llama "
-    "--config.model.path=/models/Llama-3.2-3B-Instruct": Parsed("tests/ragen_jax/models/test_families.py"),
+    "--config.model.path=/models/Llama-3.2-3B-Instruct": Parsed(FAMILIES_TEST),
     "python launch/tpu_train.py --config sokoban.py --workdir runs/qwen3 --config.model.path=/models/Qwen3-0.6B":
-        Parsed("tests/ragen_jax/models/test_families.py"),
+        Parsed(FAMILIES_TEST),
     "python launch/demo.py --workdir runs/smollm2 --model smollm2 --skip-sokoban --skip-frozen-lake":
         Parsed("tests/test_demo.py::test_pretrained_model_configs (the smollm2 configs; the run itself: "
                "docs/experiments/pretrained.md)"),
     f"python launch/tpu_train.py --config sokoban.py --workdir runs/lora {SOKOBAN_05B} --config.model.lora_rank=64 "
-    "--config.model.param_dtype=bfloat16": Parsed("tests/ragen_jax/trainer/test_lora_trainer.py"),
+    "--config.model.param_dtype=bfloat16": Parsed(
+        "tests/ragen_jax/trainer/test_lora_trainer.py (LoRA runs of tiny_cpu.py over a float32 base: adapters only "
+        "train, checkpoints, exports, resume) and tests/ragen_jax/models/test_model.py (a bfloat16 base's forward)"),
     "python launch/export.py runs/tiny --out exports/tiny": Run("python launch/export.py runs/tiny --out exports/tiny"),
     "python launch/export.py runs/tiny/checkpoints/1 --out exports/tiny_it1 --dtype bfloat16":
         Run("python launch/export.py runs/tiny/checkpoints/1 --out exports/tiny_it1 --dtype bfloat16"),
@@ -178,16 +194,19 @@ QUICK: dict[str, object] = {
         "A.LOSS_AGG_MODES)\""),
     "python -m pytest -n 0 -p no:cacheprovider tests/ragen_jax/algorithms/test_add_estimator.py":
         Suite(("tests/ragen_jax/algorithms/test_add_estimator.py",)),
+    # (these three run for real: one iteration each, about 6-10 CPU s, the rest shared with the shared run)
     "python launch/tpu_train.py --config tiny_cpu.py --workdir runs/tiny_rloo --config.advantage.estimator=rloo "
-    "--config.model.critic=none": Parsed(
-        "tests/ragen_jax/trainer/test_train_loop.py::test_grpo_without_critic_trains_on_the_numpy_advantages "
-        "(a critic-free estimator) and tests/ragen_jax/algorithms (rloo against its reference)"),
+    "--config.model.critic=none": quick_train(
+        "python launch/tpu_train.py --config tiny_cpu.py --workdir runs/tiny_rloo --config.advantage.estimator=rloo "
+        "--config.model.critic=none"),
     "python launch/tpu_train.py --config tiny_cpu.py --workdir runs/tiny_top_p --config.filter.strategy=top_p "
-    "--config.filter.top_p_mode=softmax --config.filter.value=0.9": Parsed(
-        "tests/ragen_jax/algorithms/test_filters.py and tests/ragen_jax/trainer (top_p in the trainer)"),
+    "--config.filter.top_p_mode=softmax --config.filter.value=0.9": quick_train(
+        "python launch/tpu_train.py --config tiny_cpu.py --workdir runs/tiny_top_p --config.filter.strategy=top_p "
+        "--config.filter.top_p_mode=softmax --config.filter.value=0.9"),
     "python launch/tpu_train.py --config tiny_cpu.py --workdir runs/tiny_kl --config.loss.kl_coef=0.001 "
-    "--config.loss.kl_type=low_var_kl --config.loss.agg=seq-mean-token-mean": Parsed(
-        "tests/ragen_jax/algorithms/test_losses.py and tests/ragen_jax/trainer (the KL term's reference pass)"),
+    "--config.loss.kl_type=low_var_kl --config.loss.agg=seq-mean-token-mean": quick_train(
+        "python launch/tpu_train.py --config tiny_cpu.py --workdir runs/tiny_kl --config.loss.kl_coef=0.001 "
+        "--config.loss.kl_type=low_var_kl --config.loss.agg=seq-mean-token-mean"),
 }
 
 
@@ -240,6 +259,8 @@ def test_every_guide_command_has_a_quick_variant():
         if isinstance(spec, Parsed):
             assert argv[1].startswith("launch/") and spec.covered_by, cmd
             assert (ROOT / spec.covered_by.split("::")[0].split(" ")[0]).exists(), spec.covered_by
+            for path, name in re.findall(r"(tests/[\w/]+\.py)::(\w+)", spec.covered_by):  # the named test is there
+                assert re.search(rf"^def {name}\(", (ROOT / path).read_text(), re.M), (path, name)
         if isinstance(spec, Suite):
             assert argv[1:3] == ["-m", "pytest"] and all(p in argv for p in spec.paths), cmd
 
@@ -378,6 +399,17 @@ def test_guide_commands_run(page, sandbox, capsys, monkeypatch):
             assert field in row, (field, sorted(row))
         assert doc["settings"]["num_states"] == 2 and row["num_episodes"] == 4
         assert "Sokoban" in json.loads((sandbox / "runs" / "tiny" / "eval_rl.json").read_text())["paired"]
+    if page == "add_algorithm.md":  # each run trained with what its command names
+        runs = sandbox / "runs"
+        names = ("tiny_rloo", "tiny_top_p", "tiny_kl")
+        config = {r: json.loads((runs / r / "config.json").read_text()) for r in names}
+        last = {r: json.loads((runs / r / "metrics.jsonl").read_text().splitlines()[-1]) for r in names}
+        rloo = config["tiny_rloo"]
+        assert (rloo["advantage"]["estimator"], rloo["model"]["critic"]) == ("rloo", "none")
+        assert "critic/value_loss" not in last["tiny_rloo"] and "critic/value_loss" in last["tiny_top_p"]
+        f = config["tiny_top_p"]["filter"]
+        assert (f["strategy"], f["top_p_mode"], f["value"]) == ("top_p", "softmax", 0.9)
+        assert config["tiny_kl"]["loss"]["kl_type"] == "low_var_kl" and "actor/kl_loss" in last["tiny_kl"]
 
 
 # ----------------------------------------------------------------------------------- links

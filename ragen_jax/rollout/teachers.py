@@ -35,7 +35,7 @@ Teachers per kind (an environment's record, `envs_jax.get_spec(name).teacher`, n
 - expectimax (2048): the env's depth-2 expectimax player (`env.teacher_action`), ONE move per turn:
   every move spawns a random tile, so a second move named in the same turn would be planned for a
   board the teacher has not seen (and the reference's instruction asks for a single action).
-- env_policy (any env that brings its own policy, e.g. the worked example of docs/environments.md):
+- env_policy (any env that brings its own policy, e.g. the worked example of docs/guide/add_environment.md):
   `env.teacher_action(key, state, params)`, one action per turn.
 - bandit_arm (Bandit): the high-risk arm with probability `high_prob`, else the low-risk arm, drawn from the
   turn's key (a Bandit episode is one turn, so this is one draw per episode).

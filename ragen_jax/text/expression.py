@@ -9,7 +9,7 @@ leading zeros except "0"), binary + - * /, unary + and -, parentheses; spaces, t
 between tokens, line breaks (\\n, \\r) only inside parentheses (Python joins those lines; at depth 0
 they end the expression). A piece outside G cannot be correct (it can still get the 0.1 of right
 numbers), and values are exact fractions (envs_jax/countdown.py `evaluate`) with the tolerance checked
-exactly. Where this differs from the reference's unrestricted `eval` (deliberately; docs/environments.md):
+exactly. Where this differs from the reference's unrestricted `eval` (deliberately; docs/text_layer.md, "Countdown"):
 `**`, `//`, `%`, float / exponent / underscore literals ("1e2", "1.5", "1_2"), comparisons, bit
 operators, conditional expressions, line continuations and comments are not arithmetic over the
 task's numbers; non-ASCII decimal digits (which Python's `\\d` counts) are not numbers here; a piece of

@@ -1,6 +1,6 @@
-"""docs/environments.md "Add an environment", run verbatim: the env file and its record, then the env
-played through TextEnv, the compiled rollout with its own teacher, the SFT warm start and RL, with
-nothing outside envs_jax/ edited (the record is registered at run time, as a plug-in would).
+"""docs/guide/add_environment.md, sections 3 and 4 (the worked example), run verbatim: the env file and its
+record, then the env played through TextEnv, the compiled rollout with its own teacher, the SFT warm start
+and RL, with nothing outside envs_jax/ edited (the record is registered at run time, as a plug-in would).
 
 The truth: the corridor's rules written again in plain Python below (move, clamp at the ends, reward 1
 and the end on the goal), the tokenizer's own encoding of the host text, and the teacher's optimality
@@ -31,8 +31,9 @@ from tests.docs_example import code_after, run_example
 
 @pytest.fixture(scope="module")
 def corridor():
-    module = run_example("environments.md", "Add an environment", "envs_jax.corridor")
-    exec(compile(code_after("environments.md", "Add an environment", 1), "docs/environments.md (record)", "exec"),
+    module = run_example("guide/add_environment.md", "3. The worked example: Corridor", "envs_jax.corridor")
+    exec(compile(code_after("guide/add_environment.md", "4. The record"), "docs/guide/add_environment.md (record)",
+                 "exec"),
          dict(vars(registry)))  # the record runs where it is written: in envs_jax/registry.py
     yield module
     envs_jax.unregister("Corridor")
