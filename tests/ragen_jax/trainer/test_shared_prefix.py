@@ -3,9 +3,12 @@
 
 Truth: the per-row computation (`shared_prefix=0`: every row's whole record through the model), on
 the same records: per-token log-probs and entropies at EVERY column, critic values, and the loss and
-gradients of the actor and critic updates, float32 within 1e-5 relative, micro-batched or not; and the
-LoRA model's adapter gradients. A record whose prefix differs from row 0's would be scored wrongly,
-so the rollout's records are checked to share it (test_rollout covers the rollout side).
+gradients of the actor and critic updates, float32 within 1e-5 relative; and the LoRA model's adapter
+gradients. The updates' truth is one pass (no micro-batches), computed once for the file: the
+prompt-prefix and the group-shared updates, micro-batched or not, are each checked against it, and the
+group-shared scoring against the first test's whole-row forward (the same compiled programs). A record
+whose prefix differs from row 0's would be scored wrongly, so the rollout's records are checked to share
+it (test_rollout covers the rollout side).
 """
 
 from __future__ import annotations
@@ -56,16 +59,36 @@ def _close(got, want, what):
         np.testing.assert_allclose(np.asarray(x), np.asarray(y), rtol=RTOL, atol=ATOL, err_msg=what)
 
 
-def test_logprobs_entropies_and_values_equal_the_per_row_forward_at_every_column(setup):
+@pytest.fixture(scope="module")
+def forwards(setup):
+    """The jitted log-prob and value passes, the records an argument: the first test's programs are the
+    group-shared scoring test's truths (one compile each)."""
+    model, critic, _ = setup
+    graph, _ = nnx.split(model)
+    cgraph, _ = nnx.split(critic)
+
+    def logprobs(p, tokens, valid, group, t, prefix, shape):
+        groups = None if shape is None else (group, 2, shape)
+        return sequence_logprobs(graph, p, tokens, valid, temperature=t, prefix=prefix, groups=groups)
+
+    def values(p, tokens, valid, group, prefix, shape):
+        groups = None if shape is None else (group, 2, shape)
+        return sequence_values(cgraph, p, tokens, valid, prefix=prefix, groups=groups)
+
+    return (jax.jit(logprobs, static_argnames=("t", "prefix", "shape")),
+            jax.jit(values, static_argnames=("prefix", "shape")))
+
+
+def test_logprobs_entropies_and_values_equal_the_per_row_forward_at_every_column(setup, forwards):
     model, critic, b = setup
-    graph, params = nnx.split(model)
-    cgraph, cparams = nnx.split(critic)
+    fn, values = forwards
+    (_, params), (_, cparams) = nnx.split(model), nnx.split(critic)
     for temperature in (1.0, 0.7):
-        fn = jax.jit(lambda p, prefix, t=temperature: sequence_logprobs(graph, p, b.tokens, b.valid, temperature=t,
-                                                                         prefix=prefix), static_argnums=1)
-        _close(fn(params, P), fn(params, 0), f"log-probs and entropies, temperature {temperature}")
-    values = jax.jit(lambda p, prefix: sequence_values(cgraph, p, b.tokens, b.valid, prefix=prefix), static_argnums=1)
-    _close(values(cparams, P), values(cparams, 0), "values")
+        _close(fn(params, b.tokens, b.valid, None, t=temperature, prefix=P, shape=None),
+               fn(params, b.tokens, b.valid, None, t=temperature, prefix=0, shape=None),
+               f"log-probs and entropies, temperature {temperature}")
+    _close(values(cparams, b.tokens, b.valid, None, prefix=P, shape=None),
+           values(cparams, b.tokens, b.valid, None, prefix=0, shape=None), "values")
 
 
 def _config(micro: int) -> Config:
@@ -77,16 +100,34 @@ def _config(micro: int) -> Config:
     return cfg.validate()
 
 
-@pytest.mark.parametrize("micro", [0, 4])
-def test_actor_and_critic_losses_and_gradients_equal_the_per_row_passes(setup, micro):
-    model, critic, b = setup
+def _passes(setup, b, micro: int, prefix: int, shape):
+    """The actor's and critic's ((loss, metrics), gradients) of the batch `b` (two groups of `N` rows)."""
+    model, critic, _ = setup
     graph, params = nnx.split(model)
     cgraph, cparams = nnx.split(critic)
-    out = {}
-    for prefix in (P, 0):
-        prog = StepPrograms(StepSettings.of(_config(micro)), graph, cgraph, None, None, shared_prefix=prefix)
-        out[prefix] = (jax.jit(prog.actor_value_and_grad)(params, b), jax.jit(prog.critic_value_and_grad)(cparams, b))
-    (actor, critic_out), (actor0, critic0) = out[P], out[0]
+    cfg = _config(micro)
+    cfg.rollout.num_groups, cfg.rollout.group_size = ROWS // N, N
+    prog = StepPrograms(StepSettings.of(cfg.validate()), graph, cgraph, None, None, shared_prefix=prefix,
+                        group_prefix=shape)
+    assert (prog.micro_batch_groups(b) is not None) == (shape is not None)
+    return jax.jit(prog.actor_value_and_grad)(params, b), jax.jit(prog.critic_value_and_grad)(cparams, b)
+
+
+@pytest.fixture(scope="module")
+def per_row(setup):
+    """The records of the update tests (each group's rows share a beginning after the prompt prefix) and
+    their truth: every row's whole record through the model (`shared_prefix=0`), in one pass (no
+    micro-batches). The prompt-prefix passes and the group-shared ones, micro-batched or not, are
+    each checked against it."""
+    tokens, valid, mask = _group_records()
+    b = setup[2].replace(tokens=tokens, valid=valid, mask=mask, group=jnp.arange(ROWS, dtype=jnp.int32) // N)
+    return b, _passes(setup, b, 0, 0, None)
+
+
+@pytest.mark.parametrize("micro", [0, 4])
+def test_actor_and_critic_losses_and_gradients_equal_the_per_row_passes(setup, per_row, micro):
+    b, (actor0, critic0) = per_row
+    actor, critic_out = _passes(setup, b, micro, P, None)
     assert float(actor0[0][0]) != 0.0
     _close(actor, actor0, "actor loss, metrics, gradients")
     _close(critic_out, critic0, "critic loss, metrics, gradients")
@@ -139,43 +180,28 @@ def test_group_split_is_read_from_the_rows():
 
 
 @pytest.mark.parametrize("tail", [T - P, 10])  # 10: the rows do not fit, the prompt-prefix path runs
-def test_group_shared_scoring_equals_the_per_row_forward(setup, tail):
+def test_group_shared_scoring_equals_the_per_row_forward(setup, forwards, tail):
+    """Against the whole rows' forward (`prefix=0`): the first test's programs, shared."""
     from ragen_jax.trainer.group_prefix import GroupShape
 
     model, critic, _ = setup
+    fn, values = forwards
     tokens, valid, _ = _group_records()
-    groups = (jnp.arange(ROWS, dtype=jnp.int32) // N, 2, GroupShape(width=P + 12, tail=tail))
-    graph, params = nnx.split(model)
-    cgraph, cparams = nnx.split(critic)
-    def fn(g):
-        return jax.jit(lambda p: sequence_logprobs(graph, p, tokens, valid, temperature=0.7, prefix=P, groups=g))(params)
-
-    def values(g):
-        return jax.jit(lambda p: sequence_values(cgraph, p, tokens, valid, prefix=P, groups=g))(cparams)
-
-    _close(fn(groups), fn(None), "log-probs and entropies")
-    _close(values(groups), values(None), "values")
+    group, shape = jnp.arange(ROWS, dtype=jnp.int32) // N, GroupShape(width=P + 12, tail=tail)
+    (_, params), (_, cparams) = nnx.split(model), nnx.split(critic)
+    _close(fn(params, tokens, valid, group, t=0.7, prefix=P, shape=shape),
+           fn(params, tokens, valid, None, t=0.7, prefix=0, shape=None), "log-probs and entropies")
+    _close(values(cparams, tokens, valid, group, prefix=P, shape=shape),
+           values(cparams, tokens, valid, None, prefix=0, shape=None), "values")
 
 
 @pytest.mark.parametrize("micro", [0, 4])
-def test_group_shared_update_equals_the_per_row_passes(setup, micro):
+def test_group_shared_update_equals_the_per_row_passes(setup, per_row, micro):
     from ragen_jax.trainer.group_prefix import GroupShape
 
-    model, critic, b = setup
-    tokens, valid, mask = _group_records()
-    b = b.replace(tokens=tokens, valid=valid, mask=mask, group=jnp.arange(ROWS, dtype=jnp.int32) // N)
-    graph, params = nnx.split(model)
-    cgraph, cparams = nnx.split(critic)
-    cfg = _config(micro)
-    cfg.rollout.num_groups, cfg.rollout.group_size = ROWS // N, N
-    out = {}
-    for shape in (GroupShape(width=P + 12, tail=T - P), None):
-        prog = StepPrograms(StepSettings.of(cfg.validate()), graph, cgraph, None, None, shared_prefix=P,
-                            group_prefix=shape)
-        assert (prog.micro_batch_groups(b) is not None) == (shape is not None)
-        out[shape] = (jax.jit(prog.actor_value_and_grad)(params, b), jax.jit(prog.critic_value_and_grad)(cparams, b))
-    grouped, per_row = out.values()
-    _close(grouped, per_row, "actor and critic loss, metrics, gradients")
+    b, want = per_row
+    grouped = _passes(setup, b, micro, P, GroupShape(width=P + 12, tail=T - P))
+    _close(grouped, want, "actor and critic loss, metrics, gradients")
 
 
 def test_after_adds_a_dependency_and_nothing_else():
