@@ -1,6 +1,6 @@
 """The CPU demo: SFT warm start, then StarPO-S RL, on Bandit, Sokoban and FrozenLake.
 
-    python launch/demo.py --workdir runs/demo            # the full demo (~22 min alone on 2 CPU cores)
+    python launch/demo.py --workdir runs/demo            # the full demo (~20.5 min alone on 2 CPU cores)
     python launch/demo.py --workdir runs/demo_q --quick  # a 1-2 minute smoke run (learns little)
 
 Everything else (stages, overrides, outputs, --publish) is in `ragen_jax/recipes/demo.py`, which

@@ -147,6 +147,15 @@ def test_readme_rows_come_from_draws_json(series, tmp_path_factory):
     assert "| Bandit | 0.633 -> 1.000 (k: 0.600 -> 1.000) | +36.7 / +36.7 / +36.7 | +40.0 / +40.0 / +40.0 (k = 8) | " \
            "3 of 3 (p < 0.01, paired permutation test, k) |" in md
     assert not any(r.startswith("| tiny, from scratch") for r in md)  # no single-draw rows beside the distribution
+    assert not any("main job alone" in r for r in md)  # no alone.json: no time-alone sentence
+    alone = {"seed": 0, "commit": "abc1234", "date": "2026-12-07", "wall_s": 1226.7, "cpu_s": 2084.1,
+             "peak_rss_mb": 2668.2, "identical_to_published_draw": True,
+             "machine": {"cpu_count": 2, "cpu_class": "AMD EPYC (family 25, model 17)"}}
+    (root / "docs" / "demo_results" / "alone.json").write_text(json.dumps(alone))
+    md = readme_results.summary(root).splitlines()
+    assert ("The main job alone (seed 0, fresh clone of abc1234 in a fresh venv, 2026-12-07): 20:26 wall, 2,084 CPU "
+            "s, peak 2.6 GB RSS on a 2-core AMD EPYC (family 25, model 17) (`docs/demo_results/alone.json`). Its "
+            "outcomes equal the published draw of that seed, state by state.") in md
 
 
 def test_committed_draws_match_the_readme():

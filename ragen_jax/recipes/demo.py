@@ -1,6 +1,6 @@
 """The CPU demo: warm start (SFT on solver demonstrations), then StarPO-S RL, on Bandit, Sokoban and FrozenLake.
 
-    python launch/demo.py --workdir runs/demo            # the full demo (~22 min alone on 2 CPU cores)
+    python launch/demo.py --workdir runs/demo            # the full demo (~20.5 min alone on 2 CPU cores)
     python launch/demo.py --workdir runs/demo_q --quick  # a 1-2 minute smoke run (learns little)
     python launch/demo.py --workdir runs/demo --skip-bandit --sokoban.sft.epochs=8
     python launch/demo.py --workdir runs/demo --publish docs/demo_results && python scripts/readme_results.py
