@@ -101,6 +101,9 @@ def test_summary_and_stage_runs(quick_run):
 
     sft_cfg, rl_cfg = demo.stage_configs(demo.BANDIT_CONFIG, demo.QUICK_BANDIT, (), str(work / "bandit"))
     assert rl_cfg.model.init_from == str(work / "bandit" / "sft")
+    # A LoRA warm start hands its adapters to RL (PEFT directory), the only start a gguf base can take.
+    _, lora_rl = demo.stage_configs(demo.BANDIT_CONFIG, demo.QUICK_BANDIT, ("model.lora_rank=4",), str(work / "lora"))
+    assert lora_rl.model.init_from == str(work / "lora" / "sft" / "adapter")
     sft_rows = [json.loads(x) for x in (work / "bandit/sft/metrics.jsonl").read_text().splitlines()]
     sft_steps = [r["step"] for r in sft_rows if "sft/loss" in r]
     # The Bandit warm start trains on an arm-balanced subset of its demos (an even number of them).

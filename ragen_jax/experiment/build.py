@@ -32,7 +32,7 @@ from ragen_jax.text import PromptConfig, TextEnv
 from ragen_jax.text.mix import MixedTextEnv
 from ragen_jax.text.tokenizer import load_tokenizer
 from ragen_jax.infra.checkpoint import load_policy_params
-from ragen_jax.experiment.config import Config, ConfigError
+from ragen_jax.experiment.config import Config, ConfigError, gguf_init_from_error
 from ragen_jax.experiment.legacy import migrate_saved
 from ragen_jax.infra.distributed import run_path
 
@@ -247,6 +247,8 @@ def init_policy_params(cfg: Config, graphdef, params, mesh=None):
     src = cfg.model.init_from
     if not src:
         return params
+    if cfg.model.base_quant == "gguf" and not is_peft_dir(str(src)):
+        raise gguf_init_from_error(src)
     if is_peft_dir(str(src)):
         model = nnx.merge(graphdef, params)
         try:

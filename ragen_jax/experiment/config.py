@@ -42,6 +42,14 @@ from ragen_jax.text.mix import format_mix, parse_mix
 CONFIG_DIR = Path(__file__).resolve().parent.parent.parent / "configs"
 
 
+def gguf_init_from_error(init_from) -> ConfigError:
+    """`model.base_quant=gguf` with a `model.init_from` that is not a PEFT adapter directory: refused when the
+    config is read (the path exists) or when the Trainer loads it (it did not exist yet)."""
+    return ConfigError(f"model.base_quant=gguf keeps the .gguf file's blocks as the base, so model.init_from "
+                       f"{init_from!r} (a policy export) would be ignored; start from a PEFT adapter directory "
+                       "(a LoRA run's <run>/adapter) or use model.base_quant=nf4 to quantize it")
+
+
 @dataclass
 class ModelConfig:
     # Local Hugging Face directory (config.json + safetensors). None: random init from `preset`
@@ -114,10 +122,11 @@ class ModelConfig:
         if self.base_quant == "gguf" and not (self.path and str(self.path).lower().endswith(".gguf")):
             raise ConfigError(f"model.base_quant='gguf' reads the projections of a .gguf model.path, got "
                               f"{self.path!r}; set model.path to a .gguf file or model.base_quant=nf4")
-        if self.base_quant == "gguf" and self.init_from and not is_peft_dir(str(self.init_from)):
-            raise ConfigError(f"model.base_quant=gguf keeps the .gguf file's blocks as the base, so model.init_from "
-                              f"{self.init_from!r} (a policy export) would be ignored; use model.base_quant=nf4 to "
-                              "quantize it")
+        # A path that does not exist yet (a stage of launch/demo.py not run yet) is checked again when the
+        # Trainer loads it (experiment/build.py `init_policy_params`).
+        if (self.base_quant == "gguf" and self.init_from and os.path.exists(str(self.init_from))
+                and not is_peft_dir(str(self.init_from))):
+            raise gguf_init_from_error(self.init_from)
         if self.lora_dropout != 0:
             raise ConfigError(f"model.lora_dropout={self.lora_dropout!r} is not supported (adapters train without "
                               "dropout); set model.lora_dropout=0")

@@ -55,6 +55,7 @@ from absl import logging as absl_logging
 
 from ragen_jax.experiment.cli import die_with_parent
 from ragen_jax.experiment.config import ConfigError, load_config
+from ragen_jax.experiment.policy_export import ADAPTER_DIR
 from ragen_jax.infra.distributed import RunDirBusy, RunLock
 from ragen_jax.infra.preemption import PREEMPTED_EXIT
 from ragen_jax.evaluation.suite import evaluate, format_table, write_eval_json
@@ -249,10 +250,14 @@ def base_overrides(args, quick_over) -> tuple:
 
 
 def stage_configs(config_name: str, base_overrides, user_overrides, workdir: str):
-    """(SFT config, RL config): the same file and overrides; RL starts from the SFT export."""
+    """(SFT config, RL config): the same file and overrides; RL starts from the SFT export. A LoRA warm
+    start hands over its adapters (`<sft>/adapter`, PEFT layout) on the same frozen base, which is also
+    what a quantized base needs: `model.base_quant=gguf` keeps the file's blocks and can only take
+    adapters, and any other mode quantizes the pretrained base rather than a merged one."""
     over = list(base_overrides) + list(user_overrides)
     sft_cfg = load_config(config_name, over)
-    rl_cfg = load_config(config_name, over + [f"model.init_from={os.path.join(workdir, 'sft')}"])
+    start = os.path.join(workdir, "sft", ADAPTER_DIR) if sft_cfg.model.lora_rank else os.path.join(workdir, "sft")
+    rl_cfg = load_config(config_name, over + [f"model.init_from={start}"])
     return sft_cfg, rl_cfg
 
 
@@ -314,7 +319,7 @@ def run_family(family: str, config_name: str, envs, quick_over, user_over, args,
     # memory of one run, and the first run is the one-rollout evaluation's own sample.
     evaluator_k = (StageEvaluator(sft, (FAMILY_EVAL_ENV[family],), n_states, repeats=args.eval_samples)
                    if args.eval_samples else None)
-    evaluate_and_plot("sft", sft.state.params, SFT_CURVES, t0, c0)
+    evaluate_and_plot("sft", sft.params, SFT_CURVES, t0, c0)  # with LoRA: base + adapters
     del sft, hist  # its demos, optimizer state and compiled programs are not needed for RL (peak memory)
     gc.collect()
 
@@ -325,7 +330,7 @@ def run_family(family: str, config_name: str, envs, quick_over, user_over, args,
     rl.train()
     stop_if_interrupted(rl, family, "RL", os.path.join(root, "rl"))
     timings[f"{family}/rl"] = {"train_s": time.perf_counter() - t0, "train_cpu_s": time.process_time() - c0}
-    evaluate_and_plot("rl", rl.state.actor, RL_CURVES, time.perf_counter(), time.process_time())
+    evaluate_and_plot("rl", rl.actor_params, RL_CURVES, time.perf_counter(), time.process_time())
 
 
 def last_step(run_dir: str) -> int:

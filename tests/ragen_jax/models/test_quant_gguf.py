@@ -84,7 +84,7 @@ def test_kept_blocks_are_the_files_weights_and_give_the_float_models_logits(tiny
 def test_a_run_config_builds_its_base_from_the_files_blocks(tiny_file, tmp_path):
     """model.base_quant=gguf as a run builds it (experiment.build: the float policy from the file's
     conversion, LoRA, then the file's blocks as the frozen base), and its config errors."""
-    from ragen_jax.experiment.build import build_policy, quantize_policy
+    from ragen_jax.experiment.build import build_policy, init_policy_params, quantize_policy
     from ragen_jax.experiment.config import ConfigError, load_config
 
     path, expected, _ = tiny_file
@@ -100,8 +100,15 @@ def test_a_run_config_builds_its_base_from_the_files_blocks(tiny_file, tmp_path)
     with pytest.raises(ConfigError, match="model.base_quant='gguf' reads the projections of a .gguf model.path"):
         load_config("tiny_cpu.py", ["model.lora_rank=4", "model.base_quant=gguf"])
     (tmp_path / "export").mkdir()
-    with pytest.raises(ConfigError, match="model.init_from .* would be ignored; use model.base_quant=nf4"):
+    ignored = "model.init_from .* would be ignored; start from a PEFT adapter directory .* or use model.base_quant=nf4"
+    with pytest.raises(ConfigError, match=ignored):
         load_config("tiny_cpu.py", [*over, f"model.init_from={tmp_path / 'export'}"])
+    # A start that does not exist yet (launch/demo.py's RL stage before its warm start ran) is read, and
+    # refused when the Trainer loads it if it then is not a PEFT adapter.
+    later = load_config("tiny_cpu.py", [*over, f"model.init_from={tmp_path / 'later'}"])
+    (tmp_path / "later").mkdir()
+    with pytest.raises(ConfigError, match=ignored):
+        init_policy_params(later, None, None)
 
 
 def test_smollm2_q4_1_projections_are_kept_as_the_base():
