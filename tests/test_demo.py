@@ -167,7 +167,7 @@ def test_a_preempted_stage_ends_the_demo_with_exit_75(tmp_path, monkeypatch, sta
             def __init__(self, cfg, workdir, quiet=False):
                 built.append(kind)
                 self.interrupted = "SIGTERM" if kind == stage else None
-                self.state = SimpleNamespace(params=None, actor=None)
+                self.params = self.actor_params = None  # the whole policy the demo evaluates
 
             def train(self):
                 return []
