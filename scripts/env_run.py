@@ -110,7 +110,7 @@ def main(argv=None) -> int:
     stages["sft"] = _since(t)
     t = _clock()
     evaluator = StageEvaluator(sft, (args.env,), args.eval_states)
-    before = evaluator(sft.state.params)[args.env]
+    before = evaluator(sft.params)[args.env]
     stages["eval_sft"] = _since(t)
     print(f"{args.env} warm start: {_summary(before)} {stages}", flush=True)
     del sft
@@ -119,7 +119,7 @@ def main(argv=None) -> int:
     rl.train()
     stages["rl"] = _since(t)
     t = _clock()
-    after = StageEvaluator(rl, (args.env,), args.eval_states)(rl.state.actor)[args.env]
+    after = StageEvaluator(rl, (args.env,), args.eval_states)(rl.actor_params)[args.env]
     stages["eval_rl"] = _since(t)
     pc = paired_change(before["state_success"], after["state_success"])
     result = {"env": args.env, "command": " ".join(["python", "scripts/env_run.py", *(argv or sys.argv[1:])]),

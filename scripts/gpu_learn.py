@@ -175,7 +175,7 @@ def run_family(args, family: str, root: str, rec: dict, doc: dict, clock: Clock)
     t1 = time.perf_counter()
     k = args.eval_samples * args.eval_repeats
     before = StageEvaluator(sft, (env,), args.eval_states, samples=args.eval_samples,
-                            repeats=args.eval_repeats)(sft.state.params)[env]
+                            repeats=args.eval_repeats)(sft.params)[env]
     rec["before"] = evaluation(before)
     rec["before"]["wall_s"] = eval_s = time.perf_counter() - t1
     log(f"{env}: warm start {before['success']:.3f} (format {before['format_ok']:.2f}) on {args.eval_states} x "
@@ -196,7 +196,7 @@ def run_family(args, family: str, root: str, rec: dict, doc: dict, clock: Clock)
         return
     t4 = time.perf_counter()
     after = StageEvaluator(rl, (env,), args.eval_states, samples=args.eval_samples,
-                           repeats=args.eval_repeats)(rl.state.actor)[env]
+                           repeats=args.eval_repeats)(rl.actor_params)[env]
     rec["after"] = evaluation(after)
     rec["after"]["wall_s"] = time.perf_counter() - t4
     rec["paired"] = paired_rates(before["state_success"], after["state_success"], k)

@@ -118,7 +118,7 @@ def warm_start_results(args, evaluators, rl, env, temps) -> dict:
                 before = cached
         if before is None:
             e0 = time.perf_counter()
-            before = evaluators[t](rl.state.actor)[env]
+            before = evaluators[t](rl.actor_params)[env]
             before["eval_wall_s"] = time.perf_counter() - e0
             before["key"] = key
             with open(cache, "w") as f:
@@ -163,7 +163,7 @@ def main(argv=None) -> int:
         rl.export(os.path.join(args.out, f"it{it}"))
         for t in temps:
             e1 = time.perf_counter()
-            after = evaluators[t](rl.state.actor)[env]
+            after = evaluators[t](rl.actor_params)[env]
             before = befores[t]
             pc = paired_rates(before["state_success"], after["state_success"], args.eval_samples)
             row = {"iteration": it, "temperature": t, "success": after["success"], "format_ok": after["format_ok"],
