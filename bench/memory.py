@@ -71,7 +71,7 @@ ROWS = {
     "7b-grpo-qlora": ("qwen2.5-7b", "grpo", 1, 22, 64, "nf4"),
     "3b-ppo-qlora": ("qwen2.5-3b", "gae", 1, 14, 64, "nf4"),
     "0.5b-ppo-qlora": ("qwen2.5-0.5b", "gae", 1, None, 64, "nf4"),
-    # The same with an int8 base (per-channel codes) and, to confirm that it needs what nf4 needs (the
+    # The same with an int8 base (Q8_0 codes, blocks of 32) and, to confirm that it needs what nf4 needs (the
     # same array shapes and dtypes), an int4 one: the smallest-card table of docs/memory.md.
     #     python -m bench.memory --rows 7b-grpo-qlora-int8,7b-grpo-qlora-int4 --settings after-mb1-pass1 \
     #         --out bench/results/memory_qlora.json   (and 3b-ppo-qlora-int8 at after-mb2-pass2,

@@ -4,7 +4,8 @@ The float model is the float32 conversion of the GGUF file shipped by llm-smollm
 dequantized by the `gguf` package: what every float SmolLM2 run loads). Each quantized model is the same
 float model with its seven projections of every layer stored by `model.base_quant` (models/quant.py):
 
-  int8   per-output-channel int8 codes of the float weights
+  int8   llama.cpp Q8_0 codes of the float weights, blocks of 32 (until 2026-12-07: one scale per
+         output channel, 12 of 20)
   nf4    NormalFloat codes, blocks of 64
   int4   llama.cpp Q4_0 codes, blocks of 64
   gguf   the file's own Q4_1 blocks kept as they are (the float model's weights, dequantized per layer)

@@ -3,7 +3,7 @@
 The workload is the Bandit stage's rollout decode (configs/smollm2_bandit.py: 8 groups x 8 = 64 rows,
 up to 32 sampled tokens, float32 compute and cache): `sampler.generate` on 64 chat prompts (the 20 of
 bench/qlora_greedy.py, cycled), temperature 1, no stop ids (every row samples all its tokens: the same
-work for every base). Bases: float32 (the model as every float run loads it), int8 (per-channel codes)
+work for every base). Bases: float32 (the model as every float run loads it), int8 (Q8_0 codes)
 and nf4; each program is compiled first (its XLA `memory_analysis` recorded), then the calls are
 interleaved base by base, `--repeats` rounds, median per base (the machine is shared: only ratios within
 one run mean something).

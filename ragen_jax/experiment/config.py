@@ -99,9 +99,9 @@ class ModelConfig:
     lora_dropout: float = 0.0
     # QLoRA: the frozen base's projection kernels (q/k/v/o, gate/up/down of every layer) stored quantized
     # and dequantized per layer inside the forward and the rematerialised backward (models/quant.py):
-    # "none" (float, in param_dtype), "int8" (per output channel), "nf4" (QLoRA's NormalFloat, blocks of
-    # 64 weights with one scale), "int4" (llama.cpp's Q4_0 rule, blocks of 64) or "gguf" (a .gguf
-    # model.path's own Q4_0 / Q4_1 / Q8_0 projection blocks, read as they are). LoRA only: full
+    # "none" (float, in param_dtype), "int8" (llama.cpp's Q8_0 rule, blocks of 32 weights with one
+    # scale), "nf4" (QLoRA's NormalFloat, blocks of 64), "int4" (llama.cpp's Q4_0 rule, blocks of 64) or
+    # "gguf" (a .gguf model.path's own Q4_0 / Q4_1 / Q8_0 projection blocks, read as they are). LoRA only: full
     # fine-tuning trains the base. Embeddings, the output head, norms, biases and adapters stay float.
     base_quant: str = "none"
 

@@ -6,8 +6,12 @@ bits and dequantized per layer inside the forward (and the rematerialised backwa
 
 Layout (a kernel W [*stack, in, out], stored [in, out] like every kernel of model.py):
 
-- "int8": per output channel, symmetric. `kernel_q` int8 [*stack, in, out], `kernel_scale` [*stack, 1, out]
-  = max |W[:, o]| / 127; W ~ q * scale.
+- "int8": llama.cpp's Q8_0 rule: blocks of `Q8_BLOCK` (32) consecutive input rows of one output column,
+  scale = the block's max |W| / 127, code = roundf(W * (1 / scale)) (half away from zero, as C's roundf:
+  the same codes as a GGUF Q8_0 tensor; the input size a multiple of 32). `kernel_q` int8
+  [*stack, in, out], `kernel_scale` [*stack, in / 32, out]; W ~ code * scale. Why blocks: with one scale per output channel (the first
+  int8 rule) a single large weight coarsens the step of its whole column; SmolLM2 kept 12 of 20
+  greedy answers that way, 15 with Q8_0 (bench/qlora_greedy.py, docs/memory.md).
 - "nf4" / "int4": blocks of `block` (64, as QLoRA) consecutive input rows of one output column, one
   scale per block, `kernel_scale` [*stack, in / block, out]. Codes 0..15, two per byte: `kernel_q`
   uint8 [*stack, in / 2, out], where byte j of a block holds element j in its low nibble and element
@@ -44,6 +48,7 @@ MODES = ("none", "int8", "nf4", "int4", "gguf")
 # GGUF block types read as they are: name -> (weights per block, bytes per block).
 GGUF_BLOCKS = {"Q4_0": (32, 18), "Q4_1": (32, 20), "Q8_0": (32, 34)}
 BLOCK = 64  # 4-bit block size along the input axis (QLoRA's; GGUF's Q4_0/Q4_1 use 32)
+Q8_BLOCK = 32  # int8 block size along the input axis: llama.cpp's Q8_0 (QK8_0), so GGUF blocks map onto it
 # QLoRA's NF4 levels (bitsandbytes `get_4bit_type("nf4")`, the paper's appendix E).
 NF4_TABLE = np.array([
     -1.0, -0.6961928009986877, -0.5250730514526367, -0.39491748809814453, -0.28444138169288635,
@@ -67,20 +72,37 @@ def check_mode(mode: str) -> str:
 
 def check_shape(shape, mode: str, block: int = BLOCK) -> None:
     """ValueError naming the problem when a kernel [*stack, in, out] cannot be stored in `mode`."""
-    if mode in TABLES and (block % 2 or shape[-2] % block):
-        raise ValueError(f"a {mode} kernel needs its input size ({shape[-2]}) to be a multiple of the block "
-                         f"size {block} (an even number); use model.base_quant=int8 for this model")
+    n_in = shape[-2]
+    if mode == "int8" and n_in % Q8_BLOCK:
+        raise ValueError(f"an int8 kernel needs its input size ({n_in}) to be a multiple of Q8_0's block size "
+                         f"{Q8_BLOCK}; use model.base_quant=none for this model")
+    if mode in TABLES and (block % 2 or n_in % block):
+        fix = "int8" if n_in % Q8_BLOCK == 0 else "none"
+        raise ValueError(f"a {mode} kernel needs its input size ({n_in}) to be a multiple of the block "
+                         f"size {block} (an even number); use model.base_quant={fix} for this model")
 
 
 def quantize(w: jax.Array, mode: str, block: int = BLOCK) -> tuple[jax.Array, jax.Array]:
-    """(codes, scale) of a float kernel [*stack, in, out] (module docstring); scale in w's dtype."""
+    """(codes, scale) of a float kernel [*stack, in, out] (module docstring); scale in w's dtype. `block`:
+    the 4-bit modes' block; int8 always uses Q8_0's `Q8_BLOCK`."""
     check_shape(w.shape, check_mode(mode), block)
     x = w.astype(f32)
-    if mode == "int8":
-        scale = jnp.max(jnp.abs(x), axis=-2, keepdims=True) / 127.0
-        safe = jnp.where(scale == 0, 1.0, scale)
-        return jnp.clip(jnp.round(x / safe), -127, 127).astype(jnp.int8), scale.astype(w.dtype)
     *lead, n_in, n_out = x.shape
+    if mode == "int8":  # llama.cpp's quantize_row_q8_0_ref, operation for operation
+        xb = x.reshape(*lead, n_in // Q8_BLOCK, Q8_BLOCK, n_out)
+        amax = jnp.max(jnp.abs(xb), axis=-2)  # [..., nb, out]
+        # XLA rewrites a division by a broadcast constant into a multiplication by its reciprocal, an
+        # ulp off Q8_0's amax / 127 for ~5% of blocks (measured); a divisor it cannot prove constant
+        # keeps the division (a NaN block stays NaN either way).
+        scale = amax / jnp.where(jnp.isnan(amax), 1.0, 127.0)
+        inv = jnp.where(scale == 0, 0.0, 1.0 / jnp.where(scale == 0, 1.0, scale))
+        v = xb * inv[..., None, :]
+        # C's roundf (half away from zero), not jnp.round (half to even): ties give Q8_0's codes. The
+        # fraction a - floor(a) is exact, so the tie test is too (floor(a + 0.5) is not, near 0.5).
+        a = jnp.abs(v)
+        whole = jnp.floor(a)
+        codes = jnp.sign(v) * (whole + (a - whole >= 0.5))
+        return codes.astype(jnp.int8).reshape(*lead, n_in, n_out), scale.astype(w.dtype)
     xb = x.reshape(*lead, n_in // block, block, n_out)
     if mode == "nf4":
         scale = jnp.max(jnp.abs(xb), axis=-2)  # [..., nb, out]
@@ -101,8 +123,8 @@ def quantize(w: jax.Array, mode: str, block: int = BLOCK) -> tuple[jax.Array, ja
 
 def dequantize(q: jax.Array, scale: jax.Array, mode: str, dtype=f32, minimum: jax.Array | None = None) -> jax.Array:
     """The float kernel [*stack, in, out] of (codes, scale), computed in float32 and cast to `dtype`.
-    int8 codes: one scale per block of in / scale.shape[-2] rows (1 block: per channel; Q8_0: 32
-    rows). 4-bit codes: TABLE[mode][code] * scale, or with `minimum` (GGUF's Q4_1) code * scale + min."""
+    int8 codes: one scale per block of in / scale.shape[-2] rows (Q8_0's 32, computed or read from
+    a GGUF file). 4-bit codes: TABLE[mode][code] * scale, or with `minimum` (GGUF's Q4_1) code * scale + min."""
     *lead, n_rows, n_out = q.shape
     nb = scale.shape[-2]
     s = scale.astype(f32)[..., None, :]
@@ -224,6 +246,6 @@ def dequantized_state(state: dict, mode: str, dtype=None) -> dict:
     return walk(state)
 
 
-__all__ = ["BLOCK", "GGUF_BLOCKS", "MODES", "NF4_TABLE", "QUANT_KEYS", "check_mode", "check_shape", "dequantize",
+__all__ = ["BLOCK", "GGUF_BLOCKS", "MODES", "NF4_TABLE", "Q8_BLOCK", "QUANT_KEYS", "check_mode", "check_shape", "dequantize",
            "dequantized_state", "from_gguf_blocks", "kernel", "projections", "quantize", "quantize_base",
            "set_quantized"]

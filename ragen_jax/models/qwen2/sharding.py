@@ -23,7 +23,7 @@ MESH_AXES = ("data", "fsdp", "tensor")
 # parameter path, e.g. ".../mu/model/layers/...", match too) -> logical axis per dimension.
 # Heads are flattened into the projection dimension (heads * head_dim), see model.py. A quantized
 # base's codes and block scales (models/quant.py: `kernel_q` [L, in or in / 2, out], `kernel_scale`
-# [L, in / block or 1, out], GGUF Q4_1's `kernel_min` like the scale) shard like their kernel; an
+# [L, in / block, out], GGUF Q4_1's `kernel_min` like the scale) shard like their kernel; an
 # axis that does not divide stays whole.
 LOGICAL_AXES: tuple[tuple[str, tuple[str | None, ...]], ...] = (
     (r"embed_tokens/embedding$", ("vocab", "embed")),

@@ -1,6 +1,6 @@
 """The quantized frozen base (models/quant.py, QLoRA): the codes and scales against independent
-truths (llama.cpp's Q4_0 as the `gguf` package computes it, numpy's nearest NF4 level and int8 per
-channel), and the quantized model against the dequantize-then-float model: a float LoRA model whose
+truths (llama.cpp's Q4_0 and Q8_0 as the `gguf` package computes them, numpy's nearest NF4 level),
+and the quantized model against the dequantize-then-float model: a float LoRA model whose
 kernels are the dequantized ones gives the same logits (within 1e-5 relative) on every forward path,
 and the same adapter gradients."""
 
@@ -14,7 +14,7 @@ from flax import nnx
 
 from ragen_jax.models import KVCache, Qwen2, Qwen2Config, with_config
 from ragen_jax.models.lora import LoRAParam, add_lora
-from ragen_jax.models.quant import NF4_TABLE, dequantize, projections, quantize, quantize_base
+from ragen_jax.models.quant import NF4_TABLE, Q8_BLOCK, dequantize, projections, quantize, quantize_base
 
 CFG = Qwen2Config.from_preset("tiny")
 RANK, ALPHA = 4, 8.0
@@ -60,16 +60,48 @@ def test_nf4_is_the_nearest_level_of_each_block():
     assert NF4_TABLE[0] == -1.0 and NF4_TABLE[-1] == 1.0
 
 
-def test_int8_is_symmetric_per_output_channel():
-    w = _weights((3, 48, 7), 3)
-    w[0, :, 2] = 0.0  # an all-zero column keeps scale 0 and dequantizes to 0
+def test_int8_is_llama_cpp_q8_0():
+    """int8 is Q8_0: the gguf package's quantizer (llama.cpp's reference rule) gives the same codes and,
+    rounded to float16 as GGUF stores it, the same scale for every block of 32 input rows of a column,
+    and the same dequantized weights. The weights are chosen so that any other rule gives other codes:
+    the four blocks of a column differ in magnitude 64-fold (one scale per column would zero most of
+    the smallest block), a column and a block are all zero, and one block holds exact ties (x / scale =
+    k + 1/2), which roundf takes away from zero where jnp.round's half to even would not."""
+    gguf_quants = pytest.importorskip("gguf.quants")
+    from gguf import GGMLQuantizationType
+
+    n_in, n_out, nb = 128, 7, 128 // Q8_BLOCK
+    w = _weights((2, n_in, n_out), 3) * np.repeat(np.float32([1, 4, 0.25, 16]), Q8_BLOCK)[:, None]
+    w[0, :, 2] = 0.0
+    w[1, 32:64, 4] = 0.0
+    # max 127 / 64: the scale is exactly 1 / 64, so these are ties at 126.5, 2.5, -2.5, 0.5, -0.5, 1.5.
+    ties = np.float32([127, -126.5, 2.5, -2.5, 0.5, -0.5, 1.5, 3.0]) / 64
+    w[1, 64:72, 5] = ties
+    w[1, 72:96, 5] = 0.0
     q, scale = quantize(jnp.asarray(w), "int8")
-    s = np.abs(w).max(axis=1, keepdims=True) / 127
-    want_q = np.clip(np.round(w / np.where(s == 0, 1, s)), -127, 127)
-    np.testing.assert_array_equal(np.asarray(q), want_q.astype(np.int8))
-    np.testing.assert_allclose(np.asarray(scale), s, rtol=1e-6)  # XLA may divide by multiplying
-    np.testing.assert_allclose(np.asarray(dequantize(q, scale, "int8")), want_q * s, rtol=1e-6, atol=0)
-    assert q.dtype == jnp.int8 and scale.shape == (3, 1, 7)
+    assert q.dtype == jnp.int8 and q.shape == w.shape and scale.shape == (2, nb, n_out)
+    np.testing.assert_array_equal(np.asarray(q)[1, 64:72, 5], [127, -127, 3, -3, 1, -1, 2, 3])
+    rows = np.ascontiguousarray(w.transpose(0, 2, 1).reshape(-1, n_in))  # gguf rows = output columns
+    raw = gguf_quants.quantize(rows, GGMLQuantizationType.Q8_0)
+    blocks = raw.reshape(2, n_out, nb, 34)  # per block: float16 scale, 32 int8 codes
+    np.testing.assert_array_equal(np.asarray(q).reshape(2, nb, Q8_BLOCK, n_out).transpose(0, 3, 1, 2),
+                                  blocks[..., 2:].view(np.int8))
+    d = blocks[..., :2].copy().view(np.float16)[..., 0].transpose(0, 2, 1)  # [2, nb, out]
+    np.testing.assert_array_equal(np.asarray(scale).astype(np.float16), d)
+    # Before the float16 rounding the scale is llama.cpp's float32 d = amax / 127.
+    absmax = np.abs(w.reshape(2, nb, Q8_BLOCK, n_out)).max(axis=2)
+    np.testing.assert_array_equal(np.asarray(scale), absmax / np.float32(127))
+    want = gguf_quants.dequantize(raw, GGMLQuantizationType.Q8_0).reshape(2, n_out, n_in).transpose(0, 2, 1)
+    got = dequantize(q, jnp.asarray(d.astype(np.float32)), "int8")
+    np.testing.assert_array_equal(np.asarray(got), want)
+    assert not np.any(want[0, :, 2]) and not np.any(want[1, 32:64, 4])
+    # Compiled, as quantize_base runs it (where XLA would turn the division by 127 into a multiplication
+    # an ulp off for some blocks): 2,048 more blocks, the same scales and codes as Q8_0's.
+    w = _weights((4096, 16), 6)
+    q, scale = jax.jit(quantize, static_argnums=1)(jnp.asarray(w), "int8")
+    blocks = gguf_quants.quantize(np.ascontiguousarray(w.T), GGMLQuantizationType.Q8_0).reshape(16, -1, 34)
+    np.testing.assert_array_equal(np.asarray(q).reshape(-1, Q8_BLOCK, 16).transpose(2, 0, 1), blocks[..., 2:].view(np.int8))
+    np.testing.assert_array_equal(np.asarray(scale), np.abs(w.reshape(-1, Q8_BLOCK, 16)).max(axis=1) / np.float32(127))
 
 
 @pytest.mark.parametrize("mode", ["int8", "int4"])
@@ -80,15 +112,22 @@ def test_error_is_at_most_half_a_step(mode):
     w = _weights((256, 16), 4)
     q, scale = quantize(jnp.asarray(w), mode)
     err = np.abs(np.asarray(dequantize(q, scale, mode)) - w)
-    d = np.broadcast_to(scale, w.shape) if mode == "int8" else np.repeat(np.asarray(scale), 64, axis=0)
+    d = np.repeat(np.asarray(scale), Q8_BLOCK if mode == "int8" else 64, axis=0)
     inside = np.ones(w.shape, bool) if mode == "int8" else (w / d <= 7.5)
     assert np.all(err[inside] <= np.abs(d[inside]) / 2 * (1 + 1e-5))
     assert np.all(err <= np.abs(d) * (1 + 1e-5))
 
 
-def test_4bit_needs_whole_blocks():
-    with pytest.raises(ValueError, match="multiple of the block size 64.*base_quant=int8"):
+def test_quantized_kernels_need_whole_blocks():
+    """The fix each error names is a mode that fits: int8 (blocks of 32) for a 4-bit misfit of 96 rows,
+    the float base where not even 32 divides the input size."""
+    with pytest.raises(ValueError, match="multiple of the block size 64.*base_quant=int8 "):
         quantize(jnp.zeros((96, 8)), "nf4")
+    with pytest.raises(ValueError, match="multiple of the block size 64.*base_quant=none "):
+        quantize(jnp.zeros((80, 8)), "int4")
+    with pytest.raises(ValueError, match="input size \\(48\\) to be a multiple of Q8_0's block size 32; "
+                                         "use model.base_quant=none"):
+        quantize(jnp.zeros((2, 48, 8)), "int8")
     with pytest.raises(ValueError, match="unknown base quantization 'fp8'"):
         quantize(jnp.zeros((64, 8)), "fp8")
 
