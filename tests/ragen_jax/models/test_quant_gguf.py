@@ -14,6 +14,7 @@ from flax import nnx
 
 from ragen_jax.models import from_pretrained
 from ragen_jax.models import gguf as conv
+from ragen_jax.models.lora import merge_lora
 from ragen_jax.models.quant import dequantize, from_gguf_blocks, set_quantized
 from tests.ragen_jax.models.test_gguf import write_tiny
 
@@ -97,6 +98,17 @@ def test_a_run_config_builds_its_base_from_the_files_blocks(tiny_file, tmp_path)
     minimum = down.kernel_min[...] if hasattr(down, "kernel_min") else None
     w = dequantize(down.kernel_q[...], down.kernel_scale[...], "gguf", minimum=minimum)
     np.testing.assert_array_equal(np.asarray(w[1]), expected["model.layers.1.mlp.down_proj.weight"].T)
+    # The merged model an export writes: the file's weights (float32, as the gguf package gives them) plus
+    # the adapters' delta, not rounded to the file's float16 scales (that lost ~1e-3 of a trained delta).
+    rng = np.random.default_rng(0)
+    down.lora_b.value = jnp.asarray(rng.normal(0, 1e-3, down.lora_b.shape), down.lora_b.dtype)
+    merged = merge_lora(nnx.state(policy).to_pure_dict(), policy.cfg.lora_scale, "gguf")
+    got = merged["model"]["layers"]["mlp"]["down_proj"]["kernel"]
+    delta = np.einsum("lir,lro->lio", np.asarray(down.lora_a[...], np.float64), np.asarray(down.lora_b[...], np.float64))
+    assert got.dtype == jnp.float32
+    np.testing.assert_allclose(np.asarray(got[1], np.float64),
+                               expected["model.layers.1.mlp.down_proj.weight"].T + policy.cfg.lora_scale * delta[1],
+                               rtol=0, atol=1e-6)
     with pytest.raises(ConfigError, match="model.base_quant='gguf' reads the projections of a .gguf model.path"):
         load_config("tiny_cpu.py", ["model.lora_rank=4", "model.base_quant=gguf"])
     (tmp_path / "export").mkdir()
