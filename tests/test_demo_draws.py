@@ -114,7 +114,8 @@ def test_landing_says_where_a_run_falls(series):
     assert draws.landing_lines(pub, below, "AMD EPYC (family 25, model 17)")[1].endswith("BELOW the published range")
     other = draws.landing_lines(pub, inside, "Intel Xeon (family 6, model 85)")
     assert "runs differ across CPU classes" in other[1] and other[2].endswith("inside the published range")
-    assert "not comparable" in draws.landing_lines(pub, inside, "x", comparable=False)[1]
+    not_comparable = draws.landing_lines(pub, below, "x", comparable=False)
+    assert "not comparable" in not_comparable[1] and not_comparable[2].endswith("not placed (other settings)")
     assert draws.landing_lines(None, inside, "x") == [
         "No published distribution of draws beside this checkout (docs/demo_results/draws.json)."]
 

@@ -146,7 +146,8 @@ def landing_lines(published: dict | None, targets: dict, cpu: str, comparable: b
         gain, spread, what = ((k["change"], dist["k_gain"], f"{k['samples_per_state']} rollouts per state")
                               if k and dist.get("k_gain") else (t["value"], dist["gain"], "one rollout per state"))
         lo, mid, hi = spread["min"], spread["median"], spread["max"]
-        verdict = ("inside the published range" if lo - 1e-9 <= gain <= hi + 1e-9 else
+        verdict = ("not placed (other settings)" if not comparable else
+                   "inside the published range" if lo - 1e-9 <= gain <= hi + 1e-9 else
                    "BELOW the published range" if gain < lo else "above the published range")
         lines.append(f"{family}: gain {_points(gain)} points ({what}); published {_points(lo)} / {_points(mid)} / "
                      f"{_points(hi)} (min / median / max of {dist['draws']} draws): {verdict}")
