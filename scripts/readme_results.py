@@ -671,13 +671,15 @@ PRETRAINED_FAMILIES = {"bandit": "--skip-sokoban --skip-frozen-lake", "sokoban":
 
 
 # The Bandit family again with only adapters trained (issue 57): over the float base (LoRA) and over the
-# .gguf file's own 4-bit blocks (QLoRA), the same seeds and settings: folder -> (policy label, demo flags).
+# .gguf file's own 4-bit blocks or re-quantized to nf4 (QLoRA), the same seeds and settings: folder ->
+# (policy label, demo flags).
 ADAPTER_FLAGS = ("--skip-sokoban --skip-frozen-lake --eval-samples 0 --bandit.model.lora_rank=64 --bandit.sft.lr=1e-3 "
                  "--bandit.optim.actor_lr=2e-4")
 PRETRAINED_ADAPTER_RUNS = {
     "bandit_lora": ("SmolLM2-135M-Instruct, LoRA rank 64", ADAPTER_FLAGS),
     "bandit_qlora": ("SmolLM2-135M-Instruct, QLoRA rank 64 over the file's Q4_1 blocks",
                      ADAPTER_FLAGS + " --bandit.model.base_quant=gguf"),
+    "bandit_qlora_nf4": ("SmolLM2-135M-Instruct, QLoRA rank 64 over an nf4 base", ADAPTER_FLAGS + " --bandit.model.base_quant=nf4"),
 }
 
 
