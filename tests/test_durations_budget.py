@@ -33,18 +33,9 @@ def message(files: list[str]) -> str:
     )
 
 
-# Files that had no entry when this test came (2026-12-07) and could not be measured that day. All were
-# measured by the whole fresh-clone run of 2026-12-07's third session. The list may only shrink: a file
-# that gets an entry must leave it, and no file is added to it.
-NOT_YET_MEASURED: frozenset[str] = frozenset()
-
-
 def test_every_test_file_has_durations():
     files = uncovered(TESTS, json.loads((TESTS / "durations.json").read_text()))
-    new = [f for f in files if f not in NOT_YET_MEASURED]
-    assert not new, message(new)
-    measured = sorted(NOT_YET_MEASURED - set(files))
-    assert not measured, f"measured (or gone) now, remove from NOT_YET_MEASURED: {', '.join(measured)}"
+    assert not files, message(files)
 
 
 def test_the_check_finds_exactly_the_uncovered_files(tmp_path):
