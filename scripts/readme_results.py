@@ -683,14 +683,14 @@ PRETRAINED_ADAPTER_RUNS = {
 }
 
 
-def adapter_run_cmd(folder: str) -> str:
-    return (f"python launch/demo.py --workdir runs/smollm2_{folder} --model smollm2 {PRETRAINED_ADAPTER_RUNS[folder][1]} "
+def smollm2_cmd(folder: str, flags: str) -> str:
+    """The command that publishes docs/pretrained_results/<folder> from a SmolLM2 demo run."""
+    return (f"python launch/demo.py --workdir runs/smollm2_{folder} --model smollm2 {flags} "
             f"--publish {(PRETRAINED_DIR / folder).as_posix()} && python scripts/readme_results.py")
 
 
 def pretrained_cmd(family: str) -> str:
-    return (f"python launch/demo.py --workdir runs/smollm2_{family} --model smollm2 {PRETRAINED_FAMILIES[family]} "
-            f"--publish {(PRETRAINED_DIR / family).as_posix()} && python scripts/readme_results.py")
+    return smollm2_cmd(family, PRETRAINED_FAMILIES[family])
 
 
 def pretrained_sections(root: Path) -> list[str]:
@@ -700,10 +700,10 @@ def pretrained_sections(root: Path) -> list[str]:
         out += demo_section(root, PRETRAINED_DIR / family,
                             f"### CPU demo from a pretrained model: {family} (`launch/demo.py --model smollm2`)",
                             pretrained_cmd(family))
-    for folder, (label, _) in PRETRAINED_ADAPTER_RUNS.items():
+    for folder, (label, flags) in PRETRAINED_ADAPTER_RUNS.items():
         if (root / PRETRAINED_DIR / folder / "eval.json").is_file():
             out += demo_section(root, PRETRAINED_DIR / folder, f"### CPU demo from a pretrained model: {label}",
-                                adapter_run_cmd(folder))
+                                smollm2_cmd(folder, flags))
     if not published:
         out += ["### CPU demo from a pretrained model (`launch/demo.py --model smollm2`)", "",
                 f"Not published yet: `{pretrained_cmd('bandit')}` (likewise sokoban, frozen_lake).", ""]
@@ -923,11 +923,11 @@ def alone_sentence(doc: dict | None) -> list[str]:
     else on the machine, the number a newcomer compares their own run with."""
     if not doc:
         return []
-    m, w = doc.get("machine") or {}, doc["wall_s"]
+    m, w = doc.get("machine") or {}, round(doc["wall_s"])
     same = (" Its outcomes equal the published draw of that seed, state by state." if doc.get("identical_to_published_draw")
             else "")
     return [f"The main job alone (seed {doc['seed']}, fresh clone of {doc['commit']} in a fresh venv, "
-            f"{doc['date']}): {int(w // 60)}:{int(w % 60):02d} wall, {doc['cpu_s']:,.0f} CPU s, peak "
+            f"{doc['date']}): {w // 60}:{w % 60:02d} wall, {doc['cpu_s']:,.0f} CPU s, peak "
             f"{doc['peak_rss_mb'] / 1024:.1f} GB RSS on a {m.get('cpu_count', '?')}-core "
             f"{m.get('cpu_class') or 'CPU'} (`docs/demo_results/alone.json`).{same}", ""]
 

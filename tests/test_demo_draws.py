@@ -154,7 +154,7 @@ def test_readme_rows_come_from_draws_json(series, tmp_path_factory):
              "machine": {"cpu_count": 2, "cpu_class": "AMD EPYC (family 25, model 17)"}}
     (root / "docs" / "demo_results" / "alone.json").write_text(json.dumps(alone))
     md = readme_results.summary(root).splitlines()
-    assert ("The main job alone (seed 0, fresh clone of abc1234 in a fresh venv, 2026-12-07): 20:26 wall, 2,084 CPU "
+    assert ("The main job alone (seed 0, fresh clone of abc1234 in a fresh venv, 2026-12-07): 20:27 wall, 2,084 CPU "
             "s, peak 2.6 GB RSS on a 2-core AMD EPYC (family 25, model 17) (`docs/demo_results/alone.json`). Its "
             "outcomes equal the published draw of that seed, state by state.") in md
 
